@@ -1,0 +1,162 @@
+"""Django settings, all from the environment (see platform/example.env)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from config import embedded
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = embedded.VAR_DIR
+
+
+def env_bool(name: str, default: bool) -> bool:
+    v = os.environ.get(name)
+    return default if v is None else v.strip().lower() in ("1", "true", "yes", "on")
+
+
+def env_int(name: str, default: int) -> int:
+    return int(os.environ.get(name, default))
+
+
+def env_float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def _dev_secret(name: str) -> str:
+    """Secrets: from the environment; in DEBUG a per-checkout random one under var/."""
+    path = VAR_DIR / "secrets" / name
+    if path.exists():
+        return path.read_text().strip()
+    import secrets
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    value = secrets.token_urlsafe(48)
+    path.write_text(value)
+    path.chmod(0o600)
+    return value
+
+
+DEBUG = env_bool("DJANGO_DEBUG", True)
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (_dev_secret("django") if DEBUG else "")
+if not SECRET_KEY:
+    raise RuntimeError("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
+# HMAC secret for Redis K/V keys and payloads; never the Django secret.
+KV_SIGNING_SECRET = os.environ.get("KV_SIGNING_SECRET") or (_dev_secret("kv") if DEBUG else "")
+if not KV_SIGNING_SECRET:
+    raise RuntimeError("KV_SIGNING_SECRET must be set when DJANGO_DEBUG is off")
+
+ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
+if DEBUG:
+    ALLOWED_HOSTS += ["testserver"]
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "tenants",
+    "gpu_worker",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+ASGI_APPLICATION = "config.asgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+# Real PostgreSQL only. Resolved URLs are exported so child processes
+# (Celery workers started by `make demo` or by tests) reach the same servers.
+DATABASE_URL = embedded.database_url()
+REDIS_URL = embedded.redis_url()
+os.environ.setdefault("DATABASE_URL", DATABASE_URL)
+os.environ.setdefault("REDIS_URL", REDIS_URL)
+DATABASES = {"default": embedded.parse_database_url(DATABASE_URL)}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tenants.auth.MemberTokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.IsActiveMember"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "tenants.errors.api_exception_handler",
+    "UNAUTHENTICATED_USER": None,
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "kvinject platform API",
+    "DESCRIPTION": "Multi-tenant chat personalised by preference K/V injection.",
+    "VERSION": "1.0.0",
+}
+
+# --- Celery (Redis broker + result backend) ---------------------------------
+CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
+CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
+CHAT_SOFT_TIME_LIMIT = env_int("CHAT_SOFT_TIME_LIMIT", 120)
+CHAT_HARD_TIME_LIMIT = env_int("CHAT_HARD_TIME_LIMIT", 150)
+CHAT_RESULT_TIMEOUT = env_float("CHAT_RESULT_TIMEOUT", 90.0)
+
+# --- Model and engine --------------------------------------------------------
+MODEL_PATH = os.environ.get("MODEL_PATH", "")
+DEMO_MODEL_PATH = VAR_DIR / "models" / "demo"
+MODEL_DEVICE = os.environ.get("MODEL_DEVICE", "")  # "" -> cuda if available else cpu
+MODEL_DTYPE = os.environ.get("MODEL_DTYPE", "")  # "" -> model's own (bf16 on CUDA)
+KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 0.7)
+KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
+KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)
+KV_L1_TENANT_QUOTA_BYTES = env_int("KV_L1_TENANT_QUOTA_BYTES", 512 * 1024**2)
+KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
+KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
+
+CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
+CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 256)
+CHAT_DEFAULT_MAX_NEW_TOKENS = env_int("CHAT_DEFAULT_MAX_NEW_TOKENS", 32)
+CHAT_HISTORY_TOKEN_BUDGET = env_int("CHAT_HISTORY_TOKEN_BUDGET", 1024)
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+}

@@ -1,0 +1,141 @@
+"""Interfaces and small value types of the injection engine.
+
+Plain torch + transformers + redis: nothing in ``injection`` imports Django.
+Everything the worker needs goes through :class:`ExecutionRequest` ->
+``InjectionExecutor.execute`` -> :class:`ExecutionResult`.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:  # pragma: no cover
+    from injection.packed import PackedKV
+
+
+class Tier(str, enum.Enum):
+    """Where the preference K/V of a request came from."""
+
+    L1 = "l1"  # this process's CPU LRU
+    L2 = "l2"  # Redis, HMAC-authenticated
+    COMPUTE = "compute"  # recomputed by a forward pass (L3)
+    NONE = "none"  # no injection (disabled, empty preference, alpha too low)
+
+
+class CacheKey(NamedTuple):
+    """Identity of one cached PackedKV.
+
+    ``content_hash`` is SHA-256 of the preference text; ``fingerprint``
+    identifies model weights + tokenizer + dtype. A changed preference text
+    or model therefore never maps to an old entry.
+    """
+
+    tenant: str
+    user: str
+    content_hash: str
+    fingerprint: str
+
+
+class GenerationOutput(NamedTuple):
+    text: str
+    token_ids: list[int]  # generated ids only
+    prompt_token_ids: list[int]  # prompt ids (without the injected prefix)
+
+
+@dataclass(frozen=True)
+class ExecutionRequest:
+    """One chat generation. ``user`` None means: compute, never cache."""
+
+    tenant: str
+    user: str | None
+    prompt: str  # already rendered (chat template applied)
+    preference_text: str = ""
+    injection_enabled: bool = True
+    alpha: float = 1.0
+    max_new_tokens: int = 64
+    temperature: float = 0.0  # 0 -> greedy
+    top_p: float = 1.0
+    seed: int | None = None
+
+
+@dataclass
+class ExecutionResult:
+    """Reply plus per-request K/V metrics (reported in the API's ``cache``)."""
+
+    text: str
+    tier: Tier
+    prompt_tokens: int
+    completion_tokens: int
+    alpha_effective: float = 0.0
+    content_hash: str = ""
+    fingerprint: str = ""
+    kv_tokens: int = 0
+    kv_layers_count: int = 0
+    kv_bytes_cpu: int = 0
+    kv_bytes_gpu_peak: int = 0
+    kv_transfer_latency_ms: float = 0.0
+    kv_fetch_latency_ms: float = 0.0  # L1/L2 lookup or compute time
+    inference_latency_ms: float = 0.0
+    stripped_count: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def cache_info(self) -> dict[str, Any]:
+        """JSON-safe dict for the API response's ``cache`` object."""
+        d = asdict(self)
+        d.pop("text")
+        d["tier"] = self.tier.value
+        return d
+
+
+class KVStore(ABC):
+    """A cache tier holding PackedKV on CPU, partitioned by tenant."""
+
+    @abstractmethod
+    def get(self, key: CacheKey) -> PackedKV | None:
+        """Return the entry or None. Never returns a foreign tenant's entry."""
+
+    @abstractmethod
+    def put(self, key: CacheKey, kv: PackedKV) -> bool:
+        """Store; returns False when the entry was not stored (too large, queue full)."""
+
+    @abstractmethod
+    def evict(self, tenant: str, user: str | None = None) -> int:
+        """Drop every entry of ``tenant`` (and ``user`` if given); returns count."""
+
+    @abstractmethod
+    def stats(self) -> dict[str, Any]:
+        """Counters and sizes, JSON-safe, with a ``per_tenant`` breakdown."""
+
+
+class PreferenceModel(ABC):
+    """What the executor needs from a model (see ``adapter.ModelAdapter``)."""
+
+    fingerprint: str
+    device: Any
+    dtype: Any
+
+    @abstractmethod
+    def compute_kv(self, text: str) -> PackedKV:
+        """One forward pass over ``text``; K/V on CPU (pinned when CUDA is present)."""
+
+    @abstractmethod
+    def generate(
+        self,
+        prompt: str,
+        injected: PackedKV | None,
+        alpha: float,
+        max_new_tokens: int,
+        **sampling: Any,
+    ) -> GenerationOutput:
+        """Generate with ``injected`` as past_key_values, values scaled by ``alpha``."""
+
+    @abstractmethod
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """Apply the tokenizer's chat template with a generation prompt."""
+
+    @abstractmethod
+    def count_tokens(self, text: str) -> int:
+        """Token count of ``text`` without special tokens."""

@@ -1,0 +1,56 @@
+"""Shared fixtures: real Redis (embedded unless REDIS_URL is set), real Postgres via pytest-django.
+
+Django settings resolve the embedded servers and export DATABASE_URL / REDIS_URL,
+so Celery worker subprocesses started by tests reach the same servers.
+"""
+
+from __future__ import annotations
+
+import os
+from urllib.parse import urlparse, urlunparse
+
+import pytest
+import redis
+
+# Redis db index reserved for engine unit tests (flushed around each test).
+ENGINE_TEST_DB = 9
+
+
+def redis_url_with_db(url: str, db: int) -> str:
+    u = urlparse(url)
+    return urlunparse(u._replace(path=f"/{db}"))
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> str:
+    from config import embedded
+
+    return embedded.redis_url()
+
+
+@pytest.fixture
+def redis_client(redis_url):
+    """A real Redis connection on a db of its own, empty before and after the test."""
+    client = redis.Redis.from_url(redis_url_with_db(redis_url, ENGINE_TEST_DB))
+    client.flushdb()
+    yield client
+    client.flushdb()
+    client.close()
+
+
+def pytest_collection_modifyitems(config, items):
+    try:
+        import torch
+
+        has_cuda = torch.cuda.is_available()
+    except ImportError:  # pragma: no cover
+        has_cuda = False
+    if has_cuda:
+        return
+    skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
