@@ -28,7 +28,13 @@ def database_url() -> str:
         return url
     global _pg_server
     if _pg_server is None:
-        import pgserver
+        import logging
+        import warnings
+
+        logging.getLogger("pgserver").setLevel(logging.WARNING)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # platformdirs: XDG_RUNTIME_DIR unset
+            import pgserver
 
         pgdata = VAR_DIR / "pg"
         pgdata.mkdir(parents=True, exist_ok=True)
