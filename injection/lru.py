@@ -259,7 +259,7 @@ class _Simulation:
     def _walk(self, name: str):
         """(key, nbytes, tick) oldest first, skipping a replaced entry, newcomer last."""
         t = self._tenants.get(name)
-        for k, e in (t.entries.items() if t else ()):
+        for k, e in t.entries.items() if t else ():
             if k != self._key:
                 yield k, e.nbytes, e.tick
         if name == self._key.tenant:

@@ -20,7 +20,9 @@ def _check_pair(keys: torch.Tensor, values: torch.Tensor) -> None:
     if not isinstance(keys, torch.Tensor) or not isinstance(values, torch.Tensor):
         raise ValueError("PackedKV keys and values must be torch.Tensor")
     if keys.dim() != 4:
-        raise ValueError(f"PackedKV tensors must be [L, H, T, D]; got keys shape {tuple(keys.shape)}")
+        raise ValueError(
+            f"PackedKV tensors must be [L, H, T, D]; got keys shape {tuple(keys.shape)}"
+        )
     if keys.shape != values.shape:
         raise ValueError(
             f"PackedKV keys/values shape mismatch: {tuple(keys.shape)} vs {tuple(values.shape)}"
@@ -202,5 +204,7 @@ def _layer_3d(t: torch.Tensor, i: int, what: str) -> torch.Tensor:
             raise ValueError(f"layer {i}: {what} batch size must be 1, got {t.shape[0]}")
         return t[0]
     if t.dim() != 3:
-        raise ValueError(f"layer {i}: {what} must be [1, H, T, D] or [H, T, D], got {tuple(t.shape)}")
+        raise ValueError(
+            f"layer {i}: {what} must be [1, H, T, D] or [H, T, D], got {tuple(t.shape)}"
+        )
     return t

@@ -12,6 +12,7 @@ from injection.base import CacheKey
 from injection.lru import TenantLRU
 from injection.packed import PackedKV
 
+
 def kv(tokens: int = 4) -> PackedKV:
     """An fp32 PackedKV with L=1, H=1, D=8: exactly ``tokens * B`` bytes (B = 64)."""
     k = torch.randn(1, 1, tokens, 8)
@@ -258,4 +259,6 @@ def test_thread_safety_under_concurrent_churn():
 def test_constructor_validation():
     with pytest.raises(ValueError):
         TenantLRU(max_bytes=0, max_entries=1)
-    assert TenantLRU(max_bytes=100, max_entries=1, tenant_quota_bytes=10**9).tenant_quota_bytes == 100
+    assert (
+        TenantLRU(max_bytes=100, max_entries=1, tenant_quota_bytes=10**9).tenant_quota_bytes == 100
+    )
