@@ -160,3 +160,21 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
+
+# --- Celery behaviour (production-safe defaults) --------------------------------
+CELERY_TASK_SERIALIZER = "json"
+CELERY_RESULT_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_TASK_DEFAULT_QUEUE = "gpu"
+CELERY_TASK_ROUTES = {"gpu_worker.tasks.*": {"queue": "gpu"}}
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SOFT_TIME_LIMIT = CHAT_SOFT_TIME_LIMIT
+CELERY_TASK_TIME_LIMIT = CHAT_HARD_TIME_LIMIT
+CELERY_RESULT_EXPIRES = 3600
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Must exceed the hard time limit, or Redis redelivers a task that is still running.
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CHAT_HARD_TIME_LIMIT * 4}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CHAT_HARD_TIME_LIMIT * 4}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False

@@ -54,3 +54,49 @@ def pytest_collection_modifyitems(config, items):
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+# --- model and real worker processes -------------------------------------------------
+
+@pytest.fixture(scope="session")
+def demo_model_path(tmp_path_factory):
+    """The demo model (random weights, local tokenizer), built once per session."""
+    from injection.demo_model import build_demo_model
+
+    return build_demo_model(tmp_path_factory.mktemp("models") / "demo")
+
+
+@pytest.fixture(scope="session")
+def worker_factory(django_db_setup, django_db_blocker, demo_model_path, tmp_path_factory):
+    """Start real `celery worker` processes against the test database; all stopped at the end."""
+    from django.db import connection
+
+    from tests.workers import WorkerProcess, database_url_from_settings, worker_env
+
+    env = worker_env(database_url_from_settings(connection.settings_dict), demo_model_path)
+    log_dir = tmp_path_factory.mktemp("worker-logs")
+    started: list[WorkerProcess] = []
+
+    def start(name: str, **kw) -> WorkerProcess:
+        w = WorkerProcess(name, env, log_dir, **kw)
+        started.append(w)
+        w.wait_ready()
+        return w
+
+    _purge_queues()
+    yield start
+    for w in started:
+        w.stop()
+
+
+def _purge_queues() -> None:
+    from config.celery import app
+
+    with app.connection_for_write() as conn:
+        conn.default_channel.queue_purge("gpu")
+
+
+@pytest.fixture(scope="session")
+def gpu_worker(worker_factory):
+    """One real worker process (solo pool) consuming the gpu queue."""
+    return worker_factory("w1")

@@ -1,0 +1,33 @@
+"""API-token authentication: ``Authorization: Token <key>`` (or ``Bearer <key>``)."""
+
+from __future__ import annotations
+
+from django.utils import timezone
+from rest_framework import authentication
+from rest_framework import exceptions as drf_exc
+
+from tenants.models import ApiToken
+
+
+class MemberTokenAuthentication(authentication.BaseAuthentication):
+    keywords = ("token", "bearer")
+
+    def authenticate(self, request):
+        header = authentication.get_authorization_header(request).split()
+        if not header or header[0].decode(errors="replace").lower() not in self.keywords:
+            return None
+        if len(header) != 2:
+            raise drf_exc.AuthenticationFailed("Malformed Authorization header.")
+        key = header[1].decode(errors="replace")
+        token = (
+            ApiToken.objects.select_related("member__tenant", "member__user")
+            .filter(key_hash=ApiToken.hash_key(key), revoked=False)
+            .first()
+        )
+        if token is None or token.member.tenant_id != token.tenant_id:
+            raise drf_exc.AuthenticationFailed("Invalid or revoked token.")
+        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        return token.member.user, token
+
+    def authenticate_header(self, request) -> str:
+        return "Token"

@@ -1,0 +1,61 @@
+"""Operator commands: ``tenant create|adduser|list``."""
+
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError
+
+from tenants import actions
+from tenants.errors import PlatformError
+from tenants.models import Tenant
+
+
+class Command(BaseCommand):
+    help = "Manage tenants and their members."
+
+    def add_arguments(self, parser):
+        sub = parser.add_subparsers(dest="action", required=True)
+        create = sub.add_parser("create", help="Create a tenant.")
+        create.add_argument("slug")
+        create.add_argument("--name", default="")
+        add = sub.add_parser("adduser", help="Add a user to a tenant; prints the API token last.")
+        add.add_argument("slug")
+        add.add_argument("username")
+        add.add_argument("--admin", action="store_true", help="Tenant admin (scoped Django admin).")
+        add.add_argument("--password", default=None, help="Password for the admin site.")
+        add.add_argument("--preference", default=None, help="Initial preference text.")
+        lst = sub.add_parser("list", help="List tenants.")
+        lst.add_argument("--json", action="store_true")
+
+    def handle(self, *args, **opts):
+        try:
+            getattr(self, f"_{opts['action']}")(opts)
+        except PlatformError as exc:
+            raise CommandError(exc.message) from exc
+
+    def _create(self, opts):
+        tenant = actions.do_create_tenant(opts["slug"], opts["name"])
+        self.stdout.write(f"created tenant {tenant.slug} ({tenant.name})")
+
+    def _adduser(self, opts):
+        tenant = actions.get_tenant(opts["slug"])
+        member = actions.do_add_member(
+            tenant, opts["username"], admin=opts["admin"], password=opts["password"],
+            preference=opts["preference"],
+        )
+        key = actions.do_create_api_token(member)
+        self.stdout.write(f"added {member} role={member.role}")
+        self.stdout.write(key)
+
+    def _list(self, opts):
+        rows = [
+            {"slug": t.slug, "name": t.name, "active": t.active, "members": t.members.count()}
+            for t in Tenant.objects.order_by("slug")
+        ]
+        if opts["json"]:
+            self.stdout.write(json.dumps(rows))
+            return
+        for r in rows:
+            state = "active" if r["active"] else "inactive"
+            self.stdout.write(f"{r['slug']:<24} {r['members']:>5} members  {state}  {r['name']}")

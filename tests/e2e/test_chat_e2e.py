@@ -1,0 +1,81 @@
+"""Real HTTP -> DRF -> Celery (real worker process) -> model -> reply -> Postgres."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+from tenants import actions
+from tenants.models import AuditEvent, AuditLog, Message
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+
+def post_chat(base: str, key: str | None, body) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(f"{base}/api/chat", data=data, method="POST")
+    req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header("Authorization", f"Token {key}")
+    try:
+        with urllib.request.urlopen(req, timeout=180) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.fixture
+def alice():
+    tenant = actions.do_create_tenant("acme", "Acme")
+    member = actions.do_add_member(tenant, "alice", preference="I am vegetarian, no spicy food.")
+    return member, actions.do_create_api_token(member)
+
+
+def test_chat_round_trip_through_real_worker(live_server, gpu_worker, alice):
+    member, key = alice
+    status, body = post_chat(live_server.url, key, {"message": "What should I cook?",
+                                                    "max_new_tokens": 8})
+    assert status == 200, (body, gpu_worker.log_tail())
+    assert isinstance(body["reply"], str)
+    assert body["usage"]["completion_tokens"] >= 1
+    assert body["usage"]["prompt_tokens"] > 0
+    assert body["cache"]["tier"] in ("compute", "l2")  # first sight of this preference
+    assert body["cache"]["kv_layers_count"] == 4
+    assert body["cache"]["preference_version"] == member.preference.version
+
+    # Second turn in the same conversation: K/V now served from the worker's L1.
+    status, body2 = post_chat(live_server.url, key, {"message": "And tomorrow?",
+                                                     "conversation": body["conversation"],
+                                                     "max_new_tokens": 4})
+    assert status == 200, body2
+    assert body2["conversation"] == body["conversation"]
+    assert body2["cache"]["tier"] == "l1"
+    assert body2["cache"]["content_hash"] == body["cache"]["content_hash"]
+
+    audits = AuditLog.objects.filter(tenant=member.tenant, event_type=AuditEvent.CHAT_REQUEST)
+    assert audits.count() == 2
+    row = audits.order_by("id").first()
+    assert row.data["request_id"] == body["request_id"]
+    assert row.data["cache_tier"] == body["cache"]["tier"]
+    assert "message" not in row.data  # text only stored when the tenant opts in
+    assert Message.objects.filter(conversation_id=body["conversation"]).count() == 4
+
+
+def test_chat_rejects_bad_requests_without_reaching_worker(live_server, alice):
+    _, key = alice
+    status, body = post_chat(live_server.url, None, {"message": "hi"})
+    assert status == 401 and body["error"]["code"] == "not_authenticated"
+    status, body = post_chat(live_server.url, "kvi_wrong", {"message": "hi"})
+    assert status == 401 and body["error"]["code"] == "authentication_failed"
+    status, body = post_chat(live_server.url, key, b"{not json")
+    assert status == 400 and body["error"]["code"] == "malformed_json"
+    status, body = post_chat(live_server.url, key, {"message": ""})
+    assert status == 400 and body["error"]["code"] == "invalid_input"
+    status, body = post_chat(live_server.url, key, {"message": "hi", "max_new_tokens": 10**6})
+    assert status == 400 and "max_new_tokens" in body["error"]["fields"]
+    status, body = post_chat(live_server.url, key, {"message": "hi", "conversation": 999999})
+    assert status == 404 and body["error"]["code"] == "not_found"
+    assert not AuditLog.objects.filter(event_type=AuditEvent.CHAT_REQUEST).exists()

@@ -1,0 +1,68 @@
+"""`manage.py tenant ...` as operators and acceptance checks use it."""
+
+from __future__ import annotations
+
+import json
+from io import StringIO
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from tenants.models import ApiToken, AuditEvent, AuditLog, Member, Tenant
+
+pytestmark = pytest.mark.django_db
+
+
+def run(*args) -> str:
+    out = StringIO()
+    call_command("tenant", *args, stdout=out)
+    return out.getvalue()
+
+
+def test_create_adduser_list():
+    assert "created tenant acme" in run("create", "acme", "--name", "Acme Corp")
+    out = run("adduser", "acme", "alice", "--preference", "vegetarian")
+    key = out.strip().splitlines()[-1]
+    token = ApiToken.objects.get(key_hash=ApiToken.hash_key(key))
+    assert token.member.user.username == "alice" and token.tenant.slug == "acme"
+    assert token.member.preference.text == "vegetarian"
+    run("adduser", "acme", "boss", "--admin")
+    boss = Member.objects.get(user__username="boss")
+    assert boss.role == Member.Role.ADMIN and boss.user.is_staff
+    rows = json.loads(run("list", "--json"))
+    assert rows == [{"slug": "acme", "name": "Acme Corp", "active": True, "members": 2}]
+    events = set(AuditLog.objects.values_list("event_type", flat=True))
+    assert {AuditEvent.TENANT_CREATED, AuditEvent.MEMBER_CREATED,
+            AuditEvent.PREFERENCE_CREATED, AuditEvent.TOKEN_CREATED} <= events
+
+
+@pytest.mark.parametrize("args, message", [
+    (("adduser", "nope", "x"), "Unknown tenant"),
+    (("create", "Bad Slug"), "slug"),
+])
+def test_clear_errors(args, message):
+    with pytest.raises(CommandError, match=message):
+        run(*args)
+
+
+def test_duplicates_refused_and_nothing_half_written():
+    run("create", "acme")
+    with pytest.raises(CommandError, match="already exists"):
+        run("create", "acme")
+    run("adduser", "acme", "alice")
+    run("create", "globex")
+    with pytest.raises(CommandError, match="already exists"):
+        run("adduser", "globex", "alice")  # a user belongs to one tenant
+    assert Tenant.objects.count() == 2
+    assert Member.objects.filter(tenant__slug="globex").count() == 0
+
+
+def test_command_exit_code_nonzero(tmp_path):
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "manage.py", "tenant", "adduser", "nope", "x"],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "Unknown tenant" in proc.stderr

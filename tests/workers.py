@@ -1,0 +1,86 @@
+"""Real Celery worker processes for end-to-end tests (no in-process fakes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import quote
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def database_url_from_settings(sd: dict) -> str:
+    """A DATABASE_URL naming the same server/database as a Django settings dict."""
+    user, pw = quote(sd.get("USER") or ""), quote(sd.get("PASSWORD") or "")
+    host, port, name = sd.get("HOST") or "", sd.get("PORT") or "", sd["NAME"]
+    if host.startswith("/"):
+        return f"postgresql://{user}:{pw}@/{name}?host={host}"
+    return f"postgresql://{user}:{pw}@{host}:{port}/{name}"
+
+
+class WorkerProcess:
+    """One `celery worker` subprocess consuming the gpu queue."""
+
+    def __init__(self, name: str, env: dict[str, str], log_dir: Path, *,
+                 queues: str = "gpu", pool: str = "solo", extra: list[str] | None = None):
+        self.name = name
+        self.hostname = f"{name}@e2e"
+        self.log_path = log_dir / f"{name}.log"
+        self._log = open(self.log_path, "ab")
+        cmd = [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", queues,
+               "--pool", pool, "--hostname", self.hostname, "--loglevel", "INFO",
+               "--without-gossip", "--without-mingle", *(extra or [])]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float = 120.0) -> None:
+        from config.celery import app
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"worker {self.name} exited:\n{self.log_tail()}")
+            if app.control.ping(destination=[self.hostname], timeout=0.5):
+                return
+            time.sleep(0.5)
+        raise TimeoutError(f"worker {self.name} not ready:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        self._log.flush()
+        lines = self.log_path.read_text(errors="replace").splitlines()
+        return "\n".join(lines[-n:])
+
+    def stop(self, timeout: float = 30.0) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)  # warm shutdown: finish the running task
+            try:
+                self.proc.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                self.kill()
+        self._log.close()
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def worker_env(database_url: str, model_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update({
+        "DJANGO_SETTINGS_MODULE": "config.settings_test",
+        "DATABASE_URL": database_url,
+        "MODEL_PATH": str(model_path),
+        "PYTHONUNBUFFERED": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "OMP_NUM_THREADS": "1",
+    })
+    return env
