@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from injection.packed import PackedKV
 
 
-class Tier(str, enum.Enum):
+class Tier(str, enum.Enum):  # noqa: UP042 (str() stays "Tier.L1"; use .value)
     """Where the preference K/V of a request came from."""
 
     L1 = "l1"  # this process's CPU LRU
@@ -43,6 +43,8 @@ class GenerationOutput(NamedTuple):
     text: str
     token_ids: list[int]  # generated ids only
     prompt_token_ids: list[int]  # prompt ids (without the injected prefix)
+    kv_transfer_ms: float = 0.0  # injected K/V host->device + cache build
+    kv_bytes_gpu: int = 0  # accelerator bytes peaked while building the cache (0 on CPU)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,21 @@
+"""The engine's error family. Callers map these to HTTP (4xx for InvalidRequest)."""
+
+from __future__ import annotations
+
+__all__ = ["InjectionError", "InvalidRequest", "ModelOOMError", "ModelLoadError"]
+
+
+class InjectionError(Exception):
+    """Base of every error the injection engine raises on purpose."""
+
+
+class InvalidRequest(InjectionError, ValueError):
+    """The request itself is bad (empty prompt, too long, bad alpha): a client error."""
+
+
+class ModelOOMError(InjectionError):
+    """The accelerator ran out of memory even after freeing its cache and retrying once."""
+
+
+class ModelLoadError(InjectionError):
+    """A model directory could not be loaded (missing, unsupported architecture or cache)."""
