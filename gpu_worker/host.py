@@ -37,6 +37,11 @@ def ensure_demo_model(path: Path) -> Path:
         return build_demo_model(path)
 
 
+def current_executor():
+    """The executor if this process has loaded one, else None (never loads)."""
+    return _executor
+
+
 def get_executor():
     """The process's InjectionExecutor (loads the model on first call)."""
     global _executor

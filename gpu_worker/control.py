@@ -1,0 +1,113 @@
+"""Control channel between web/commands and every live worker: signed JSON over Redis pub/sub.
+
+Publishers (web, `manage.py kvcache`) call :func:`publish`; each worker process runs one
+:class:`ControlListener` thread that verifies the HMAC and dispatches to a handler.
+Messages are JSON (never pickle) and authenticated with a key derived from
+KV_SIGNING_SECRET, so nothing without the secret can make workers drop or report caches.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+CHANNEL = "kvi:control"
+Handler = Callable[[dict[str, Any]], None]
+
+
+def _key() -> bytes:
+    return hmac.new(settings.KV_SIGNING_SECRET.encode(), b"control-channel", hashlib.sha256).digest()
+
+
+def sign(message: dict[str, Any]) -> bytes:
+    body = json.dumps(message, sort_keys=True, separators=(",", ":")).encode()
+    mac = hmac.new(_key(), body, hashlib.sha256).hexdigest()
+    return json.dumps({"mac": mac, "body": body.decode()}).encode()
+
+
+def verify(raw: bytes) -> dict[str, Any] | None:
+    """The message if its MAC is valid, else None (logged, never dispatched)."""
+    try:
+        outer = json.loads(raw)
+        body = outer["body"].encode()
+        expected = hmac.new(_key(), body, hashlib.sha256).hexdigest()
+        if not hmac.compare_digest(expected, str(outer["mac"])):
+            raise ValueError("bad mac")
+        return json.loads(body)
+    except (ValueError, KeyError, TypeError):
+        log.warning("control: rejected unauthenticated message")
+        return None
+
+
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0)
+
+
+def publish(op: str, **payload: Any) -> int:
+    """Broadcast ``op`` to every worker; returns how many listeners received it (0 if Redis is down)."""
+    message = {"op": op, "ts": time.time(), **payload}
+    try:
+        return int(redis_client().publish(CHANNEL, sign(message)))
+    except redis.RedisError as exc:
+        log.warning("control: publish %s failed: %s", op, exc)
+        return 0
+
+
+class ControlListener(threading.Thread):
+    """Subscribes to the control channel and dispatches verified messages; reconnects on error."""
+
+    def __init__(self, handlers: dict[str, Handler], client_factory=redis_client) -> None:
+        super().__init__(name="kvi-control", daemon=True)
+        self.handlers = handlers
+        self._client_factory = client_factory
+        self._stop = threading.Event()
+        self.ready = threading.Event()
+        self.received = 0
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self._listen()
+            except redis.RedisError as exc:
+                self.ready.clear()
+                log.warning("control: listener lost Redis (%s); retrying", exc)
+                self._stop.wait(1.0)
+
+    def _listen(self) -> None:
+        pubsub = self._client_factory().pubsub(ignore_subscribe_messages=True)
+        pubsub.subscribe(CHANNEL)
+        self.ready.set()
+        try:
+            while not self._stop.is_set():
+                msg = pubsub.get_message(timeout=1.0)
+                if msg and msg.get("type") == "message":
+                    self.dispatch(msg["data"])
+        finally:
+            pubsub.close()
+
+    def dispatch(self, raw: bytes) -> None:
+        message = verify(raw)
+        if message is None:
+            return
+        handler = self.handlers.get(str(message.get("op")))
+        if handler is None:
+            log.warning("control: unknown op %r", message.get("op"))
+            return
+        self.received += 1
+        try:
+            handler(message)
+        except Exception:  # a bad message must not kill the listener
+            log.exception("control: handler for %r failed", message.get("op"))
