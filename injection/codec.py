@@ -1,0 +1,167 @@
+"""The L2 value format: fixed header + raw tensor bytes + HMAC. No pickle.
+
+Layout (little-endian)::
+
+    header  64 B  magic "KVI\\0", format version u16, flags u16, dtype code u8,
+                  L, H, T, D u32, token count u32, raw payload length u64,
+                  stored payload length u64, zero padding
+    payload       keys bytes | values bytes | token ids (int32)   (zstd if flag 1)
+    mac     32 B  HMAC-SHA256(tenant MAC key, len|redis name | header | payload)
+
+The MAC binds the value to its Redis name, which is itself an HMAC of the
+full :class:`~injection.base.CacheKey` (tenant, user, content hash,
+fingerprint, format version): a value copied under another key or tenant,
+truncated or altered in any byte fails the MAC, which is checked before any
+byte of the header is interpreted. bf16 travels as its raw 2-byte pattern;
+decode maps tensors straight onto the received buffer (``torch.frombuffer``),
+so an uncompressed hit costs one HMAC pass and no copy.
+"""
+
+from __future__ import annotations
+
+import hmac
+import struct
+import warnings
+from typing import TYPE_CHECKING, Any
+
+import torch
+import zstandard
+
+from injection.base import CacheKey
+from injection.packed import PackedKV
+from injection.signing import L2_FORMAT_VERSION, MAC_SIZE
+
+if TYPE_CHECKING:  # pragma: no cover
+    from injection.signing import CacheKeySigner
+
+__all__ = ["CorruptEntry", "FORMAT_VERSION", "encode", "decode", "decode_named", "check"]
+
+FORMAT_VERSION = L2_FORMAT_VERSION
+MAGIC = b"KVI\x00"
+HEADER = struct.Struct("<4sHHB3xIIIIIQQ16x")  # 64 bytes
+FLAG_ZSTD = 1
+_DTYPES = {1: torch.float32, 2: torch.float16, 3: torch.bfloat16}
+_CODES = {v: k for k, v in _DTYPES.items()}
+_INT32_MAX = 2**31 - 1
+
+# Decoded tensors alias the (immutable) bytes received from Redis; nothing writes
+# to a PackedKV (all mutation happens on fresh tensors), so torch's one-time
+# "buffer is not writable" warning is expected: filtered by its exact message.
+warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+
+
+class CorruptEntry(ValueError):
+    """An L2 value that is truncated, tampered, foreign or of another format version."""
+
+
+def encode(
+    kv: PackedKV, key: CacheKey, signer: CacheKeySigner, *, compress: bool = False, level: int = 1
+) -> bytes:
+    """Serialise ``kv`` for the Redis name of ``key`` (see module docstring)."""
+    if not kv.is_cpu:
+        raise ValueError(f"encode needs a CPU PackedKV, got {kv.device}")
+    if kv.num_tokens == 0:
+        raise ValueError("encode needs at least one token")
+    if kv.dtype not in _CODES:
+        raise ValueError(f"L2 codec does not support dtype {kv.dtype}")
+    if kv.token_ids and not all(0 <= t <= _INT32_MAX for t in kv.token_ids):
+        raise ValueError("token ids must fit in int32")
+    ids = torch.tensor(kv.token_ids, dtype=torch.int32)
+    parts: list[Any] = [_raw(kv.keys), _raw(kv.values), _raw(ids)]
+    raw_len = sum(len(p) for p in parts)
+    flags = 0
+    if compress:
+        cobj = zstandard.ZstdCompressor(level=level).compressobj(size=raw_len)
+        parts = [b"".join([cobj.compress(p) for p in parts] + [cobj.flush()])]
+        flags |= FLAG_ZSTD
+    stored_len = sum(len(p) for p in parts)
+    L, H, T, D = kv.shape
+    header = HEADER.pack(
+        MAGIC, FORMAT_VERSION, flags, _CODES[kv.dtype], L, H, T, D, T, raw_len, stored_len
+    )
+    name = signer.redis_key(key)
+    mac = signer.mac_parts(signer.tag_of(name), (_binding(name), header, *parts))
+    return b"".join([header, *parts, mac])
+
+
+def decode(blob: bytes, key: CacheKey, signer: CacheKeySigner) -> PackedKV:
+    """Verify then decode a value stored for ``key``; raises :class:`CorruptEntry`."""
+    return decode_named(blob, signer.redis_key(key), signer)
+
+
+def decode_named(blob: bytes, name: str, signer: CacheKeySigner) -> PackedKV:
+    """Like :func:`decode` for a known Redis name (the tier already has it)."""
+    h = _verified_header(blob, name, signer)
+    L, H, T, D = h["shape"]
+    if h["flags"] & FLAG_ZSTD:
+        try:
+            buf: Any = zstandard.ZstdDecompressor().decompress(
+                memoryview(blob)[HEADER.size : -MAC_SIZE], max_output_size=h["raw_len"]
+            )
+        except zstandard.ZstdError as e:
+            raise CorruptEntry(f"zstd payload does not decompress: {e}") from e
+        if len(buf) != h["raw_len"]:
+            raise CorruptEntry("decompressed payload has the wrong length")
+        off = 0
+    else:
+        buf, off = blob, HEADER.size
+    dtype, n = h["dtype"], L * H * T * D
+    nb = n * dtype.itemsize
+    keys = torch.frombuffer(buf, dtype=dtype, count=n, offset=off).view(L, H, T, D)
+    values = torch.frombuffer(buf, dtype=dtype, count=n, offset=off + nb).view(L, H, T, D)
+    ids = torch.frombuffer(buf, dtype=torch.int32, count=T, offset=off + 2 * nb).tolist()
+    return PackedKV(keys, values, ids)
+
+
+def check(blob: bytes, name: str, signer: CacheKeySigner) -> dict[str, Any]:
+    """Verify MAC and header of a stored value without decoding tensors."""
+    h = _verified_header(blob, name, signer)
+    return {**h, "dtype": str(h["dtype"]).removeprefix("torch."), "bytes": len(blob)}
+
+
+def _verified_header(blob: bytes, name: str, signer: CacheKeySigner) -> dict[str, Any]:
+    """MAC first, then the header fields and every length they imply."""
+    mv = memoryview(blob)
+    if len(mv) < HEADER.size + MAC_SIZE:
+        raise CorruptEntry(f"truncated: {len(mv)} bytes")
+    try:
+        tag = signer.tag_of(name)
+    except ValueError as e:
+        raise CorruptEntry(str(e)) from e
+    expected = signer.mac_parts(tag, (_binding(name), mv[:-MAC_SIZE]))
+    if not hmac.compare_digest(expected, mv[-MAC_SIZE:]):
+        raise CorruptEntry("MAC mismatch (tampered, truncated, foreign key or other secret)")
+    magic, version, flags, code, L, H, T, D, ntok, raw_len, stored_len = HEADER.unpack_from(mv)
+    if magic != MAGIC:
+        raise CorruptEntry("bad magic")
+    if version != FORMAT_VERSION:
+        raise CorruptEntry(f"format version {version}, expected {FORMAT_VERSION}")
+    if flags & ~FLAG_ZSTD or code not in _DTYPES:
+        raise CorruptEntry(f"unknown flags {flags:#x} or dtype code {code}")
+    dtype = _DTYPES[code]
+    expect_raw = 2 * L * H * T * D * dtype.itemsize + 4 * ntok
+    if min(L, H, T, D) == 0 or ntok != T or raw_len != expect_raw:
+        raise CorruptEntry("inconsistent shape/length fields")
+    if stored_len != len(mv) - HEADER.size - MAC_SIZE:
+        raise CorruptEntry("payload length mismatch")
+    if not flags & FLAG_ZSTD and stored_len != raw_len:
+        raise CorruptEntry("uncompressed payload length mismatch")
+    return {
+        "version": version,
+        "flags": flags,
+        "dtype": dtype,
+        "shape": (L, H, T, D),
+        "raw_len": raw_len,
+        "compressed": bool(flags & FLAG_ZSTD),
+    }
+
+
+def _binding(name: str) -> bytes:
+    b = name.encode()
+    return len(b).to_bytes(2, "big") + b
+
+
+def _raw(t: torch.Tensor) -> memoryview:
+    """Bytes of a contiguous CPU tensor without a copy (bf16 as its 2-byte pattern)."""
+    assert t.is_cpu and t.is_contiguous()
+    return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
