@@ -63,6 +63,12 @@ class SingleFlight(Generic[T]):
             call.done.set()
         return call.result, False
 
+    def waiters(self, key: Hashable) -> int:
+        """Callers currently waiting on ``key``'s computation (besides its leader)."""
+        with self._lock:
+            call = self._calls.get(key)
+            return call.waiters if call is not None else 0
+
     def in_flight(self) -> int:
         """Keys being computed right now (0 when idle: nothing leaks)."""
         with self._lock:

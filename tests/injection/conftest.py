@@ -1,0 +1,38 @@
+"""Engine fixtures: the locally built demo model and adapters on it (CPU, fp32)."""
+
+from __future__ import annotations
+
+import pytest
+
+from injection.adapter import ModelAdapter, load_adapter
+from injection.demo_model import build_demo_model
+
+
+@pytest.fixture(scope="session")
+def demo_model_path(tmp_path_factory):
+    """The default demo model (4 layers, 8 query heads, 2 KV heads: GQA)."""
+    return build_demo_model(tmp_path_factory.mktemp("demo_model"))
+
+
+@pytest.fixture(scope="session")
+def adapter(demo_model_path) -> ModelAdapter:
+    return load_adapter(str(demo_model_path), device="cpu", dtype="fp32")
+
+
+@pytest.fixture(scope="session")
+def mqa_model_path(tmp_path_factory):
+    """A tiny multi-query variant (1 KV head) with another seed."""
+    return build_demo_model(
+        tmp_path_factory.mktemp("mqa_model"),
+        seed=1, num_layers=2, hidden_size=64, num_heads=4, num_kv_heads=1,
+    )
+
+
+@pytest.fixture(scope="session")
+def chat_prompt(adapter) -> str:
+    return adapter.render_chat([{"role": "user", "content": "What should I cook tonight?"}])
+
+
+@pytest.fixture(scope="session")
+def preference() -> str:
+    return "I am a vegetarian and I do not like spicy food. I prefer quiet restaurants."
