@@ -1,0 +1,282 @@
+"""InjectionExecutor: L1 -> L2 -> recompute preference K/V, then injected generation.
+
+The design's ``_get_preference_kv`` / execute path, with its weak spots fixed:
+alpha rules decided here (the adapter applies exactly what it is given), keys
+include tenant + model fingerprint, a faulty tier degrades to recompute,
+concurrent misses compute once, and ``torch.cuda.empty_cache()`` runs only at
+the request boundary and in OOM recovery.
+"""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from injection.base import (
+    CacheKey,
+    ExecutionRequest,
+    ExecutionResult,
+    KVStore,
+    PreferenceModel,
+    Tier,
+)
+from injection.errors import InvalidRequest, ModelOOMError
+from injection.metrics import METRICS, Metrics
+from injection.output_filter import strip_retrieve_fact_calls
+from injection.packed import PackedKV
+from injection.singleflight import SingleFlight
+
+__all__ = ["InjectionExecutor", "content_hash"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+def content_hash(preference_text: str) -> str:
+    """SHA-256 hex of the preference text (the cache key's content part)."""
+    return hashlib.sha256(preference_text.encode("utf-8")).hexdigest()
+
+
+class InjectionExecutor:
+    """Runs :class:`ExecutionRequest` s against one model with tiered K/V caching.
+
+    Args:
+        adapter: the model (``ModelAdapter`` or any :class:`PreferenceModel`).
+        l1: in-process CPU cache (``TenantLRU``) or None.
+        l2: shared cache (``RedisKVTier``) or None.
+        alpha_cap: effective alpha is ``min(request.alpha, alpha_cap)``.
+        min_alpha: effective alpha at or below this means no injection at all.
+        metrics: counters sink (default: the process-wide ``METRICS``).
+    """
+
+    def __init__(
+        self,
+        adapter: PreferenceModel,
+        *,
+        l1: KVStore | None,
+        l2: KVStore | None,
+        alpha_cap: float = 0.7,
+        min_alpha: float = 0.1,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if not 0.0 <= min_alpha < alpha_cap:
+            raise ValueError("need 0 <= min_alpha < alpha_cap")
+        self.adapter, self.l1, self.l2 = adapter, l1, l2
+        self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
+        self.metrics = metrics if metrics is not None else METRICS
+        self._flight: SingleFlight[PackedKV] = SingleFlight()
+
+    # -- public API -------------------------------------------------------------------
+    def execute(self, req: ExecutionRequest) -> ExecutionResult:
+        """Generate a reply for ``req``; raises InvalidRequest / ModelOOMError."""
+        _validate(req)
+        self.metrics.incr("requests")
+        try:
+            result = self._with_oom_retry(lambda: self._execute_once(req))
+        finally:
+            if self._on_cuda():
+                torch.cuda.empty_cache()  # the one cleanup point: the request boundary
+        self.metrics.incr(f"requests_tier_{result.tier.value}")
+        return result
+
+    def effective_alpha(self, alpha: float) -> float:
+        return min(float(alpha), self.alpha_cap)
+
+    def warm(self, tenant: str, user: str, preference_text: str) -> Tier:
+        """Ensure the user's preference K/V is cached (no generation); returns its tier."""
+        if not tenant or not _user_or_none(user):
+            raise InvalidRequest("warm needs a tenant and a user")
+        if not preference_text.strip():
+            return Tier.NONE
+        _, tier, _ = self._with_oom_retry(
+            lambda: self._get_preference_kv(tenant, user, preference_text)
+        )
+        return tier
+
+    def invalidate(self, tenant: str, user: str | None = None) -> dict[str, Any]:
+        """Evict ``tenant``'s (or one user's) entries from L1 and L2; counts per tier."""
+        if not tenant:
+            raise InvalidRequest("invalidate needs a tenant")
+        out: dict[str, Any] = {}
+        for name, store in (("l1", self.l1), ("l2", self.l2)):
+            if store is None:
+                out[name] = 0
+                continue
+            try:
+                out[name] = store.evict(tenant, user)
+            except Exception as exc:  # a tier fault is reported, not raised
+                self._tier_fault(name, "evict", exc)
+                out[name], out[f"{name}_error"] = None, type(exc).__name__
+        self.metrics.incr("invalidations")
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Engine counters plus each tier's own ``stats()``."""
+        out: dict[str, Any] = {"metrics": self.metrics.snapshot(), "fingerprint": self.adapter.fingerprint}
+        for name, store in (("l1", self.l1), ("l2", self.l2)):
+            try:
+                out[name] = store.stats() if store is not None else None
+            except Exception as exc:
+                out[name] = {"error": type(exc).__name__}
+        return out
+
+    # -- request path -------------------------------------------------------------------
+    def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
+        alpha = self.effective_alpha(req.alpha)
+        sampling = {"temperature": req.temperature, "top_p": req.top_p, "seed": req.seed}
+        if not (req.injection_enabled and req.preference_text.strip() and alpha > self.min_alpha):
+            return self._plain(req, sampling)
+        t0 = time.perf_counter()
+        kv, tier, chash = self._get_preference_kv(req.tenant, req.user, req.preference_text)
+        fetch_ms = (time.perf_counter() - t0) * 1000.0
+        assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
+        t1 = time.perf_counter()
+        out = self.adapter.generate(req.prompt, kv, alpha, req.max_new_tokens, **sampling)
+        infer_ms = (time.perf_counter() - t1) * 1000.0
+        text, stripped = self._strip(out.text)
+        self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
+        return ExecutionResult(
+            text=text, tier=tier, prompt_tokens=len(out.prompt_token_ids),
+            completion_tokens=len(out.token_ids), alpha_effective=alpha, content_hash=chash,
+            fingerprint=self.adapter.fingerprint, kv_tokens=kv.num_tokens,
+            kv_layers_count=kv.num_layers, kv_bytes_cpu=kv.nbytes,
+            kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
+            kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms, stripped_count=stripped,
+        )
+
+    def _plain(self, req: ExecutionRequest, sampling: dict[str, Any]) -> ExecutionResult:
+        """No injection and no K/V work at all (tier NONE)."""
+        t0 = time.perf_counter()
+        out = self.adapter.generate(req.prompt, None, 1.0, req.max_new_tokens, **sampling)
+        infer_ms = (time.perf_counter() - t0) * 1000.0
+        text, stripped = self._strip(out.text)
+        return ExecutionResult(
+            text=text, tier=Tier.NONE, prompt_tokens=len(out.prompt_token_ids),
+            completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
+            inference_latency_ms=infer_ms, stripped_count=stripped,
+        )
+
+    def _strip(self, text: str) -> tuple[str, int]:
+        text, n = strip_retrieve_fact_calls(text)
+        if n:
+            self.metrics.incr("stripped_calls", n)
+        return text, n
+
+    # -- K/V acquisition ------------------------------------------------------------------
+    def _get_preference_kv(
+        self, tenant: str, user: str | None, text: str
+    ) -> tuple[PackedKV, Tier, str]:
+        """L1 -> L2 (promoted to L1) -> compute (single-flight, stored in L1 and L2)."""
+        chash = content_hash(text)
+        user = _user_or_none(user)
+        if user is None:  # no identity: compute, never cache
+            return self._compute(text), Tier.COMPUTE, chash
+        key = CacheKey(tenant, user, chash, self.adapter.fingerprint)
+        kv = self._tier_get(self.l1, "l1", key)
+        if kv is not None:
+            return kv, Tier.L1, chash
+        kv = self._tier_get(self.l2, "l2", key)
+        if kv is not None:
+            self._tier_put(self.l1, "l1", key, kv)
+            return kv, Tier.L2, chash
+        kv, shared = self._flight.do(key, lambda: self._compute_and_store(key, text))
+        if shared:
+            self.metrics.incr("compute_shared")
+        return kv, Tier.COMPUTE, chash
+
+    def _compute_and_store(self, key: CacheKey, text: str) -> PackedKV:
+        kv = self._tier_get(self.l1, "l1", key, count=False)  # a racing leader may have stored it
+        if kv is not None:
+            return kv
+        kv = self._compute(text)
+        self._tier_put(self.l1, "l1", key, kv)
+        self._tier_put(self.l2, "l2", key, kv)  # the tier writes asynchronously
+        return kv
+
+    def _compute(self, text: str) -> PackedKV:
+        t0 = time.perf_counter()
+        kv = self.adapter.compute_kv(text)
+        self.metrics.incr("computes")
+        self.metrics.incr("kv_bytes_computed", kv.nbytes)
+        self.metrics.observe_ms("compute", (time.perf_counter() - t0) * 1000.0)
+        return kv
+
+    def _tier_get(self, store: KVStore | None, name: str, key: CacheKey, *, count: bool = True) -> PackedKV | None:
+        if store is None:
+            return None
+        try:
+            kv = store.get(key)
+        except Exception as exc:  # a faulty tier degrades to recompute
+            self._tier_fault(name, "get", exc)
+            return None
+        if kv is not None and not (kv.keys.is_cpu and kv.values.is_cpu):
+            self._tier_fault(name, "get", ValueError("entry not on CPU"))
+            return None
+        if count:
+            self.metrics.incr(f"{name}_hits" if kv is not None else f"{name}_misses")
+        return kv
+
+    def _tier_put(self, store: KVStore | None, name: str, key: CacheKey, kv: PackedKV) -> None:
+        if store is None:
+            return
+        try:
+            if not store.put(key, kv):
+                self.metrics.incr(f"{name}_put_rejected")
+        except Exception as exc:
+            self._tier_fault(name, "put", exc)
+        if name == "l1":
+            self._l1_gauges()
+
+    def _l1_gauges(self) -> None:
+        used = getattr(self.l1, "bytes_used", None)
+        if used is not None:
+            self.metrics.set_gauge("l1_bytes", used)
+            self.metrics.set_gauge("l1_entries", len(self.l1))  # type: ignore[arg-type]
+
+    def _tier_fault(self, name: str, op: str, exc: BaseException) -> None:
+        self.metrics.incr(f"{name}_errors")
+        log.warning("cache tier %s %s failed (%s); degrading", name, op, type(exc).__name__)
+
+    # -- GPU memory discipline --------------------------------------------------------
+    def _with_oom_retry(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``; on CUDA OOM free the allocator cache and retry once."""
+        try:
+            return fn()
+        except torch.cuda.OutOfMemoryError:
+            self.metrics.incr("oom_retries")
+        # outside the except block: the failed attempt's frames (and tensors) are gone
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            return fn()
+        except torch.cuda.OutOfMemoryError as exc:
+            self.metrics.incr("oom_failures")
+            raise ModelOOMError("accelerator out of memory after one retry") from exc
+
+    def _on_cuda(self) -> bool:
+        return torch.device(self.adapter.device).type == "cuda" and torch.cuda.is_available()
+
+
+def _user_or_none(user: str | None) -> str | None:
+    """An empty user id means no identity (never cached), not a shared '' user."""
+    return user if user and user.strip() else None
+
+
+def _validate(req: ExecutionRequest) -> None:
+    if not req.tenant:
+        raise InvalidRequest("tenant is required")
+    if not req.prompt or not req.prompt.strip():
+        raise InvalidRequest("prompt is empty")
+    if not math.isfinite(req.alpha) or req.alpha < 0:
+        raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
+    if req.max_new_tokens < 1:
+        raise InvalidRequest("max_new_tokens must be >= 1")
+    if not math.isfinite(req.temperature) or req.temperature < 0 or not 0 < req.top_p <= 1:
+        raise InvalidRequest("temperature must be >= 0 and top_p in (0, 1]")
