@@ -45,9 +45,11 @@ _CODES = {v: k for k, v in _DTYPES.items()}
 _INT32_MAX = 2**31 - 1
 
 # Decoded tensors alias the (immutable) bytes received from Redis; nothing writes
-# to a PackedKV (all mutation happens on fresh tensors), so torch's one-time
-# "buffer is not writable" warning is expected: filtered by its exact message.
-warnings.filterwarnings("ignore", message="The given buffer is not writable", category=UserWarning)
+# to a PackedKV (all mutation happens on fresh tensors). torch warns about such
+# buffers once per process: trigger that once here, silenced, at import time.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", UserWarning)
+    torch.frombuffer(b"\0\0\0\0", dtype=torch.uint8)
 
 
 class CorruptEntry(ValueError):
