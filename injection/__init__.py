@@ -1,0 +1,74 @@
+"""The injection engine: preference K/V computed once, cached per tenant and user, injected.
+
+Plain torch + transformers + redis (no Django). Typical use::
+
+    adapter = load_adapter(model_path)                      # cuda if available
+    executor = build_executor(adapter, redis_client=r, signing_secret=secret)
+    result = executor.execute(ExecutionRequest(tenant, user, prompt, preference_text))
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from injection.adapter import ModelAdapter, load_adapter
+from injection.base import (
+    CacheKey,
+    ExecutionRequest,
+    ExecutionResult,
+    GenerationOutput,
+    KVStore,
+    PreferenceModel,
+    Tier,
+)
+from injection.errors import InjectionError, InvalidRequest, ModelLoadError, ModelOOMError
+from injection.executor import InjectionExecutor, content_hash
+from injection.lru import TenantLRU
+from injection.metrics import METRICS, Metrics
+from injection.output_filter import strip_retrieve_fact_calls
+from injection.packed import PackedKV
+from injection.redis_tier import RedisKVTier
+from injection.signing import CacheKeySigner
+
+__all__ = [
+    "CacheKey", "CacheKeySigner", "ExecutionRequest", "ExecutionResult", "GenerationOutput",
+    "InjectionError", "InjectionExecutor", "InvalidRequest", "KVStore", "METRICS", "Metrics",
+    "ModelAdapter", "ModelLoadError", "ModelOOMError", "PackedKV", "PreferenceModel",
+    "RedisKVTier", "TenantLRU", "Tier", "build_executor", "content_hash", "load_adapter",
+    "strip_retrieve_fact_calls",
+]
+
+GiB, MiB = 1024**3, 1024**2
+
+
+def build_executor(
+    adapter: PreferenceModel,
+    *,
+    redis_client: Any = None,
+    signing_secret: str | bytes | None = None,
+    alpha_cap: float = 0.7,
+    l1_max_bytes: int = 2 * GiB,
+    l1_max_entries: int = 1024,
+    l1_tenant_quota_bytes: int = 512 * MiB,
+    l2_ttl_seconds: int = 86400,
+    l2_enabled: bool = True,
+    key_generation: str = "0",
+    metrics: Metrics | None = None,
+) -> InjectionExecutor:
+    """An executor with a TenantLRU L1 and, given a Redis client, an HMAC-signed L2.
+
+    L2 is used only when ``l2_enabled`` and ``redis_client`` is given; it then
+    needs ``signing_secret`` (fail closed: no unsigned Redis cache).
+    ``key_generation`` must match the one maintenance tools sign with.
+    """
+    l1 = TenantLRU(
+        max_bytes=l1_max_bytes, max_entries=l1_max_entries,
+        tenant_quota_bytes=min(l1_tenant_quota_bytes, l1_max_bytes),
+    )
+    l2 = None
+    if l2_enabled and redis_client is not None:
+        if not signing_secret:
+            raise ValueError("an L2 Redis tier needs a signing_secret")
+        signer = CacheKeySigner(signing_secret, key_generation=key_generation)
+        l2 = RedisKVTier(redis_client, signer, ttl_seconds=l2_ttl_seconds)
+    return InjectionExecutor(adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import copy
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -47,12 +48,14 @@ def resolve_dtype(dtype: str | torch.dtype | None, *, device: torch.device, conf
         cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
         if isinstance(cfg, str):
             cfg = _DTYPES.get(cfg.lower())
-        return cfg if isinstance(cfg, torch.dtype) else torch.float16
+        if isinstance(cfg, torch.dtype):
+            return cfg
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return torch.float32
 
 
 def load_adapter(
-    model_path: str, *, device: str | torch.device | None = None,
+    model_path: str | Path, *, device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None,
 ) -> ModelAdapter:
     """Load a local HF model dir (offline) into a :class:`ModelAdapter`."""

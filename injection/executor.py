@@ -127,6 +127,16 @@ class InjectionExecutor:
                 out[name] = {"error": type(exc).__name__}
         return out
 
+    def close(self) -> None:
+        """Finish pending L2 writes and stop tier threads (worker shutdown)."""
+        for store in (self.l2, self.l1):
+            close = getattr(store, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as exc:  # shutting down: report, never raise
+                    self._tier_fault("l2" if store is self.l2 else "l1", "close", exc)
+
     # -- request path -------------------------------------------------------------------
     def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
         alpha = self.effective_alpha(req.alpha)
