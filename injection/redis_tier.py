@@ -8,29 +8,34 @@
   never blocks a reply. Each write sets the value with a TTL and adds its name to
   the user's index SET in one transaction, so a user is evicted without SCAN.
 * ``get``/``put`` never raise for Redis faults (down, timeout): they count
-  ``errors`` and degrade to miss / skipped write. Maintenance calls (``evict``,
-  ``verify``, ``stats(scan=True)``) raise ``redis.RedisError`` so callers know.
+  ``errors`` and degrade to miss / skipped write. After a fault, requests skip
+  Redis for ``retry_after_s`` (counted as ``bypassed``) instead of each paying
+  a connect timeout. Maintenance calls (``evict``, ``verify``,
+  ``stats(scan=True)``) raise ``redis.RedisError`` so their callers know.
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
+import time
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from injection import codec
 from injection.base import CacheKey, KVStore
 from injection.packed import PackedKV
 from injection.signing import CacheKeySigner
+from injection.writer import BoundedWriter
 
 __all__ = ["RedisKVTier"]
 
 log = logging.getLogger(__name__)
 _FAULTS = (redis.RedisError, OSError)
-_COUNTERS = ("hits", "misses", "rejects", "errors", "skipped_writes", "writes")
+_COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
 _SCAN_BATCH = 500
 _VERIFY_BATCH = 16  # values fetched per pipeline while verifying (bounded memory)
 
@@ -46,6 +51,7 @@ class RedisKVTier(KVStore):
         max_inflight: queued + writing puts before new ones are skipped.
         async_writes: False writes inline (maintenance, benchmarks).
         compress: zstd payloads (off by default: see docs/BENCHMARKS.md).
+        retry_after_s: after a Redis fault, get/put skip Redis this long.
     """
 
     def __init__(
@@ -58,6 +64,7 @@ class RedisKVTier(KVStore):
         max_inflight: int = 64,
         async_writes: bool = True,
         compress: bool = False,
+        retry_after_s: float = 1.0,
     ) -> None:
         if ttl_seconds <= 0 or max_inflight <= 0:
             raise ValueError("ttl_seconds and max_inflight must be positive")
@@ -67,34 +74,38 @@ class RedisKVTier(KVStore):
         self.signer = signer.with_namespace(namespace)
         self.ttl_seconds, self.max_inflight = int(ttl_seconds), int(max_inflight)
         self.async_writes, self.compress = async_writes, compress
-        self._cv = threading.Condition()
-        self._queue: collections.deque[tuple[CacheKey, PackedKV]] = collections.deque()
-        self._inflight = 0  # queued + the one being written
-        self._writing: CacheKey | None = None
-        self._closed = False
+        self.retry_after_s = retry_after_s
+        self._down_until = 0.0
+        self._lock = threading.Lock()
         self._counts = dict.fromkeys(_COUNTERS, 0)
         self._per_tenant: dict[str, dict[str, int]] = {}
-        self._writer: threading.Thread | None = None
+        self._writer: BoundedWriter[CacheKey, PackedKV] = BoundedWriter(
+            self._write, self.max_inflight, "kvi-l2-writer"
+        )
 
     @classmethod
     def from_url(
         cls, url: str, signer: CacheKeySigner, *, socket_timeout: float = 2.0, **kw: Any
     ) -> RedisKVTier:
-        """A tier on a new client with short connect/socket timeouts."""
+        """A tier on a new client with short timeouts and one immediate retry."""
         client = redis.Redis.from_url(
-            url, socket_timeout=socket_timeout, socket_connect_timeout=min(socket_timeout, 0.5)
+            url,
+            socket_timeout=socket_timeout,
+            socket_connect_timeout=min(socket_timeout, 0.5),
+            retry=Retry(NoBackoff(), 1),
         )
         return cls(client, signer, **kw)
 
     # -- reads ----------------------------------------------------------------------
     def get(self, key: CacheKey) -> PackedKV | None:
         """Verified entry or None (miss, bad entry, or Redis fault)."""
+        if not self._available(key.tenant):
+            return None
         name = self.signer.redis_key(key)
         try:
             blob = self.client.get(name)
         except _FAULTS as e:
-            self._count(key.tenant, "errors")
-            log.warning("L2 get failed: %s", e)
+            self._fault(key.tenant, "get", e)
             return None
         if blob is None:
             self._count(key.tenant, "misses")
@@ -103,7 +114,7 @@ class RedisKVTier(KVStore):
             kv = codec.decode_named(blob, name, self.signer)
         except codec.CorruptEntry as e:
             self._count(key.tenant, "rejects")
-            log.warning("L2 rejected entry %s for tenant tag %s: %s", name, name.split(":")[1], e)
+            log.warning("L2 rejected entry %s: %s", name, e)
             self._delete_quietly(key, name)
             return None
         self._count(key.tenant, "hits")
@@ -114,67 +125,37 @@ class RedisKVTier(KVStore):
         """Store (async by default); False when skipped (queue full, closed, fault)."""
         if not kv.is_cpu:
             raise ValueError(f"RedisKVTier stores CPU PackedKV only, got {kv.device}")
+        if not self._available(key.tenant):
+            return False
         if not self.async_writes:
             return self._write(key, kv)
-        with self._cv:
-            if self._closed or self._inflight >= self.max_inflight:
-                self._count(key.tenant, "skipped_writes")
-                return False
-            self._inflight += 1
-            self._queue.append((key, kv))
-            self._ensure_writer()
-            self._cv.notify_all()
+        if not self._writer.submit(key, kv):
+            self._count(key.tenant, "skipped_writes")
+            return False
         return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted write has finished; False on timeout."""
-        with self._cv:
-            return self._cv.wait_for(lambda: self._inflight == 0, timeout)
+        return self._writer.flush(timeout)
 
     def close(self, timeout: float | None = 5.0) -> None:
-        """Finish pending writes, stop the writer; later puts are skipped."""
-        self.flush(timeout)
-        with self._cv:
-            self._closed = True
-            self._cv.notify_all()
-        if self._writer is not None:
-            self._writer.join(timeout)
-
-    def _ensure_writer(self) -> None:
-        if self._writer is None or not self._writer.is_alive():
-            self._writer = threading.Thread(target=self._writer_loop, name="kvi-l2-writer")
-            self._writer.daemon = True
-            self._writer.start()
-
-    def _writer_loop(self) -> None:
-        while True:
-            with self._cv:
-                self._cv.wait_for(lambda: self._queue or self._closed)
-                if not self._queue:
-                    return
-                key, kv = self._queue.popleft()
-                self._writing = key
-            try:
-                self._write(key, kv)
-            finally:
-                with self._cv:
-                    self._writing = None
-                    self._inflight -= 1
-                    self._cv.notify_all()
+        """Finish pending writes, stop the writer; later async puts are skipped."""
+        self._writer.close(timeout)
 
     def _write(self, key: CacheKey, kv: PackedKV) -> bool:
+        if not self._available(key.tenant):
+            return False
+        blob = codec.encode(kv, key, self.signer, compress=self.compress)
+        name = self.signer.redis_key(key)
+        index = self.signer.user_index_key(key.tenant, key.user)
         try:
-            blob = codec.encode(kv, key, self.signer, compress=self.compress)
-            name = self.signer.redis_key(key)
-            index = self.signer.user_index_key(key.tenant, key.user)
             with self.client.pipeline(transaction=True) as p:
                 p.set(name, blob, ex=self.ttl_seconds)
                 p.sadd(index, name)
                 p.expire(index, self.ttl_seconds)
                 p.execute()
-        except Exception as e:  # a write must never take the worker down
-            self._count(key.tenant, "errors")
-            log.warning("L2 write failed: %s", e)
+        except _FAULTS as e:
+            self._fault(key.tenant, "write", e)
             return False
         self._count(key.tenant, "writes")
         return True
@@ -186,7 +167,7 @@ class RedisKVTier(KVStore):
         Queued writes of that scope are dropped first and a write in progress is
         waited for, so nothing of the scope reappears after this returns.
         """
-        self._cancel_pending(tenant, user)
+        self._writer.cancel(lambda k: k.tenant == tenant and (user is None or k.user == user))
         try:
             if user is not None:
                 index = self.signer.user_index_key(tenant, user)
@@ -202,18 +183,6 @@ class RedisKVTier(KVStore):
         except _FAULTS:
             self._count(tenant, "errors")
             raise
-
-    def _cancel_pending(self, tenant: str, user: str | None) -> None:
-        def in_scope(k: CacheKey | None) -> bool:
-            return k is not None and k.tenant == tenant and (user is None or k.user == user)
-
-        with self._cv:
-            keep = [item for item in self._queue if not in_scope(item[0])]
-            dropped = len(self._queue) - len(keep)
-            self._queue = collections.deque(keep)
-            self._inflight -= dropped
-            self._cv.notify_all()
-            self._cv.wait_for(lambda: not in_scope(self._writing), timeout=10.0)
 
     def verify(self, tenant: str | None = None) -> dict[str, Any]:
         """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""
@@ -248,10 +217,10 @@ class RedisKVTier(KVStore):
         With ``scan``, each known tenant (and each of ``tenants``) gets
         ``entries``/``bytes`` from a SCAN of its prefix, and totals cover every tenant.
         """
-        with self._cv:
+        with self._lock:
             out: dict[str, Any] = dict(self._counts)
             per = {t: dict(c) for t, c in self._per_tenant.items()}
-            out.update(inflight=self._inflight, max_inflight=self.max_inflight)
+        out.update(inflight=self._writer.inflight, max_inflight=self.max_inflight)
         if scan:
             for t in set(per) | set(tenants or ()):
                 per.setdefault(t, dict.fromkeys(_COUNTERS, 0)).update(
@@ -291,11 +260,22 @@ class RedisKVTier(KVStore):
                 p.srem(self.signer.user_index_key(key.tenant, key.user), name)
                 p.execute()
         except _FAULTS as e:
-            self._count(key.tenant, "errors")
-            log.warning("L2 delete of rejected entry failed: %s", e)
+            self._fault(key.tenant, "delete", e)
+
+    def _available(self, tenant: str) -> bool:
+        """False (and counted) while Redis is considered down after a fault."""
+        if time.monotonic() < self._down_until:
+            self._count(tenant, "bypassed")
+            return False
+        return True
+
+    def _fault(self, tenant: str, what: str, e: BaseException) -> None:
+        self._down_until = time.monotonic() + self.retry_after_s
+        self._count(tenant, "errors")
+        log.warning("L2 %s failed (skipping Redis for %.1fs): %s", what, self.retry_after_s, e)
 
     def _count(self, tenant: str, what: str) -> None:
-        with self._cv:
+        with self._lock:
             self._counts[what] += 1
             per = self._per_tenant.setdefault(tenant, dict.fromkeys(_COUNTERS, 0))
             per[what] += 1
