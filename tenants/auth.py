@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication
 from rest_framework import exceptions as drf_exc
 
@@ -31,3 +32,18 @@ class MemberTokenAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request) -> str:
         return "Token"
+
+
+class MemberTokenScheme(OpenApiAuthenticationExtension):
+    """How the OpenAPI schema (and the docs UI's "Authorize" button) describes the token."""
+
+    target_class = MemberTokenAuthentication
+    name = "tokenAuth"
+
+    def get_security_definition(self, auto_schema):
+        return {
+            "type": "apiKey",
+            "in": "header",
+            "name": "Authorization",
+            "description": "API token of a member, sent as `Token <key>` (or `Bearer <key>`).",
+        }

@@ -8,6 +8,8 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from django.core.exceptions import RequestDataTooBig
+from django.http import JsonResponse
 from rest_framework import exceptions as drf_exc
 from rest_framework.response import Response
 
@@ -52,6 +54,10 @@ class Conflict(PlatformError):
     status, code, default_message = 409, "conflict", "Already exists."
 
 
+class PayloadTooLarge(PlatformError):
+    status, code, default_message = 413, "payload_too_large", "The request body is too large."
+
+
 class Throttled(PlatformError):
     status, code, default_message = 429, "throttled", "Too many requests."
 
@@ -83,6 +89,8 @@ def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
 
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
     """Map PlatformError and DRF's own exceptions to the JSON error shape."""
+    if isinstance(exc, RequestDataTooBig):  # raised by Django while DRF reads the body
+        exc = PayloadTooLarge()
     if isinstance(exc, PlatformError):
         headers = {}
         if "retry_after" in exc.details:
@@ -100,3 +108,26 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
         detail = getattr(exc, "detail", str(exc))
         response.data = _body(code, str(detail))
     return response
+
+
+# --- plain Django views (outside DRF): unknown URLs and crashes under /api/ stay JSON ----
+
+
+def _is_api(request) -> bool:
+    return request.path.startswith("/api/")
+
+
+def json_404(request, exception=None):
+    if _is_api(request):
+        return JsonResponse(_body("not_found", "No such endpoint."), status=404)
+    from django.views.defaults import page_not_found
+
+    return page_not_found(request, exception)
+
+
+def json_500(request):
+    if _is_api(request):
+        return JsonResponse(_body("server_error", "Internal error."), status=500)
+    from django.views.defaults import server_error
+
+    return server_error(request)

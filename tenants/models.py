@@ -127,6 +127,7 @@ class AuditEvent(models.TextChoices):
     CACHE_WARMED = "cache.warmed"
     CACHE_KEY_ROTATED = "cache.key_rotated"
     CHAT_REQUEST = "chat.request"
+    CONVERSATION_DELETED = "conversation.deleted"
 
 
 class AuditLog(models.Model):

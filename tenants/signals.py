@@ -1,1 +1,47 @@
+"""Model signals: cached K/V is dropped after commit whenever preference data changes or goes.
 
+Correctness never depends on these: the worker reads the preference fresh from Postgres
+and keys K/V by the SHA-256 of its text, so a changed text (even via ``QuerySet.update()``,
+which sends no signal) can never hit an old entry. Invalidation frees the memory and
+removes deleted or superseded preference data from L2 and every worker's L1.
+"""
+
+from __future__ import annotations
+
+from django.contrib.auth.signals import user_logged_in
+from django.db.models.signals import post_delete, post_save
+from django.dispatch import receiver
+
+from tenants import actions
+from tenants.models import Member, Preference, Tenant
+
+
+@receiver(post_save, sender=Preference, dispatch_uid="kvi-preference-saved")
+@receiver(post_delete, sender=Preference, dispatch_uid="kvi-preference-deleted")
+def _preference_changed(sender, instance: Preference, **kwargs) -> None:
+    actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+
+
+@receiver(post_delete, sender=Member, dispatch_uid="kvi-member-deleted")
+def _member_deleted(sender, instance: Member, **kwargs) -> None:
+    actions.invalidate_on_commit(instance.tenant_id, instance.pk)
+
+
+@receiver(post_save, sender=Member, dispatch_uid="kvi-member-saved")
+def _member_saved(sender, instance: Member, created: bool, **kwargs) -> None:
+    if not created and not instance.active:  # a deactivated member's K/V is dead weight
+        actions.invalidate_on_commit(instance.tenant_id, instance.pk)
+
+
+@receiver(post_save, sender=Tenant, dispatch_uid="kvi-tenant-saved")
+def _tenant_saved(sender, instance: Tenant, created: bool, **kwargs) -> None:
+    if not created and not instance.active:
+        actions.invalidate_on_commit(instance.pk)
+
+
+@receiver(user_logged_in, dispatch_uid="kvi-login-audit")
+def _logged_in(sender, request, user, **kwargs) -> None:
+    meta = getattr(request, "META", {}) if request is not None else {}
+    actions.do_record_login(
+        user, ip=meta.get("REMOTE_ADDR", ""), path=getattr(request, "path", "") or ""
+    )

@@ -1,0 +1,184 @@
+"""Per-member and per-tenant rate limits on shared Redis counters (sliding window, atomic).
+
+One Lua script checks the member's and the tenant's counters together and counts the
+request against both only when both allow it, so a refused request costs nothing and
+web processes never race. The window is a sliding-window counter (previous fixed window
+weighted by how much of it still overlaps), timed by the Redis server's clock.
+
+Limits come from settings (``"N/s"``, ``"N/min"``, ``"N/h"``, ``"N/day"``; empty or
+``None`` disables a limit):
+
+- ``CHAT_RATE_PER_MEMBER`` (default ``"30/min"``), ``CHAT_RATE_PER_TENANT`` (``"300/min"``)
+- ``API_RATE_PER_MEMBER`` (``"300/min"``), ``API_RATE_PER_TENANT`` (``"3000/min"``)
+- ``THROTTLE_FAIL_OPEN`` (``True``): when Redis is unreachable requests are let through
+  and a warning is logged (at most once per 30 s); ``False`` answers 503 instead.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import NamedTuple
+
+import redis
+from django.conf import settings
+from rest_framework.throttling import BaseThrottle
+
+from tenants.errors import Throttled, WorkerUnavailable
+from tenants.permissions import request_member
+
+log = logging.getLogger(__name__)
+KEY_PREFIX = "kvi:rl"
+DEFAULTS = {
+    "CHAT_RATE_PER_MEMBER": "30/min",
+    "CHAT_RATE_PER_TENANT": "300/min",
+    "API_RATE_PER_MEMBER": "300/min",
+    "API_RATE_PER_TENANT": "3000/min",
+}
+_PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 86400,
+            "day": 86400}
+
+# KEYS: one base key per limit (the window index is appended here, from the server clock).
+# ARGV: window seconds and limit, per key.
+# Returns {0} when admitted (counted against every limit), else {index hit, retry_after_s}.
+_SCRIPT = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+local windows, currents = {}, {}
+for i = 1, #KEYS do
+  local window = tonumber(ARGV[2 * i - 1])
+  local limit = tonumber(ARGV[2 * i])
+  local idx = math.floor(now / window)
+  local elapsed = (now - idx * window) / window
+  local cur_key = KEYS[i] .. ':' .. idx
+  local cur = tonumber(redis.call('GET', cur_key) or '0')
+  local prev = tonumber(redis.call('GET', KEYS[i] .. ':' .. (idx - 1)) or '0')
+  if prev * (1 - elapsed) + cur + 1 > limit then
+    local wait
+    if cur + 1 <= limit then
+      -- the previous window's weight must decay enough, within this window
+      wait = (1 - (limit - cur - 1) / prev - elapsed) * window
+    else
+      -- next window, then this window's count (weighted) must decay
+      wait = (1 - elapsed) * window + window * math.min(1, math.max(0, 1 - (limit - 1) / cur))
+    end
+    return {i, math.max(1, math.ceil(wait))}
+  end
+  windows[i], currents[i] = window, cur_key
+end
+for i = 1, #KEYS do
+  redis.call('INCR', currents[i])
+  redis.call('EXPIRE', currents[i], 2 * windows[i] + 1)
+end
+return {0}
+"""
+
+
+class Limit(NamedTuple):
+    scope: str  # "member" or "tenant"
+    key: str
+    count: int
+    window_s: int
+
+
+def parse_rate(rate: str | None) -> tuple[int, int] | None:
+    """``"30/min"`` -> (30, 60); ``None``/``""`` -> None (no limit)."""
+    if not rate:
+        return None
+    try:
+        count, _, period = str(rate).partition("/")
+        num = "".join(c for c in period if c.isdigit()) or "1"
+        unit = period.lstrip("0123456789").strip().lower()
+        return int(count), int(num) * _PERIODS[unit]
+    except (KeyError, ValueError):
+        raise ValueError(f"bad rate {rate!r}; use e.g. '30/min'") from None
+
+
+def _rate(name: str) -> tuple[int, int] | None:
+    return parse_rate(getattr(settings, name, DEFAULTS[name]))
+
+
+_scripts: dict[str, redis.commands.core.Script] = {}
+_scripts_lock = threading.Lock()
+_last_warning = 0.0
+
+
+def _script():
+    """The registered script on a client for the current REDIS_URL (short timeouts)."""
+    url = settings.REDIS_URL
+    with _scripts_lock:
+        if url not in _scripts:
+            client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            _scripts[url] = client.register_script(_SCRIPT)
+        return _scripts[url]
+
+
+def check(scope: str, tenant_id: int, member_id: int) -> None:
+    """Count one request of ``scope`` against the member and tenant limits, or raise Throttled."""
+    limits = []
+    prefix = scope.upper()
+    for who, ident, setting in (("member", member_id, f"{prefix}_RATE_PER_MEMBER"),
+                                ("tenant", tenant_id, f"{prefix}_RATE_PER_TENANT")):
+        rate = _rate(setting)
+        if rate is not None:
+            key = f"{KEY_PREFIX}:{scope}:{who[0]}:{ident}"
+            limits.append(Limit(who, key, rate[0], rate[1]))
+    if not limits:
+        return
+    hit = _run(limits)
+    if hit is not None:
+        limit, retry_after = hit
+        raise Throttled(
+            f"Rate limit for this {limit.scope} exceeded ({limit.count} per {limit.window_s}s).",
+            scope=limit.scope, retry_after=retry_after,
+        )
+
+
+def _run(limits: list[Limit]) -> tuple[Limit, int] | None:
+    keys, args = [], []
+    for limit in limits:
+        keys.append(limit.key)
+        args += [limit.window_s, limit.count]
+    try:
+        result = _script()(keys=keys, args=args)
+    except redis.RedisError as exc:
+        _degraded(exc)
+        return None
+    if int(result[0]) == 0:
+        return None
+    return limits[int(result[0]) - 1], int(result[1])
+
+
+def _degraded(exc: Exception) -> None:
+    global _last_warning
+    if time.monotonic() - _last_warning > 30:
+        _last_warning = time.monotonic()
+        log.warning("throttling: Redis unavailable (%s); %s", exc,
+                    "failing open" if _fail_open() else "refusing requests")
+    if not _fail_open():
+        raise WorkerUnavailable("Rate limiting is unavailable.", retry_after=5)
+
+
+def _fail_open() -> bool:
+    return bool(getattr(settings, "THROTTLE_FAIL_OPEN", True))
+
+
+class MemberTenantThrottle(BaseThrottle):
+    """DRF throttle: per-member and per-tenant limits for ``scope``; raises Throttled itself
+    so the 429 carries the stable error shape, the scope hit and ``Retry-After``."""
+
+    scope = "api"
+
+    def allow_request(self, request, view) -> bool:
+        member = request_member(request)
+        check(self.scope, member.tenant_id, member.pk)
+        return True
+
+
+class ChatThrottle(MemberTenantThrottle):
+    scope = "chat"
+
+
+class ApiThrottle(MemberTenantThrottle):
+    scope = "api"
