@@ -94,6 +94,8 @@ class ModelAdapter(PreferenceModel):
         self.num_kv_heads: int = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
         self.max_positions: int | None = getattr(text_cfg, "max_position_embeddings", None)
         self.fingerprint = model_fingerprint(model, tokenizer, dtype)
+        # a config makes DynamicCache pick sliding/hybrid layers; plain layers need none
+        self._cache_config = model.config if _has_special_layers(text_cfg) else None
 
     # -- PreferenceModel -----------------------------------------------------------
     def compute_kv(self, text: str) -> PackedKV:
@@ -157,17 +159,18 @@ class ModelAdapter(PreferenceModel):
     def build_cache(self, injected: PackedKV, alpha: float) -> DynamicCache:
         """A fresh DynamicCache holding ``injected`` on this device, values scaled by alpha.
 
-        Exactly two host-to-device copies (``PackedKV.to``); keys unscaled. Every
-        tensor handed to the cache is fresh, so cache growth never reaches the
-        cached PackedKV (on CPU ``to()`` returns the same storage, so keys are cloned).
+        Exactly two host-to-device copies (``PackedKV.to``); keys unscaled. The
+        cache never holds the cached PackedKV's storage (on CPU ``to()`` is a
+        no-op): values come from ``scaled_values`` (always new) and ``update``
+        concatenates keys into new tensors, which is checked, not assumed.
         """
         self._check_compatible(injected)
         on_device = injected.to(self.device, non_blocking=True)
-        keys = on_device.keys if on_device is not injected else injected.keys.clone()
-        values = on_device.scaled_values(alpha)  # always a new tensor
-        cache = DynamicCache(config=self.model.config)
+        values = on_device.scaled_values(alpha)
+        cache = DynamicCache(config=self._cache_config)
         for i in range(on_device.num_layers):
-            cache.update(keys[i].unsqueeze(0), values[i].unsqueeze(0), i)
+            cache.update(on_device.keys[i].unsqueeze(0), values[i].unsqueeze(0), i)
+        _unalias_keys(cache, injected.keys)
         return cache
 
     def _run_generate(
@@ -227,6 +230,19 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     host.copy_(t)  # synchronous D2H: the result is complete when returned
     return host
+
+
+def _has_special_layers(cfg: Any) -> bool:
+    types = getattr(cfg, "layer_types", None) or []
+    return bool(getattr(cfg, "sliding_window", None)) or any(t != "full_attention" for t in types)
+
+
+def _unalias_keys(cache: DynamicCache, source: torch.Tensor) -> None:
+    """Give a layer its own key tensor should ``update`` ever keep the caller's storage."""
+    src = source.untyped_storage().data_ptr()
+    for layer in cache.layers:
+        if layer.keys.untyped_storage().data_ptr() == src:
+            layer.keys = layer.keys.clone()
 
 
 class _KVTimer:
