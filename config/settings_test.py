@@ -1,14 +1,24 @@
-"""Test settings: the suite's broker, results and L2 entries live on their own Redis db,
-so a running `make demo` (db 0) and the tests never consume each other's tasks."""
+"""Test settings.
 
+Each pytest run gets its own test database and its own Redis db (broker, results,
+L2), so a running `make demo` (db 0) and concurrent test runs never consume each
+other's tasks. Worker subprocesses inherit KVI_TEST_REDIS_DB from the environment.
+"""
+
+import os
 from urllib.parse import urlparse, urlunparse
 
 from config.settings import *  # noqa: F403
+from config.settings import DATABASES
 from config.settings import REDIS_URL as _BASE_REDIS_URL
 
-TEST_REDIS_DB = 1
+# db 0: demo; db 9: engine unit tests (tests/conftest.py); others: test runs.
+_FREE_DBS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15]
+os.environ.setdefault("KVI_TEST_REDIS_DB", str(_FREE_DBS[os.getpid() % len(_FREE_DBS)]))
+TEST_REDIS_DB = int(os.environ["KVI_TEST_REDIS_DB"])
 REDIS_URL = urlunparse(urlparse(_BASE_REDIS_URL)._replace(path=f"/{TEST_REDIS_DB}"))
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
+DATABASES["default"]["TEST"] = {"NAME": f"test_kvi_{TEST_REDIS_DB}"}
 CHAT_RESULT_TIMEOUT = 120.0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
