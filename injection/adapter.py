@@ -14,7 +14,6 @@ Traps handled here (each covered by tests/injection/test_adapter.py):
 from __future__ import annotations
 
 import copy
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
 
 from injection.base import GenerationOutput, PreferenceModel
+from injection.devices import KVTimer, to_host
 from injection.errors import InvalidRequest, ModelLoadError
 from injection.fingerprint import model_fingerprint
 from injection.packed import PackedKV
@@ -114,8 +114,8 @@ class ModelAdapter(PreferenceModel):
             raise ModelLoadError(f"cache has {len(layers)} layers, model {self.num_layers}")
         # stacked outside inference mode: the cached tensors are ordinary tensors
         with torch.no_grad():
-            keys = _to_host(torch.stack([k for k, _ in layers]))
-            values = _to_host(torch.stack([v for _, v in layers]))
+            keys = to_host(torch.stack([k for k, _ in layers]))
+            values = to_host(torch.stack([v for _, v in layers]))
         return PackedKV(keys, values, ids)
 
     def generate(
@@ -133,7 +133,7 @@ class ModelAdapter(PreferenceModel):
         input_ids = prefix + prompt_ids
         self._check_length(len(input_ids) + max_new_tokens)
         with torch.inference_mode():
-            with _KVTimer(self.device) as timer:
+            with KVTimer(self.device) as timer:
                 cache = self.build_cache(injected, alpha) if injected is not None else None
             ids = self._run_generate(input_ids, cache, max_new_tokens, sampling)
             del cache
@@ -223,15 +223,6 @@ class ModelAdapter(PreferenceModel):
             raise InvalidRequest(f"{n} tokens exceed the model's {self.max_positions} positions")
 
 
-def _to_host(t: torch.Tensor) -> torch.Tensor:
-    """CPU copy of ``t``; into pinned memory when CUDA is present (one copy)."""
-    if t.is_cpu:
-        return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
-    host.copy_(t)  # synchronous D2H: the result is complete when returned
-    return host
-
-
 def _has_special_layers(cfg: Any) -> bool:
     types = getattr(cfg, "layer_types", None) or []
     return bool(getattr(cfg, "sliding_window", None)) or any(t != "full_attention" for t in types)
@@ -243,32 +234,3 @@ def _unalias_keys(cache: DynamicCache, source: torch.Tensor) -> None:
     for layer in cache.layers:
         if layer.keys.untyped_storage().data_ptr() == src:
             layer.keys = layer.keys.clone()
-
-
-class _KVTimer:
-    """Times the cache build; on CUDA with events (no extra sync) plus the memory peak."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        self.peak_bytes = 0
-
-    def __enter__(self) -> _KVTimer:
-        if self.cuda:
-            self._base = torch.cuda.memory_allocated()
-            torch.cuda.reset_peak_memory_stats()
-            self._start, self._end = torch.cuda.Event(True), torch.cuda.Event(True)
-            self._start.record()
-        self._t0 = time.perf_counter()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._ms = (time.perf_counter() - self._t0) * 1000.0
-        if self.cuda:
-            self._end.record()
-            self.peak_bytes = max(0, torch.cuda.max_memory_allocated() - self._base)
-
-    def elapsed_ms(self) -> float:
-        """Call after the work that follows has synchronised (e.g. generation)."""
-        if self.cuda:
-            return float(self._start.elapsed_time(self._end))
-        return self._ms

@@ -10,8 +10,6 @@ the request boundary and in OOM recovery.
 from __future__ import annotations
 
 import gc
-import hashlib
-import logging
 import math
 import time
 from collections.abc import Callable
@@ -19,29 +17,16 @@ from typing import Any, TypeVar
 
 import torch
 
-from injection.base import (
-    CacheKey,
-    ExecutionRequest,
-    ExecutionResult,
-    KVStore,
-    PreferenceModel,
-    Tier,
-)
+from injection.base import ExecutionRequest, ExecutionResult, KVStore, PreferenceModel, Tier
 from injection.errors import InvalidRequest, ModelOOMError
+from injection.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.metrics import METRICS, Metrics
 from injection.output_filter import strip_retrieve_fact_calls
 from injection.packed import PackedKV
-from injection.singleflight import SingleFlight
 
 __all__ = ["InjectionExecutor", "content_hash"]
 
-log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-
-def content_hash(preference_text: str) -> str:
-    """SHA-256 hex of the preference text (the cache key's content part)."""
-    return hashlib.sha256(preference_text.encode("utf-8")).hexdigest()
 
 
 class InjectionExecutor:
@@ -71,7 +56,7 @@ class InjectionExecutor:
         self.adapter, self.l1, self.l2 = adapter, l1, l2
         self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
         self.metrics = metrics if metrics is not None else METRICS
-        self._flight: SingleFlight[PackedKV] = SingleFlight()
+        self.kv_source = PreferenceKVSource(adapter, l1, l2, self.metrics)
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -91,7 +76,7 @@ class InjectionExecutor:
 
     def warm(self, tenant: str, user: str, preference_text: str) -> Tier:
         """Ensure the user's preference K/V is cached (no generation); returns its tier."""
-        if not tenant or not _user_or_none(user):
+        if not tenant or not user_or_none(user):
             raise InvalidRequest("warm needs a tenant and a user")
         if not preference_text.strip():
             return Tier.NONE
@@ -104,28 +89,17 @@ class InjectionExecutor:
         """Evict ``tenant``'s (or one user's) entries from L1 and L2; counts per tier."""
         if not tenant:
             raise InvalidRequest("invalidate needs a tenant")
-        out: dict[str, Any] = {}
-        for name, store in (("l1", self.l1), ("l2", self.l2)):
-            if store is None:
-                out[name] = 0
-                continue
-            try:
-                out[name] = store.evict(tenant, user)
-            except Exception as exc:  # a tier fault is reported, not raised
-                self._tier_fault(name, "evict", exc)
-                out[name], out[f"{name}_error"] = None, type(exc).__name__
+        out = self.kv_source.evict(tenant, user)
         self.metrics.incr("invalidations")
         return out
 
     def stats(self) -> dict[str, Any]:
         """Engine counters plus each tier's own ``stats()``."""
-        out: dict[str, Any] = {"metrics": self.metrics.snapshot(), "fingerprint": self.adapter.fingerprint}
-        for name, store in (("l1", self.l1), ("l2", self.l2)):
-            try:
-                out[name] = store.stats() if store is not None else None
-            except Exception as exc:
-                out[name] = {"error": type(exc).__name__}
-        return out
+        return {
+            "metrics": self.metrics.snapshot(),
+            "fingerprint": self.adapter.fingerprint,
+            **self.kv_source.tier_stats(),
+        }
 
     def close(self) -> None:
         """Finish pending L2 writes and stop tier threads (worker shutdown)."""
@@ -135,7 +109,7 @@ class InjectionExecutor:
                 try:
                     close()
                 except Exception as exc:  # shutting down: report, never raise
-                    self._tier_fault("l2" if store is self.l2 else "l1", "close", exc)
+                    self.kv_source.fault("l2" if store is self.l2 else "l1", "close", exc)
 
     # -- request path -------------------------------------------------------------------
     def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
@@ -179,80 +153,11 @@ class InjectionExecutor:
             self.metrics.incr("stripped_calls", n)
         return text, n
 
-    # -- K/V acquisition ------------------------------------------------------------------
     def _get_preference_kv(
         self, tenant: str, user: str | None, text: str
     ) -> tuple[PackedKV, Tier, str]:
         """L1 -> L2 (promoted to L1) -> compute (single-flight, stored in L1 and L2)."""
-        chash = content_hash(text)
-        user = _user_or_none(user)
-        if user is None:  # no identity: compute, never cache
-            return self._compute(text), Tier.COMPUTE, chash
-        key = CacheKey(tenant, user, chash, self.adapter.fingerprint)
-        kv = self._tier_get(self.l1, "l1", key)
-        if kv is not None:
-            return kv, Tier.L1, chash
-        kv = self._tier_get(self.l2, "l2", key)
-        if kv is not None:
-            self._tier_put(self.l1, "l1", key, kv)
-            return kv, Tier.L2, chash
-        kv, shared = self._flight.do(key, lambda: self._compute_and_store(key, text))
-        if shared:
-            self.metrics.incr("compute_shared")
-        return kv, Tier.COMPUTE, chash
-
-    def _compute_and_store(self, key: CacheKey, text: str) -> PackedKV:
-        kv = self._tier_get(self.l1, "l1", key, count=False)  # a racing leader may have stored it
-        if kv is not None:
-            return kv
-        kv = self._compute(text)
-        self._tier_put(self.l1, "l1", key, kv)
-        self._tier_put(self.l2, "l2", key, kv)  # the tier writes asynchronously
-        return kv
-
-    def _compute(self, text: str) -> PackedKV:
-        t0 = time.perf_counter()
-        kv = self.adapter.compute_kv(text)
-        self.metrics.incr("computes")
-        self.metrics.incr("kv_bytes_computed", kv.nbytes)
-        self.metrics.observe_ms("compute", (time.perf_counter() - t0) * 1000.0)
-        return kv
-
-    def _tier_get(self, store: KVStore | None, name: str, key: CacheKey, *, count: bool = True) -> PackedKV | None:
-        if store is None:
-            return None
-        try:
-            kv = store.get(key)
-        except Exception as exc:  # a faulty tier degrades to recompute
-            self._tier_fault(name, "get", exc)
-            return None
-        if kv is not None and not (kv.keys.is_cpu and kv.values.is_cpu):
-            self._tier_fault(name, "get", ValueError("entry not on CPU"))
-            return None
-        if count:
-            self.metrics.incr(f"{name}_hits" if kv is not None else f"{name}_misses")
-        return kv
-
-    def _tier_put(self, store: KVStore | None, name: str, key: CacheKey, kv: PackedKV) -> None:
-        if store is None:
-            return
-        try:
-            if not store.put(key, kv):
-                self.metrics.incr(f"{name}_put_rejected")
-        except Exception as exc:
-            self._tier_fault(name, "put", exc)
-        if name == "l1":
-            self._l1_gauges()
-
-    def _l1_gauges(self) -> None:
-        used = getattr(self.l1, "bytes_used", None)
-        if used is not None:
-            self.metrics.set_gauge("l1_bytes", used)
-            self.metrics.set_gauge("l1_entries", len(self.l1))  # type: ignore[arg-type]
-
-    def _tier_fault(self, name: str, op: str, exc: BaseException) -> None:
-        self.metrics.incr(f"{name}_errors")
-        log.warning("cache tier %s %s failed (%s); degrading", name, op, type(exc).__name__)
+        return self.kv_source.get(tenant, user, text)
 
     # -- GPU memory discipline --------------------------------------------------------
     def _with_oom_retry(self, fn: Callable[[], T]) -> T:
@@ -272,11 +177,6 @@ class InjectionExecutor:
 
     def _on_cuda(self) -> bool:
         return torch.device(self.adapter.device).type == "cuda" and torch.cuda.is_available()
-
-
-def _user_or_none(user: str | None) -> str | None:
-    """An empty user id means no identity (never cached), not a shared '' user."""
-    return user if user and user.strip() else None
 
 
 def _validate(req: ExecutionRequest) -> None:
