@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 import subprocess
 import sys
 import time
@@ -169,3 +170,23 @@ def test_admin_clear_empties_l1_of_both_workers(acme, workers, settings):
         tiers.append(cache["tier"])
     # L2 was deleted too: the first worker recomputes; neither served from its old L1.
     assert tiers[0] == "compute" and tiers[1] in ("compute", "l2"), tiers
+
+
+def test_admin_warm_precomputes_so_the_first_chat_does_not(acme, workers):
+    member, key = acme
+    done = re.compile(r"Task gpu_worker\.tasks\.warm_member\[[^\]]+\] succeeded")
+
+    def warmed() -> int:
+        return sum(len(done.findall(w.log_tail(100_000))) for w in workers)
+
+    before = warmed()
+    response = admin().post("/admin/tenants/member/", {"action": "warm_kv_cache",
+                                                       "_selected_action": [member.pk]})
+    assert response.status_code == 302
+    deadline = time.monotonic() + 60
+    while warmed() == before:
+        assert time.monotonic() < deadline, "no worker ran warm_member"
+        time.sleep(0.1)
+    cache = chat(key)  # the member's very first chat: its K/V is already cached
+    assert cache["tier"] in ("l1", "l2"), cache
+    assert cache["content_hash"] == sha("I am vegetarian.")

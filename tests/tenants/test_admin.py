@@ -222,11 +222,14 @@ def test_preference_add_delete_and_bulk_actions_audited(acme_admin, acme):
     assert row.data["old"]["text"] == "tea" and row.actor == acme.admin.user
 
 
-def test_member_change_and_delete_audited(acme_admin, acme):
-    response = acme_admin.post(f"/admin/tenants/member/{acme.other.pk}/change/",
-                               {"role": "admin", "active": "on"})
+def test_member_change_and_delete_audited(acme_admin, acme, globex):
+    response = acme_admin.post(f"/admin/tenants/member/{acme.other.pk}/change/", {
+        "role": "admin", "active": "on", "tenant": Tenant.objects.get(slug="globex").pk,
+        "user": acme.admin.user.pk})
     assert response.status_code == 302
     acme.other.refresh_from_db()
+    assert acme.other.tenant == acme.tenant  # tenant and user are not editable
+    assert acme.other.user.username == "acme-other"
     acme.other.user.refresh_from_db()
     assert acme.other.role == "admin" and acme.other.user.is_staff
     row = AuditLog.objects.get(event_type=AuditEvent.MEMBER_CHANGED)
