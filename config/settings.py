@@ -166,15 +166,51 @@ CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = "gpu"
-CELERY_TASK_ROUTES = {"gpu_worker.tasks.*": {"queue": "gpu"}}
+# Explicit routes: every GPU task names the shared queue; the web side may override it
+# per call with a worker's own queue (K/V-aware routing, gpu_worker.routing).
+CELERY_TASK_ROUTES = {
+    "gpu_worker.tasks.chat": {"queue": "gpu"},
+    "gpu_worker.tasks.warm_member": {"queue": "gpu"},
+}
+CELERY_TASK_CREATE_MISSING_QUEUES = True  # per-worker queues gpu.w.<hostname>
 CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True  # a failed task is answered, not redelivered
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
+# A task whose connection to Redis drops mid-run is cancelled (it will be redelivered)
+# instead of finishing unacked and running twice.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Enforced by Celery under prefork; under solo/threads (the GPU pools) by
+# gpu_worker.limits (soft: SoftTimeLimitExceeded in the task; hard: the worker exits).
 CELERY_TASK_SOFT_TIME_LIMIT = CHAT_SOFT_TIME_LIMIT
 CELERY_TASK_TIME_LIMIT = CHAT_HARD_TIME_LIMIT
 CELERY_RESULT_EXPIRES = 3600
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Must exceed the hard time limit, or Redis redelivers a task that is still running.
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CHAT_HARD_TIME_LIMIT * 4}
-CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CHAT_HARD_TIME_LIMIT * 4}
+CELERY_VISIBILITY_TIMEOUT = env_int("CELERY_VISIBILITY_TIMEOUT", CHAT_HARD_TIME_LIMIT * 4)
+if not CHAT_SOFT_TIME_LIMIT < CHAT_HARD_TIME_LIMIT < CELERY_VISIBILITY_TIMEOUT:
+    raise RuntimeError(
+        "need CHAT_SOFT_TIME_LIMIT < CHAT_HARD_TIME_LIMIT < CELERY_VISIBILITY_TIMEOUT"
+    )
+CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
+CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT}
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+
+# --- Worker scale-out ---------------------------------------------------------------
+# K/V-aware routing, worker liveness, redelivery bound, metrics (docs/OPERATIONS.md).
+WORKER_QUEUE_PREFIX = os.environ.get("WORKER_QUEUE_PREFIX", "gpu.w.")  # + worker hostname
+WORKER_AFFINITY_ENABLED = env_bool("WORKER_AFFINITY_ENABLED", True)
+WORKER_AFFINITY_TTL = env_int("WORKER_AFFINITY_TTL", 3600)  # member -> worker, seconds
+# Route to the member's worker while its running + queued tasks stay below this.
+WORKER_AFFINITY_MAX_BACKLOG = env_int("WORKER_AFFINITY_MAX_BACKLOG", 2)
+WORKER_HEARTBEAT_INTERVAL = env_float("WORKER_HEARTBEAT_INTERVAL", 5.0)
+WORKER_HEARTBEAT_TTL = env_float("WORKER_HEARTBEAT_TTL", 20.0)  # dead after this silence
+if WORKER_HEARTBEAT_TTL < 2 * WORKER_HEARTBEAT_INTERVAL:
+    raise RuntimeError("WORKER_HEARTBEAT_TTL must be at least 2 x WORKER_HEARTBEAT_INTERVAL")
+# Deliveries of one task before it is failed as poison (a task that kills its worker).
+WORKER_MAX_DELIVERIES = env_int("WORKER_MAX_DELIVERIES", 3)
+WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)  # 0: no worker metrics server
+WORKER_METRICS_ADDR = os.environ.get("WORKER_METRICS_ADDR", "0.0.0.0")
+# Bearer token for the web's /metrics; unset: open in DEBUG, refused otherwise.
+METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+KVCACHE_CONTROL_TIMEOUT = env_float("KVCACHE_CONTROL_TIMEOUT", 5.0)  # worker replies

@@ -81,6 +81,7 @@ def answer(
     history = trimmed_history(conv, adapter.count_tokens, settings.CHAT_HISTORY_TOKEN_BUDGET)
     prompt = adapter.render_chat(history + [{"role": "user", "content": message}])
     result = executor.execute(build_request(member, pref, prompt, params))
+    reply = result.text.replace("\x00", "")  # PostgreSQL text cannot hold NUL; models emit it
     usage = {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
@@ -90,12 +91,12 @@ def answer(
     cache["preference_version"] = pref.version if pref else None
     latency_ms = (time.monotonic() - started) * 1000
     conv = do_record_chat(
-        member, conv, message=message, reply=result.text, usage=usage, cache=cache,
+        member, conv, message=message, reply=reply, usage=usage, cache=cache,
         latency_ms=latency_ms, request_id=request_id,
     )
     usage.pop("message_tokens")
     return {
-        "reply": result.text,
+        "reply": reply,
         "conversation": conv.pk,
         "usage": usage,
         "cache": cache,

@@ -14,6 +14,7 @@ import json
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +23,9 @@ from django.conf import settings
 
 log = logging.getLogger(__name__)
 CHANNEL = "kvi:control"
-Handler = Callable[[dict[str, Any]], None]
+REPLY_TTL = 60
+# A handler may return a JSON-safe dict: it is sent back when the message asked for replies.
+Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 def _key() -> bytes:
@@ -63,6 +66,50 @@ def publish(op: str, **payload: Any) -> int:
         return 0
 
 
+def request(op: str, timeout: float | None = None, **payload: Any) -> list[dict[str, Any]]:
+    """Broadcast ``op`` and collect every receiving worker process's (signed) reply.
+
+    Waits until as many replies as receivers arrived or ``timeout`` passed; raises
+    ``redis.RedisError`` when Redis is unreachable (callers report it and fail).
+    """
+    timeout = settings.KVCACHE_CONTROL_TIMEOUT if timeout is None else timeout
+    client = redis.Redis.from_url(
+        settings.REDIS_URL, socket_timeout=timeout + 5.0, socket_connect_timeout=2.0
+    )
+    reply_to = f"kviw:reply:{uuid.uuid4().hex}"
+    message = {"op": op, "ts": time.time(), "reply_to": reply_to, **payload}
+    receivers = int(client.publish(CHANNEL, sign(message)))
+    replies: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while len(replies) < receivers:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            item = client.blpop([reply_to], timeout=left)
+            if item is None:
+                break
+            reply = verify(item[1])
+            if reply is not None:
+                replies.append(reply)
+    finally:
+        client.delete(reply_to)
+        client.close()
+    if len(replies) < receivers:
+        log.warning("control: %s: %d of %d workers replied", op, len(replies), receivers)
+    return replies
+
+
+def send_reply(reply_to: str, reply: dict[str, Any]) -> None:
+    if not reply_to.startswith("kviw:reply:"):
+        return  # only reply keys of our own shape
+    client = redis_client()
+    with client.pipeline(transaction=True) as p:
+        p.rpush(reply_to, sign(reply))
+        p.expire(reply_to, REPLY_TTL)
+        p.execute()
+
+
 class ControlListener(threading.Thread):
     """Subscribes to the control channel and dispatches verified messages; reconnects on error."""
 
@@ -70,28 +117,28 @@ class ControlListener(threading.Thread):
         super().__init__(name="kvi-control", daemon=True)
         self.handlers = handlers
         self._client_factory = client_factory
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self.ready = threading.Event()
         self.received = 0
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 self._listen()
             except redis.RedisError as exc:
                 self.ready.clear()
                 log.warning("control: listener lost Redis (%s); retrying", exc)
-                self._stop.wait(1.0)
+                self._halt.wait(1.0)
 
     def _listen(self) -> None:
         pubsub = self._client_factory().pubsub(ignore_subscribe_messages=True)
         pubsub.subscribe(CHANNEL)
         self.ready.set()
         try:
-            while not self._stop.is_set():
+            while not self._halt.is_set():
                 msg = pubsub.get_message(timeout=1.0)
                 if msg and msg.get("type") == "message":
                     self.dispatch(msg["data"])
@@ -108,6 +155,13 @@ class ControlListener(threading.Thread):
             return
         self.received += 1
         try:
-            handler(message)
-        except Exception:  # a bad message must not kill the listener
+            reply = handler(message)
+        except Exception as exc:  # a bad message must not kill the listener
             log.exception("control: handler for %r failed", message.get("op"))
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        reply_to = message.get("reply_to")
+        if reply_to and reply is not None:
+            try:
+                send_reply(str(reply_to), reply)
+            except redis.RedisError as exc:
+                log.warning("control: reply to %r failed: %s", message.get("op"), exc)

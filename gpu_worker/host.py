@@ -11,6 +11,7 @@ import logging
 import threading
 from pathlib import Path
 
+import redis
 from django.conf import settings
 
 log = logging.getLogger(__name__)
@@ -54,8 +55,7 @@ def get_executor():
 
 
 def _build_executor():
-    import redis
-
+    from gpu_worker import kvstore
     from injection import build_executor, load_adapter
 
     path = model_path()
@@ -69,6 +69,7 @@ def _build_executor():
     executor = build_executor(
         adapter,
         redis_client=client,
+        key_generation=kvstore.key_generation(client) if client is not None else "0",
         signing_secret=settings.KV_SIGNING_SECRET,
         alpha_cap=settings.KV_ALPHA_CAP,
         l1_max_bytes=settings.KV_L1_MAX_BYTES,
@@ -79,3 +80,52 @@ def _build_executor():
     )
     log.info("model ready: fingerprint=%s device=%s", adapter.fingerprint[:16], adapter.device)
     return executor
+
+
+def key_generation_in_use() -> str | None:
+    """The L2 signing-key generation this process signs with (None: no L2 / not loaded)."""
+    ex = _executor
+    if ex is None or ex.l2 is None:
+        return None
+    return ex.l2.signer.key_generation
+
+
+def set_key_generation(generation: str) -> bool:
+    """Swap the L2 signer to ``generation`` and drop L1; True if it changed.
+
+    Entries signed under another generation have other names and MAC keys, so they
+    are never served again; L1 is dropped because it may hold entries read from L2
+    under the old key.
+    """
+    from injection.signing import CacheKeySigner
+
+    ex = _executor
+    if ex is None or ex.l2 is None:
+        return False
+    with _lock:
+        old = ex.l2.signer
+        if old.key_generation == generation:
+            return False
+        ex.l2.flush(timeout=5.0)  # pending writes land under the old key (then unreachable)
+        ex.l2.signer = CacheKeySigner(
+            settings.KV_SIGNING_SECRET, key_generation=generation, namespace=old.namespace
+        )
+        dropped = ex.l1.clear() if ex.l1 is not None else 0
+    log.warning("L2 signing key generation %s -> %s; dropped %d L1 entries",
+                old.key_generation, generation, dropped)
+    return True
+
+
+def sync_key_generation() -> None:
+    """Adopt the current generation from Redis (cheap; catches a missed broadcast)."""
+    ex = _executor
+    if ex is None or ex.l2 is None:
+        return
+    from gpu_worker import kvstore
+
+    try:
+        generation = kvstore.key_generation(ex.l2.client)
+    except redis.RedisError:
+        return  # keep the current signer; L2 itself degrades to misses
+    if generation != ex.l2.signer.key_generation:
+        set_key_generation(generation)

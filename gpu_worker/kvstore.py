@@ -19,11 +19,12 @@ KEYGEN_KEY = "kvi:keygen"  # current signing-key generation (see `kvcache rotate
 
 
 def key_generation(client: redis.Redis | None = None) -> str:
-    client = client or control.redis_client()
-    try:
-        value = client.get(KEYGEN_KEY)
-    except redis.RedisError:
-        value = None
+    """The current L2 signing-key generation ("0" until the first rotation).
+
+    Raises ``redis.RedisError`` when Redis is unreachable: guessing "0" could make
+    entries of a rotated-out key servable again (fail closed).
+    """
+    value = (client or control.redis_client()).get(KEYGEN_KEY)
     return value.decode() if value else "0"
 
 

@@ -1,57 +1,92 @@
-"""Worker lifecycle: load the model in the serving process, start the control listener.
+"""Worker lifecycle, wired to Celery signals (the steps live in gpu_worker.runtime).
 
-solo/threads pools (the GPU configuration): in the main process at ``worker_ready``.
-prefork (CPU only): in each child at ``worker_process_init`` — the parent never
-touches CUDA before forking.
+* ``celeryd_after_setup`` (main process, before consuming): consume the worker's own
+  queue ``gpu.w.<hostname>`` too; put back tasks a previous incarnation left unacked.
+* ``worker_process_init`` / ``worker_ready``: load the model in the process that serves
+  requests — each prefork child, or the main process for solo/threads (the GPU pools);
+  the prefork parent never touches CUDA. Then the agent starts heartbeating.
+* ``task_received`` / ``task_postrun``: the in-flight registry that lets peers redeliver
+  this worker's task if it dies (kombu only would after the visibility timeout).
+* ``worker_shutting_down`` (SIGTERM): stop being routed to at once; the running task
+  finishes (warm shutdown). ``worker_shutdown``: queued private tasks go back to ``gpu``.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 
-from celery.signals import worker_process_init, worker_ready, worker_shutdown
+import redis
+from celery.signals import (
+    celeryd_after_setup,
+    task_postrun,
+    task_received,
+    task_rejected,
+    task_revoked,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
-from gpu_worker import control, host
+from gpu_worker import registry, runtime
 
 log = logging.getLogger(__name__)
-_listener: control.ControlListener | None = None
 
 
-def _on_invalidate(message: dict) -> None:
-    executor = host.current_executor()
-    if executor is not None:
-        result = executor.invalidate(str(message["tenant"]), message.get("user"))
-        log.info("invalidated tenant=%s user=%s: %s", message["tenant"], message.get("user"),
-                 result)
+@celeryd_after_setup.connect
+def _after_setup(sender=None, instance=None, **_):
+    runtime.setup_node(str(sender), runtime.pool_name(instance.pool_cls), instance.app.amqp.queues)
 
 
-HANDLERS = {"invalidate": _on_invalidate}
-
-
-def start_serving_process() -> None:
-    global _listener
-    if _listener is None:
-        _listener = control.ControlListener(HANDLERS)
-        _listener.start()
-    if os.environ.get("WORKER_PRELOAD_MODEL", "1") == "1":
-        host.get_executor()
+@worker_process_init.connect
+def _process_init(**_):
+    # prefork children; the solo pool also sends it, from the main process
+    runtime.start_serving_process()
 
 
 @worker_ready.connect
 def _ready(sender=None, **_):
-    pool = getattr(sender, "pool", None)  # sender: the worker's Consumer
-    if pool is not None and "prefork" in type(pool).__module__:
-        return  # children load in worker_process_init
-    start_serving_process()
+    if runtime.STATE.pool != "prefork":
+        runtime.start_serving_process()  # threads pool (idempotent for solo)
+    runtime.start_agent()
 
 
-@worker_process_init.connect
-def _child_init(**_):
-    start_serving_process()
+@task_received.connect
+def _received(sender=None, request=None, **_):
+    worker = runtime.STATE.worker
+    if worker is None or request is None:
+        return
+    try:
+        tag = request.message.delivery_tag
+        registry.record_inflight(worker, request.id, str(tag) if tag is not None else None)
+    except redis.RedisError as exc:
+        log.warning("could not record in-flight %s: %s", request.id, exc)
+
+
+@task_postrun.connect
+def _postrun(sender=None, task_id=None, **_):
+    worker = getattr(getattr(sender, "request", None), "hostname", None) or runtime.STATE.worker
+    runtime.task_finished(task_id, worker)
+
+
+@task_revoked.connect
+def _revoked(sender=None, request=None, **_):
+    if request is not None:
+        runtime.task_finished(request.id, runtime.STATE.worker, in_task_thread=False)
+
+
+@task_rejected.connect
+def _rejected(sender=None, message=None, **_):
+    task_id = (getattr(message, "headers", None) or {}).get("id")
+    if task_id:
+        runtime.task_finished(task_id, runtime.STATE.worker, in_task_thread=False)
+
+
+@worker_shutting_down.connect
+def _shutting_down(**_):
+    runtime.begin_shutdown()
 
 
 @worker_shutdown.connect
 def _shutdown(**_):
-    if _listener is not None:
-        _listener.stop()
+    runtime.shutdown()

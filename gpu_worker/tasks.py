@@ -1,28 +1,38 @@
-"""Celery tasks: take ids, load fresh rows from Postgres, hand off to ``injection``."""
+"""Celery tasks: take ids, load fresh rows from Postgres, hand off to ``injection``.
+
+Both tasks run on the GPU workers (queue ``gpu``, or a worker's own ``gpu.w.<host>``
+when routed by K/V affinity), acknowledge late, are redelivered if their worker dies,
+and fail as poison after ``WORKER_MAX_DELIVERIES`` deliveries (gpu_worker.runtime).
+"""
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
+import redis
 from celery import shared_task
 from django.conf import settings
 
-from gpu_worker import chat_service
+from gpu_worker import chat_service, host, registry
+from gpu_worker.runtime import serving, worker_id
 
 log = logging.getLogger(__name__)
 
+# The queue is named per task in CELERY_TASK_ROUTES ("gpu"); the Task.queue attribute is
+# deprecated in Celery 5 and would hide the route from the settings.
+GPU_TASK = {
+    "bind": True,
+    "acks_late": True,
+    "reject_on_worker_lost": True,
+    "soft_time_limit": settings.CHAT_SOFT_TIME_LIMIT,
+    "time_limit": settings.CHAT_HARD_TIME_LIMIT,
+}
 
-@shared_task(
-    name="gpu_worker.tasks.chat",
-    queue="gpu",
-    acks_late=True,
-    reject_on_worker_lost=True,
-    soft_time_limit=settings.CHAT_SOFT_TIME_LIMIT,
-    time_limit=settings.CHAT_HARD_TIME_LIMIT,
-)
+
+@shared_task(name="gpu_worker.tasks.chat", **GPU_TASK)
 def chat(
+    self,
     member_id: int,
     conversation_id: int | None,
     message: str,
@@ -31,11 +41,41 @@ def chat(
     enqueued_at: float | None = None,
 ) -> dict[str, Any]:
     """One chat turn for a member; returns the API response body (JSON-safe)."""
-    started = time.monotonic()
-    result = chat_service.answer(member_id, conversation_id, message, params, request_id)
+    with serving(self, enqueued_at):
+        host.sync_key_generation()
+        result = chat_service.answer(member_id, conversation_id, message, params, request_id)
+    worker = worker_id(self)
+    tier = result["cache"]["tier"]
+    _remember(member_id, worker, tier)
     log.info(
-        "chat request_id=%s tier=%s tokens=%s+%s %.0fms",
-        request_id, result["cache"]["tier"], result["usage"]["prompt_tokens"],
-        result["usage"]["completion_tokens"], (time.monotonic() - started) * 1000,
+        "chat request_id=%s tier=%s tokens=%s+%s latency=%.0fms",
+        request_id, tier, result["usage"]["prompt_tokens"],
+        result["usage"]["completion_tokens"], result["cache"].get("inference_latency_ms", 0),
     )
-    return result
+    return {**result, "worker": worker}
+
+
+@shared_task(name="gpu_worker.tasks.warm_member", **GPU_TASK)
+def warm_member(self, member_id: int) -> dict[str, Any]:
+    """Make sure the member's enabled preference K/V is cached (L1 here, and L2)."""
+    with serving(self):
+        host.sync_key_generation()
+        member = chat_service.load_member(member_id)
+        pref = getattr(member, "preference", None)
+        tier = "none"
+        if pref is not None and pref.enabled and pref.text.strip():
+            tier = host.get_executor().warm(str(member.tenant_id), str(member.pk), pref.text)
+            tier = tier.value
+    worker = worker_id(self)
+    _remember(member_id, worker, tier)
+    return {"member": member_id, "tenant": member.tenant_id, "tier": tier, "worker": worker}
+
+
+def _remember(member_id: int, worker: str, tier: str) -> None:
+    """Route this member's next request here: our L1 now holds their K/V."""
+    if tier == "none":
+        return
+    try:
+        registry.record_affinity(member_id, worker)
+    except redis.RedisError as exc:
+        log.warning("could not record affinity: %s", exc)

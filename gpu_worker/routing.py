@@ -1,0 +1,54 @@
+"""K/V-aware routing: send a member's task to the worker whose L1 holds their K/V.
+
+After serving a member a worker records ``kviw:aff:<member> -> worker``. A request goes
+to that worker's own queue while the worker is alive (fresh heartbeat, not draining)
+and its backlog (running + queued tasks) is below ``WORKER_AFFINITY_MAX_BACKLOG``;
+otherwise to the shared ``gpu`` queue, where any worker serves it from L2 or recompute.
+Any Redis fault routes to the shared queue: routing is an optimisation, never a gate.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from typing import NamedTuple
+
+import redis
+from django.conf import settings
+
+from gpu_worker import registry
+
+log = logging.getLogger(__name__)
+
+
+class Route(NamedTuple):
+    queue: str
+    reason: str  # affinity | disabled | no_affinity | worker_gone | draining | busy | redis_error
+    worker: str | None = None
+
+
+def choose_queue(member_id: int | str, client: redis.Redis | None = None) -> Route:
+    shared = registry.SHARED_QUEUE
+    if not settings.WORKER_AFFINITY_ENABLED:
+        return Route(shared, "disabled")
+    try:
+        client = client or registry.redis_client()
+        worker = registry.affinity(member_id, client)
+        if worker is None:
+            return Route(shared, "no_affinity")
+        queue = registry.worker_queue(worker)
+        with client.pipeline(transaction=False) as p:
+            p.get(registry.hb_key(worker))
+            p.llen(queue)
+            p.hlen(registry.inflight_key(worker))
+            hb, queued, inflight = p.execute()
+    except redis.RedisError as exc:
+        log.warning("routing: Redis unavailable (%s); using the shared queue", exc)
+        return Route(shared, "redis_error")
+    if hb is None:
+        return Route(shared, "worker_gone", worker)
+    if json.loads(hb).get("state") != "serving":
+        return Route(shared, "draining", worker)
+    if int(queued) + int(inflight) >= settings.WORKER_AFFINITY_MAX_BACKLOG:
+        return Route(shared, "busy", worker)
+    return Route(queue, "affinity", worker)
