@@ -185,6 +185,19 @@ def do_delete_member(member: Member, *, actor=None) -> None:
     member.user.delete()  # cascades to the member and its rows; signals invalidate K/V
 
 
+@transaction.atomic
+def do_record_account_change(user, fields: Iterable[str], *, created: bool = False,
+                             actor=None) -> AuditLog | None:
+    """Audit a change of a Django user account made by a platform operator (field names
+    only: never password material)."""
+    fields = sorted(f for f in fields if "password" not in f)
+    if not fields and not created:
+        return None
+    member = Member.objects.select_related("tenant").filter(user=user).first()
+    return audit(member.tenant if member else None, AuditEvent.MEMBER_CHANGED, actor=actor,
+                 target=user.get_username(), account=True, created=created, fields=fields)
+
+
 def do_record_login(user, *, ip: str = "", path: str = "") -> AuditLog:
     """Audit a (session) login; the member's tenant, or no tenant for platform users."""
     member = Member.objects.select_related("tenant").filter(user=user).first()

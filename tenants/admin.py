@@ -216,6 +216,16 @@ class TenantAdmin(TenantScopedAdmin):
 # --- members ---------------------------------------------------------------------------
 
 
+class TokensGoWithTheirMember:
+    """A member's API tokens are deleted with it (audited as part of member.deleted), although
+    tokens are otherwise revoked, never deleted: their delete permission must not block."""
+
+    def get_deleted_objects(self, objs, request):
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        perms_needed.discard(ApiToken._meta.verbose_name)
+        return deleted, counts, perms_needed, protected
+
+
 class MemberAddForm(forms.ModelForm):
     username = forms.CharField(max_length=150)
     password = forms.CharField(
@@ -241,7 +251,7 @@ class MemberChangeForm(forms.ModelForm):
 
 
 @admin.register(Member)
-class MemberAdmin(TenantScopedAdmin):
+class MemberAdmin(TokensGoWithTheirMember, TenantScopedAdmin):
     list_display = ("username", "tenant", "role", "active", "preference_version", "created_at")
     list_filter = ("role", "active")
     list_select_related = ("user", "tenant", "preference")
@@ -317,13 +327,6 @@ class MemberAdmin(TenantScopedAdmin):
                 messages.warning(request, f"{member} was not deleted (not allowed).")
                 continue
             self.run_action(request, actions.do_delete_member, member)
-
-    def get_deleted_objects(self, objs, request):
-        # A member's API tokens go with it (audited as part of member.deleted), although
-        # tokens are otherwise revoked rather than deleted.
-        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
-        perms_needed.discard(ApiToken._meta.verbose_name)
-        return deleted, counts, perms_needed, protected
 
     @admin.action(description="Clear K/V cache of selected members")
     def clear_kv_cache(self, request, queryset):
@@ -538,7 +541,35 @@ class SuperuserOnly:
         return self.has_module_permission(request)
 
 
-for _model, _base in ((User, UserAdmin), (Group, GroupAdmin)):
+class PlatformUserAdmin(SuperuserOnly, TokensGoWithTheirMember, UserAdmin):
+    """Django's user admin; deleting a member's user goes through the member action and
+    every account change is audited."""
+
+    def save_model(self, request, obj, form, change):
+        super().save_model(request, obj, form, change)
+        actions.do_record_account_change(obj, form.changed_data, created=not change,
+                                         actor=request.user)
+
+    def delete_model(self, request, obj):
+        member = Member.objects.select_related("tenant", "user").filter(user=obj).first()
+        if member is None:
+            super().delete_model(request, obj)
+            return
+        try:
+            actions.do_delete_member(member, actor=request.user)
+        except PlatformError as exc:
+            raise BadRequest(exc.message) from exc
+
+    def delete_queryset(self, request, queryset):
+        for user in queryset:
+            self.delete_model(request, user)
+
+
+class PlatformGroupAdmin(SuperuserOnly, GroupAdmin):
+    pass
+
+
+for _model, _admin in ((User, PlatformUserAdmin), (Group, PlatformGroupAdmin)):
     if admin.site.is_registered(_model):
         admin.site.unregister(_model)
-    admin.site.register(_model, type(f"Platform{_base.__name__}", (SuperuserOnly, _base), {}))
+    admin.site.register(_model, _admin)

@@ -341,3 +341,56 @@ def test_logins_are_audited(acme, superuser):
     assert response.status_code == 302
     assert AuditLog.objects.filter(event_type=AuditEvent.ADMIN_LOGIN,
                                    actor=acme.admin.user).count() == 2
+
+
+# --- every page renders for the roles that may see it ---------------------------------------
+
+
+def own_pages(world) -> list[str]:
+    pref = world.user.preference
+    token = world.user.api_tokens.get()
+    log = AuditLog.objects.filter(tenant=world.tenant).first()
+    pages = ["/admin/", "/admin/tenants/"]
+    for model, pk in (("tenant", world.tenant.pk), ("member", world.user.pk),
+                      ("preference", pref.pk), ("apitoken", token.pk), ("auditlog", log.pk)):
+        pages += [f"/admin/tenants/{model}/", f"/admin/tenants/{model}/{pk}/change/",
+                  f"/admin/tenants/{model}/{pk}/history/"]
+    pages += ["/admin/tenants/member/add/", "/admin/tenants/preference/add/",
+              "/admin/tenants/apitoken/add/", f"/admin/tenants/member/{world.user.pk}/delete/",
+              f"/admin/tenants/preference/{pref.pk}/delete/"]
+    return pages
+
+
+@pytest.mark.parametrize("who", ["acme_admin", "root"])
+def test_every_own_page_renders(request, acme, who):
+    client = request.getfixturevalue(who)
+    for url in own_pages(acme):
+        response = client.get(url)
+        assert response.status_code == 200, (url, response.status_code)
+        if who == "acme_admin":
+            assert_no_leak(response)
+
+
+def test_superuser_pages_and_audited_account_changes(root, acme, superuser):
+    for url in ("/admin/tenants/tenant/add/", "/admin/auth/user/",
+                f"/admin/auth/user/{acme.user.user.pk}/change/", "/admin/auth/group/"):
+        assert root.get(url).status_code == 200, url
+    response = root.post("/admin/tenants/tenant/add/", {
+        "slug": "initech", "name": "Initech", "active": "on"})
+    assert response.status_code == 302
+    assert AuditLog.objects.get(event_type=AuditEvent.TENANT_CREATED,
+                                target="initech").actor == superuser
+    response = root.post("/admin/tenants/tenant/add/", {"slug": "BadSlug", "name": "x"})
+    assert response.status_code == 200 and b"lowercase" in response.content
+    response = root.post("/admin/tenants/member/add/", {
+        "tenant": acme.tenant.pk, "username": "acme-boss", "password": "pw-boss-123",
+        "role": "admin", "active": "on"})
+    assert response.status_code == 302
+    boss = Member.objects.get(user__username="acme-boss")
+    assert boss.tenant == acme.tenant and boss.user.is_staff and not boss.user.is_superuser
+    # Deleting a member's user in Django's user admin is the audited member deletion.
+    response = root.post(f"/admin/auth/user/{acme.other.user.pk}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    row = AuditLog.objects.get(event_type=AuditEvent.MEMBER_DELETED)
+    assert row.tenant == acme.tenant and row.actor == superuser
+    assert not Member.objects.filter(pk=acme.other.pk).exists()
