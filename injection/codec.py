@@ -6,24 +6,31 @@ Layout (little-endian)::
                   L, H, T, D u32, token count u32, raw payload length u64,
                   stored payload length u64, zero padding
     payload       keys bytes | values bytes | token ids (int32)   (zstd if flag 1)
-    mac     32 B  HMAC-SHA256(tenant MAC key, len|redis name | header | payload)
+    mac     32 B  HMAC-SHA256(tenant MAC key,
+                              len|redis name | header | SHA-256 of each 1 MiB payload chunk)
 
-The MAC binds the value to its Redis name, which is itself an HMAC of the
-full :class:`~injection.base.CacheKey` (tenant, user, content hash,
-fingerprint, format version): a value copied under another key or tenant,
-truncated or altered in any byte fails the MAC, which is checked before any
-byte of the header is interpreted. bf16 travels as its raw 2-byte pattern;
-decode maps tensors straight onto the received buffer (``torch.frombuffer``),
-so an uncompressed hit costs one HMAC pass and no copy.
+The MAC covers header and payload (through the list of chunk digests, so the
+hashing runs on all cores: ``hashlib`` releases the GIL) and binds the value
+to its Redis name, itself an HMAC of the full :class:`~injection.base.CacheKey`
+(tenant, user, content hash, fingerprint, format version). A value copied
+under another key or tenant, truncated or altered in any byte fails the MAC,
+which is checked before any byte of the header is interpreted. bf16 travels
+as its raw 2-byte pattern; decode maps tensors straight onto the received
+buffer (``torch.frombuffer``), so an uncompressed hit costs one hashing pass
+and no copy.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
+import os
 import struct
 import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import torch
 import zstandard
 
@@ -43,6 +50,7 @@ FLAG_ZSTD = 1
 _DTYPES = {1: torch.float32, 2: torch.float16, 3: torch.bfloat16}
 _CODES = {v: k for k, v in _DTYPES.items()}
 _INT32_MAX = 2**31 - 1
+CHUNK = 1 << 20  # payload bytes per SHA-256 digest under the MAC
 
 # Decoded tensors alias the (immutable) bytes received from Redis; nothing writes
 # to a PackedKV (all mutation happens on fresh tensors). torch warns about such
@@ -58,8 +66,12 @@ class CorruptEntry(ValueError):
 
 def encode(
     kv: PackedKV, key: CacheKey, signer: CacheKeySigner, *, compress: bool = False, level: int = 1
-) -> bytes:
-    """Serialise ``kv`` for the Redis name of ``key`` (see module docstring)."""
+) -> memoryview:
+    """Serialise ``kv`` for the Redis name of ``key``.
+
+    Returns one writable bytes-like buffer (a memoryview, ``bytes(...)`` copies it)
+    that ``redis.set`` takes as is.
+    """
     if not kv.is_cpu:
         raise ValueError(f"encode needs a CPU PackedKV, got {kv.device}")
     if kv.num_tokens == 0:
@@ -68,30 +80,44 @@ def encode(
         raise ValueError(f"L2 codec does not support dtype {kv.dtype}")
     if kv.token_ids and not all(0 <= t <= _INT32_MAX for t in kv.token_ids):
         raise ValueError("token ids must fit in int32")
-    ids = torch.tensor(kv.token_ids, dtype=torch.int32)
-    parts: list[Any] = [_raw(kv.keys), _raw(kv.values), _raw(ids)]
-    raw_len = sum(len(p) for p in parts)
-    flags = 0
-    if compress:
-        cobj = zstandard.ZstdCompressor(level=level).compressobj(size=raw_len)
-        parts = [b"".join([cobj.compress(p) for p in parts] + [cobj.flush()])]
-        flags |= FLAG_ZSTD
+    parts, raw_len, flags = _payload(kv, compress, level)
     stored_len = sum(len(p) for p in parts)
     L, H, T, D = kv.shape
     header = HEADER.pack(
         MAGIC, FORMAT_VERSION, flags, _CODES[kv.dtype], L, H, T, D, T, raw_len, stored_len
     )
     name = signer.redis_key(key)
-    mac = signer.mac_parts(signer.tag_of(name), (_binding(name), header, *parts))
-    return b"".join([header, *parts, mac])
+    digests = _digest_futures(parts)  # hashed on the pool while the copy below runs
+    # np.empty: no zero-fill of a buffer that is overwritten anyway
+    out = memoryview(np.empty(HEADER.size + stored_len + MAC_SIZE, dtype=np.uint8))
+    out[: HEADER.size] = header
+    off = HEADER.size
+    for p in parts:
+        out[off : off + len(p)] = p
+        off += len(p)
+    out[off:] = signer.mac_parts(signer.tag_of(name), (_binding(name), header, _collect(digests)))
+    return out
 
 
-def decode(blob: bytes, key: CacheKey, signer: CacheKeySigner) -> PackedKV:
+def _payload(kv: PackedKV, compress: bool, level: int) -> tuple[list[Any], int, int]:
+    """Zero-copy views of keys | values | token ids, or one zstd frame of them."""
+    ids = torch.tensor(kv.token_ids, dtype=torch.int32)
+    parts: list[Any] = [_raw(kv.keys), _raw(kv.values), _raw(ids)]
+    raw_len = sum(len(p) for p in parts)
+    if not compress:
+        return parts, raw_len, 0
+    cobj = zstandard.ZstdCompressor(level=level).compressobj(size=raw_len)
+    return [b"".join([cobj.compress(p) for p in parts] + [cobj.flush()])], raw_len, FLAG_ZSTD
+
+
+def decode(blob: bytes | bytearray | memoryview, key: CacheKey, signer: CacheKeySigner) -> PackedKV:
     """Verify then decode a value stored for ``key``; raises :class:`CorruptEntry`."""
     return decode_named(blob, signer.redis_key(key), signer)
 
 
-def decode_named(blob: bytes, name: str, signer: CacheKeySigner) -> PackedKV:
+def decode_named(
+    blob: bytes | bytearray | memoryview, name: str, signer: CacheKeySigner
+) -> PackedKV:
     """Like :func:`decode` for a known Redis name (the tier already has it)."""
     h = _verified_header(blob, name, signer)
     L, H, T, D = h["shape"]
@@ -130,7 +156,9 @@ def _verified_header(blob: bytes, name: str, signer: CacheKeySigner) -> dict[str
         tag = signer.tag_of(name)
     except ValueError as e:
         raise CorruptEntry(str(e)) from e
-    expected = signer.mac_parts(tag, (_binding(name), mv[:-MAC_SIZE]))
+    header, payload = mv[: HEADER.size], mv[HEADER.size : -MAC_SIZE]
+    digests = _collect(_digest_futures([payload]))
+    expected = signer.mac_parts(tag, (_binding(name), header, digests))
     if not hmac.compare_digest(expected, mv[-MAC_SIZE:]):
         raise CorruptEntry("MAC mismatch (tampered, truncated, foreign key or other secret)")
     magic, version, flags, code, L, H, T, D, ntok, raw_len, stored_len = HEADER.unpack_from(mv)
@@ -167,3 +195,54 @@ def _raw(t: torch.Tensor) -> memoryview:
     """Bytes of a contiguous CPU tensor without a copy (bf16 as its 2-byte pattern)."""
     assert t.is_cpu and t.is_contiguous()
     return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
+
+
+# -- payload digests -------------------------------------------------------------------
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+
+
+def _executor() -> ThreadPoolExecutor:
+    """A hashing pool per process (re-created after fork: Celery prefork workers)."""
+    global _pool
+    if _pool is None or _pool[0] != os.getpid():
+        workers = max(1, min(8, os.cpu_count() or 1))
+        _pool = (os.getpid(), ThreadPoolExecutor(workers, thread_name_prefix="kvi-hash"))
+    return _pool[1]
+
+
+def _chunks(parts: list[Any]) -> list[list[memoryview]]:
+    """The concatenation of ``parts`` cut into CHUNK-sized lists of slices."""
+    chunks: list[list[memoryview]] = []
+    cur: list[memoryview] = []
+    room = CHUNK
+    for part in parts:
+        mv, off = memoryview(part).cast("B"), 0
+        while off < len(mv):
+            n = min(room, len(mv) - off)
+            cur.append(mv[off : off + n])
+            off, room = off + n, room - n
+            if room == 0:
+                chunks.append(cur)
+                cur, room = [], CHUNK
+    if cur or not chunks:
+        chunks.append(cur)
+    return chunks
+
+
+def _sha256(segments: list[memoryview]) -> bytes:
+    h = hashlib.sha256()
+    for seg in segments:
+        h.update(seg)  # releases the GIL for large slices
+    return h.digest()
+
+
+def _digest_futures(parts: list[Any]) -> list[Future[bytes] | bytes]:
+    chunks = _chunks(parts)
+    if len(chunks) == 1:
+        return [_sha256(chunks[0])]
+    pool = _executor()
+    return [pool.submit(_sha256, c) for c in chunks]
+
+
+def _collect(digests: list[Future[bytes] | bytes]) -> bytes:
+    return b"".join(d if isinstance(d, bytes) else d.result() for d in digests)

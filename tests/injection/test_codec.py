@@ -78,13 +78,36 @@ def test_every_single_byte_tamper_is_rejected(compress):
             decode(bytes(bad), KEY, SIGNER)
 
 
+def test_multi_chunk_payload_round_trip_and_tamper_in_every_chunk():
+    p = packed(torch.float32, L=2, H=2, T=300, D=512)  # ~4.9 MB: 5 parallel-hashed chunks
+    blob = encode(p, KEY, SIGNER)
+    assert len(blob) > 4 * codec.CHUNK
+    assert decode(bytes(blob), KEY, SIGNER).equal(p)
+    n_chunks = (len(blob) - HEADER.size - 32) // codec.CHUNK + 1
+    for c in range(n_chunks):
+        for delta in (0, 1, codec.CHUNK // 2):
+            i = min(HEADER.size + c * codec.CHUNK + delta, len(blob) - 33)
+            bad = bytearray(blob)
+            bad[i] ^= 0x80
+            with pytest.raises(CorruptEntry, match="MAC"):
+                decode(bad, KEY, SIGNER)
+
+
+def test_chunking_is_independent_of_part_boundaries():
+    data = bytes(range(256)) * 9000  # 2.3 MB
+    one = codec._collect(codec._digest_futures([data]))
+    cut = [data[:5], data[5 : codec.CHUNK + 3], data[codec.CHUNK + 3 :]]
+    assert codec._collect(codec._digest_futures(cut)) == one
+    assert len(one) == 32 * 3
+
+
 @pytest.mark.parametrize("cut", [0, 1, 10, HEADER.size, HEADER.size + 31, -1, -32, -33])
 def test_truncation_and_extension_are_rejected(cut):
     blob = encode(packed(), KEY, SIGNER)
     with pytest.raises(CorruptEntry):
         decode(blob[:cut], KEY, SIGNER)
     with pytest.raises(CorruptEntry):
-        decode(blob + b"\x00", KEY, SIGNER)
+        decode(bytes(blob) + b"\x00", KEY, SIGNER)
 
 
 @pytest.mark.parametrize("field", CacheKey._fields)
@@ -114,7 +137,9 @@ def test_foreign_name_is_rejected():
 def _resign(header_and_payload: bytes) -> bytes:
     """What an attacker holding the secret could write: used to reach the header checks."""
     name = SIGNER.redis_key(KEY)
-    mac = SIGNER.mac_parts(SIGNER.tag_of(name), (codec._binding(name), header_and_payload))
+    header, payload = header_and_payload[: HEADER.size], header_and_payload[HEADER.size :]
+    digests = codec._collect(codec._digest_futures([payload]))
+    mac = SIGNER.mac_parts(SIGNER.tag_of(name), (codec._binding(name), header, digests))
     return header_and_payload + mac
 
 
