@@ -1,0 +1,148 @@
+"""Scale-out fixtures: groups of real `celery worker` processes with fast heartbeats.
+
+``start_workers("r1", "r2", **env)`` starts real workers in parallel against the test
+database and Redis (env overrides, e.g. WORKER_MAX_DELIVERIES) and waits until each
+answers a ping and heartbeats. ``only_these_consume(workers)`` makes every other live
+worker of the session (e.g. the chat test's ``w1``) stop consuming the shared queue for
+the duration, so a test knows exactly which processes can take a task.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+
+FAST_HEARTBEAT = {"WORKER_HEARTBEAT_INTERVAL": "0.5", "WORKER_HEARTBEAT_TTL": "3"}
+LONG_TOKENS = 1800  # a few seconds of generation on the demo model: time to kill mid-way
+
+
+@pytest.fixture(scope="session")
+def scaleout_env(django_db_setup, django_db_blocker, demo_model_path):
+    from django.db import connection
+
+    from tests.workers import database_url_from_settings, worker_env
+
+    env = worker_env(database_url_from_settings(connection.settings_dict), demo_model_path)
+    env.update(FAST_HEARTBEAT)
+    return env
+
+
+@pytest.fixture(scope="session")
+def start_workers(scaleout_env, tmp_path_factory):
+    from tests.workers import WorkerProcess
+
+    log_dir = tmp_path_factory.mktemp("scaleout-logs")
+    started: list[WorkerProcess] = []
+
+    def start(*names: str, **env_overrides) -> list[WorkerProcess]:
+        env = {**scaleout_env, **{k: str(v) for k, v in env_overrides.items()}}
+        workers = [WorkerProcess(n, env, log_dir) for n in names]
+        started.extend(workers)
+        for w in workers:
+            w.wait_ready()
+            wait_for(lambda w=w: heartbeat(w.hostname) is not None, 30, f"{w.name} heartbeat")
+        return workers
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+@pytest.fixture(scope="session")
+def worker_pair(start_workers):
+    """Two workers shared by the routing and kvcache tests."""
+    return start_workers("r1", "r2")
+
+
+@contextlib.contextmanager
+def only_these_consume(workers):
+    """Other live workers stop consuming the shared queue until the block ends."""
+    from config.celery import app
+    from gpu_worker import registry
+
+    keep = {w.hostname for w in workers}
+    others = [n for n in registry.live_workers() if n not in keep]
+    if others:
+        app.control.cancel_consumer(registry.SHARED_QUEUE, destination=others, reply=True,
+                                    timeout=10)
+    try:
+        yield
+    finally:
+        alive = [n for n in others if n in registry.live_workers()]
+        if alive:
+            app.control.add_consumer(registry.SHARED_QUEUE, destination=alive, reply=True,
+                                     timeout=10)
+
+
+def heartbeat(worker: str):
+    from gpu_worker import registry
+
+    return registry.live_workers().get(worker)
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def member_with_preference(slug: str, username: str, text: str):
+    from tenants import actions
+    from tenants.models import Tenant
+
+    tenant = Tenant.objects.filter(slug=slug).first() or actions.do_create_tenant(slug)
+    return actions.do_add_member(tenant, username, preference=text)
+
+
+def send_chat(member, message: str = "What should I cook?", *, queue: str | None = None,
+              max_new_tokens: int = 4, conversation: int | None = None):
+    """Dispatch a chat turn like the API does (routing included unless ``queue`` is given)."""
+    import uuid
+
+    from gpu_worker import client
+    from gpu_worker.routing import Route
+    from gpu_worker.tasks import chat
+
+    request_id = uuid.uuid4().hex
+    params = {"max_new_tokens": max_new_tokens}
+    if queue is None:
+        return client.dispatch_chat(member.pk, conversation, message, params, request_id)
+    res = chat.apply_async(
+        args=(member.pk, conversation, message, params, request_id, time.time()),
+        queue=queue, task_id=request_id,
+    )
+    return client.Dispatched(res, Route(queue, "explicit"))
+
+
+def chat_now(member, message: str = "What should I cook?", **kw) -> dict:
+    from gpu_worker import client
+
+    return client.wait_chat(send_chat(member, message, **kw), timeout=120)
+
+
+def worker_stats(hostname: str) -> dict:
+    """The live stats reply of one worker process (control-channel request)."""
+    from gpu_worker import control
+
+    for reply in control.request("stats", timeout=5):
+        if reply.get("worker") == hostname:
+            return reply
+    raise AssertionError(f"no stats reply from {hostname}")
+
+
+def l1_entries(hostname: str, tenant_id) -> int:
+    per = ((worker_stats(hostname)["stats"] or {})["l1"] or {}).get("per_tenant") or {}
+    return (per.get(str(tenant_id)) or {}).get("entries", 0)
+
+
+def l2_entries(tenant_id) -> int:
+    from gpu_worker import kvstore
+
+    stats = kvstore.l2_tier().stats(scan=True, tenants=[str(tenant_id)])
+    return stats["per_tenant"][str(tenant_id)]["entries"]
