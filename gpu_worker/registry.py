@@ -153,7 +153,8 @@ def drain_queue(source: str, dest: str = SHARED_QUEUE,
     return moved
 
 
-def restore_inflight(worker: str, client: redis.Redis | None = None) -> list[str]:
+def restore_inflight(worker: str, client: redis.Redis | None = None,
+                     dest: str = SHARED_QUEUE) -> list[str]:
     """Put ``worker``'s unacknowledged tasks back on the shared queue; returns their ids."""
     from config.celery import app
 
@@ -165,14 +166,14 @@ def restore_inflight(worker: str, client: redis.Redis | None = None) -> list[str
             channel = conn.default_channel
             for task_id, body in entries.items():
                 tag = json.loads(body).get("tag")
-                if tag and _restore_to_shared(channel, tag):
+                if tag and _restore_to_shared(channel, tag, dest):
                     restored.append(_text(task_id))
     client.delete(inflight_key(worker))
     return restored
 
 
-def _restore_to_shared(channel, tag: str) -> bool:
-    """Move one unacked message (kombu's Redis ack emulation) to the front of ``gpu``.
+def _restore_to_shared(channel, tag: str, dest: str = SHARED_QUEUE) -> bool:
+    """Move one unacked message (kombu's Redis ack emulation) to the front of ``dest``.
 
     Like kombu's ``QoS.restore_by_tag`` (one WATCH transaction, so a second reaper
     restores nothing), but always to the shared queue: restoring by routing key would
@@ -192,10 +193,10 @@ def _restore_to_shared(channel, tag: str) -> bool:
             payload = json.loads(raw)[0]
             props = payload.setdefault("properties", {})
             props.setdefault("delivery_info", {}).update(
-                exchange=SHARED_QUEUE, routing_key=SHARED_QUEUE, redelivered=True
+                exchange=dest, routing_key=dest, redelivered=True
             )
             payload.setdefault("headers", {})["redelivered"] = True
-            pipe.rpush(SHARED_QUEUE, json.dumps(payload))  # consumers BRPOP: next in line
+            pipe.rpush(dest, json.dumps(payload))  # consumers BRPOP: next in line
 
     with channel.conn_or_acquire() as client:
         client.transaction(txn, channel.unacked_key)
