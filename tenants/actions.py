@@ -281,17 +281,29 @@ def do_set_preference(
     text: str | None = None,
     enabled: bool | None = None,
     alpha: float | None = None,
+    expected_version: int | None = None,
     actor=None,
 ) -> Preference:
-    """Create or change a member's preference; the version is bumped by the database."""
+    """Create or change a member's preference; the version is bumped by the database.
+
+    ``expected_version``: refuse (Conflict) if the preference changed since the caller
+    read it (checked under the row lock, so no concurrent edit is overwritten).
+    """
     _validate_preference(text, alpha)
     assert_actor_may_manage(actor, member.tenant)
     pref = Preference.objects.select_for_update().filter(member=member).first()
+    if pref is not None and expected_version is not None and pref.version != expected_version:
+        raise Conflict(f"The preference was changed meanwhile (now version {pref.version}).")
     if pref is None:
-        pref = Preference.objects.create(
-            tenant=member.tenant, member=member, text=text or "",
-            enabled=True if enabled is None else enabled, alpha=1.0 if alpha is None else alpha,
-        )
+        try:
+            with transaction.atomic():
+                pref = Preference.objects.create(
+                    tenant=member.tenant, member=member, text=text or "",
+                    enabled=True if enabled is None else enabled,
+                    alpha=1.0 if alpha is None else alpha,
+                )
+        except IntegrityError:  # created concurrently by another request
+            raise Conflict("The preference was created meanwhile; retry.") from None
         audit(member.tenant, AuditEvent.PREFERENCE_CREATED, actor=actor, target=str(member),
               new={"text": pref.text, "enabled": pref.enabled, "alpha": pref.alpha})
         return pref

@@ -410,7 +410,8 @@ class PreferenceAdmin(TenantScopedAdmin):
         data = form.cleaned_data
         member = obj.member
         pref = self.run_action(request, actions.do_set_preference, member, text=data["text"],
-                               enabled=data["enabled"], alpha=data["alpha"])
+                               enabled=data["enabled"], alpha=data["alpha"],
+                               expected_version=data.get("seen_version") if change else None)
         pref.refresh_from_db()
         obj.pk, obj.version, obj.updated_at = pref.pk, pref.version, pref.updated_at
 
