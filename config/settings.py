@@ -60,6 +60,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",  # Swagger UI served locally (no CDN)
     "tenants",
     "gpu_worker",
 ]
@@ -127,6 +128,9 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "kvinject platform API",
     "DESCRIPTION": "Multi-tenant chat personalised by preference K/V injection.",
     "VERSION": "1.0.0",
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
 }
 
 # --- Celery (Redis broker + result backend) ---------------------------------
@@ -152,6 +156,14 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
 CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 256)
 CHAT_DEFAULT_MAX_NEW_TOKENS = env_int("CHAT_DEFAULT_MAX_NEW_TOKENS", 32)
 CHAT_HISTORY_TOKEN_BUDGET = env_int("CHAT_HISTORY_TOKEN_BUDGET", 1024)
+
+# Rate limits ("N/sec|min|hour|day"), sliding window on Redis; see tenants/throttling.py.
+CHAT_RATE_PER_MEMBER = os.environ.get("CHAT_RATE_PER_MEMBER", "30/min")
+CHAT_RATE_PER_TENANT = os.environ.get("CHAT_RATE_PER_TENANT", "300/min")
+API_RATE_PER_MEMBER = os.environ.get("API_RATE_PER_MEMBER", "300/min")
+API_RATE_PER_TENANT = os.environ.get("API_RATE_PER_TENANT", "3000/min")
+THROTTLE_FAIL_OPEN = env_bool("THROTTLE_FAIL_OPEN", True)  # Redis down: serve, log
+READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0)
 
 LOGGING = {
     "version": 1,
