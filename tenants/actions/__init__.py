@@ -1,0 +1,65 @@
+"""Every state change goes through a ``do_*`` function: one transaction, audit row included.
+
+One module per concern; everything is re-exported here, so callers keep using
+``from tenants import actions`` / ``from tenants.actions import do_x``.
+"""
+
+from tenants.actions.base import assert_actor_may_manage, audit
+from tenants.actions.cache import (
+    do_clear_kv_cache,
+    do_warm_kv_cache,
+    invalidate_on_commit,
+    log,
+    warm_task,
+)
+from tenants.actions.chat import do_delete_conversation, do_record_chat, get_conversation
+from tenants.actions.members import (
+    User,
+    do_add_member,
+    do_change_member,
+    do_delete_member,
+    do_record_account_change,
+    do_record_login,
+)
+from tenants.actions.preferences import (
+    PREFERENCE_MAX_CHARS,
+    do_delete_preference,
+    do_set_preference,
+)
+from tenants.actions.tenants import (
+    TENANT_FIELDS,
+    do_create_tenant,
+    do_set_tenant_active,
+    do_update_tenant,
+    get_tenant,
+)
+from tenants.actions.tokens import do_create_api_token, do_revoke_api_token
+
+__all__ = [
+    "PREFERENCE_MAX_CHARS",
+    "TENANT_FIELDS",
+    "User",
+    "assert_actor_may_manage",
+    "audit",
+    "do_add_member",
+    "do_change_member",
+    "do_clear_kv_cache",
+    "do_create_api_token",
+    "do_create_tenant",
+    "do_delete_conversation",
+    "do_delete_member",
+    "do_delete_preference",
+    "do_record_account_change",
+    "do_record_chat",
+    "do_record_login",
+    "do_revoke_api_token",
+    "do_set_preference",
+    "do_set_tenant_active",
+    "do_update_tenant",
+    "do_warm_kv_cache",
+    "get_conversation",
+    "get_tenant",
+    "invalidate_on_commit",
+    "log",
+    "warm_task",
+]

@@ -1,0 +1,27 @@
+"""What every action shares: the audit row and the cross-tenant guard."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tenants.errors import Forbidden
+from tenants.models import AuditEvent, AuditLog, Member, Tenant
+
+
+def audit(
+    tenant: Tenant | None, event: AuditEvent, *, actor=None, target: str = "", **data: Any
+) -> AuditLog:
+    """Write one audit row (call inside the transaction of the change it records)."""
+    return AuditLog.objects.create(
+        tenant=tenant, actor=actor, event_type=event, target=target[:200], data=data
+    )
+
+
+def assert_actor_may_manage(actor, tenant: Tenant | None) -> None:
+    """Defence in depth for admin-originated changes: an actor that is not a superuser
+    may only touch its own tenant (None = system/shell, trusted)."""
+    if actor is None or actor.is_superuser:
+        return
+    member = Member.objects.filter(user=actor).only("tenant_id").first()
+    if member is None or tenant is None or member.tenant_id != tenant.pk:
+        raise Forbidden("Not allowed for this tenant.")

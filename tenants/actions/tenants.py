@@ -1,0 +1,58 @@
+"""Tenant lookup, creation and changes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import transaction
+from django.utils.text import slugify
+
+from tenants.actions.base import assert_actor_may_manage, audit
+from tenants.errors import Conflict, InvalidInput, NotFound
+from tenants.models import AuditEvent, Tenant
+
+
+def get_tenant(slug: str) -> Tenant:
+    try:
+        return Tenant.objects.get(slug=slug)
+    except Tenant.DoesNotExist:
+        raise NotFound(f"Unknown tenant {slug!r}.") from None
+
+
+@transaction.atomic
+def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
+    if slugify(slug) != slug or not slug:
+        raise InvalidInput(f"Tenant slug {slug!r} must be lowercase letters, digits and dashes.")
+    if Tenant.objects.filter(slug=slug).exists():
+        raise Conflict(f"Tenant {slug!r} already exists.")
+    tenant = Tenant.objects.create(slug=slug, name=name or slug)
+    audit(tenant, AuditEvent.TENANT_CREATED, actor=actor, target=slug, name=tenant.name)
+    return tenant
+
+
+TENANT_FIELDS = ("name", "active", "audit_message_text")
+
+
+@transaction.atomic
+def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
+    """Change name/active/audit_message_text; audited old -> new (only what changed)."""
+    if unknown := set(changes) - set(TENANT_FIELDS):
+        raise InvalidInput(f"Cannot change {', '.join(sorted(unknown))} of a tenant.")
+    if "name" in changes and not (changes["name"] or "").strip():
+        raise InvalidInput("A tenant needs a name.")
+    assert_actor_may_manage(actor, tenant)
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    changed = {f: v for f, v in changes.items() if getattr(locked, f) != v}
+    if not changed:
+        return locked
+    old = {f: getattr(locked, f) for f in changed}
+    for field, value in changed.items():
+        setattr(locked, field, value)
+    locked.save(update_fields=sorted(changed))
+    audit(locked, AuditEvent.TENANT_CHANGED, actor=actor, target=locked.slug, old=old,
+          new=changed)
+    return locked
+
+
+def do_set_tenant_active(tenant: Tenant, active: bool, *, actor=None) -> Tenant:
+    return do_update_tenant(tenant, active=active, actor=actor)

@@ -1,0 +1,101 @@
+"""Preference admin: versioned edits (a concurrent change is never overwritten), bulk
+enable/disable of injection."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+
+from tenants import actions
+from tenants.admin.scoping import TenantScopedAdmin
+from tenants.models import Preference
+
+
+class PreferenceForm(forms.ModelForm):
+    # The version the editor saw; a concurrent change (API, another admin) is not overwritten.
+    seen_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+    class Meta:
+        model = Preference
+        fields = ("member", "text", "enabled", "alpha")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            self.fields["seen_version"].initial = self.instance.version
+
+    def clean_member(self):
+        member = self.cleaned_data["member"]
+        if not self.instance.pk and Preference.objects.filter(member=member).exists():
+            raise forms.ValidationError("This member already has a preference; edit it.")
+        return member
+
+    def clean(self):
+        data = super().clean()
+        seen = data.get("seen_version")
+        if self.instance.pk and seen is not None:
+            current = Preference.objects.filter(pk=self.instance.pk).values_list(
+                "version", flat=True).first()
+            if current is not None and current != seen:
+                raise forms.ValidationError(
+                    f"This preference was changed elsewhere (now version {current}) after "
+                    "you opened it. Reload the page to see the current text.")
+        if "text" in data and len(data["text"]) > actions.PREFERENCE_MAX_CHARS:
+            self.add_error("text", f"At most {actions.PREFERENCE_MAX_CHARS} characters.")
+        return data
+
+
+@admin.register(Preference)
+class PreferenceAdmin(TenantScopedAdmin):
+    form = PreferenceForm
+    list_display = ("member", "enabled", "alpha", "version", "updated_at", "text_preview")
+    list_filter = ("enabled",)
+    list_select_related = ("member__user", "member__tenant")
+    search_fields = ("member__user__username", "text")
+    autocomplete_fields = ("member",)
+    readonly_fields = ("version", "updated_at", "content_hash")
+    actions = ("disable_injection", "enable_injection", "delete_selected")
+
+    @admin.display(description="text")
+    def text_preview(self, obj: Preference) -> str:
+        return obj.text if len(obj.text) <= 60 else obj.text[:59] + "…"
+
+    def get_fields(self, request, obj=None):
+        fields = ("member", "text", "enabled", "alpha", "seen_version")
+        return fields + self.readonly_fields if obj is not None else fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("member", *self.readonly_fields) if obj is not None else ()
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        member = obj.member
+        pref = self.run_action(request, actions.do_set_preference, member, text=data["text"],
+                               enabled=data["enabled"], alpha=data["alpha"],
+                               expected_version=data.get("seen_version") if change else None)
+        pref.refresh_from_db()
+        obj.pk, obj.version, obj.updated_at = pref.pk, pref.version, pref.updated_at
+
+    def delete_model(self, request, obj):
+        self.run_action(request, actions.do_delete_preference, obj.member)
+
+    def delete_queryset(self, request, queryset):
+        for pref in queryset.select_related("member__user", "member__tenant"):
+            self.run_action(request, actions.do_delete_preference, pref.member)
+
+    def _set_enabled(self, request, queryset, enabled: bool) -> None:
+        count = 0
+        for pref in queryset.select_related("member__user", "member__tenant"):
+            self.run_action(request, actions.do_set_preference, pref.member, enabled=enabled)
+            count += 1
+        state = "enabled" if enabled else "disabled"
+        self.message_user(request, f"Injection {state} for {count} preference(s).",
+                          messages.SUCCESS)
+
+    @admin.action(description="Disable injection for selected preferences")
+    def disable_injection(self, request, queryset):
+        self._set_enabled(request, queryset, False)
+
+    @admin.action(description="Enable injection for selected preferences")
+    def enable_injection(self, request, queryset):
+        self._set_enabled(request, queryset, True)

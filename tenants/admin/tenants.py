@@ -1,0 +1,64 @@
+"""Tenant admin: superusers create tenants; tenant admins edit their own (not ``active``)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+from django.utils.text import slugify
+
+from tenants import actions
+from tenants.admin.scoping import TenantScopedAdmin
+from tenants.models import Tenant
+
+
+class TenantForm(forms.ModelForm):
+    class Meta:
+        model = Tenant
+        fields = ("slug", "name", "active", "audit_message_text")
+
+    def clean_slug(self):
+        slug = self.cleaned_data["slug"]
+        if slugify(slug) != slug:
+            raise forms.ValidationError("Use lowercase letters, digits and dashes.")
+        return slug
+
+
+@admin.register(Tenant)
+class TenantAdmin(TenantScopedAdmin):
+    form = TenantForm
+    list_display = ("slug", "name", "active", "audit_message_text", "member_count",
+                    "created_at")
+    list_filter = ("active",)
+    superuser_list_filter = ()
+    search_fields = ("slug", "name")
+    readonly_fields = ("created_at",)
+
+    def member_count(self, obj: Tenant) -> int:
+        return obj.members.count()
+
+    def get_fields(self, request, obj=None):
+        return ("slug", "name", "active", "audit_message_text", "created_at")
+
+    def get_readonly_fields(self, request, obj=None):
+        ro = ["created_at"]
+        if obj is not None:
+            ro.append("slug")
+        if not self.is_superuser(request):
+            ro.append("active")  # a tenant admin cannot switch their own tenant off (or on)
+        return ro
+
+    def has_add_permission(self, request):
+        return self.is_superuser(request)
+
+    def has_delete_permission(self, request, obj=None):
+        return False  # tenants are deactivated, never deleted: their audit log stays
+
+    def save_model(self, request, obj, form, change):
+        changes = {f: form.cleaned_data[f] for f in form.changed_data
+                   if f in actions.TENANT_FIELDS}
+        if not change:
+            created = self.run_action(request, actions.do_create_tenant, obj.slug, obj.name)
+            obj.pk, obj.created_at = created.pk, created.created_at
+            changes.pop("name", None)
+        if changes:
+            self.run_action(request, actions.do_update_tenant, obj, **changes)
