@@ -58,11 +58,19 @@ def test_duplicates_refused_and_nothing_half_written():
     assert Member.objects.filter(tenant__slug="globex").count() == 0
 
 
-def test_command_exit_code_nonzero(tmp_path):
+def test_command_exit_code_nonzero():
+    """A real `manage.py` process (against the test database) exits non-zero."""
+    import os
     import subprocess
     import sys
 
+    from django.db import connection
+
+    from tests.workers import ROOT, database_url_from_settings
+
+    env = {**os.environ, "DATABASE_URL": database_url_from_settings(connection.settings_dict),
+           "DJANGO_SETTINGS_MODULE": "config.settings_test"}
     proc = subprocess.run([sys.executable, "manage.py", "tenant", "adduser", "nope", "x"],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
     assert proc.returncode != 0
     assert "Unknown tenant" in proc.stderr
