@@ -26,6 +26,7 @@ import hashlib
 import hmac
 import os
 import struct
+import threading
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -198,16 +199,27 @@ def _raw(t: torch.Tensor) -> memoryview:
 
 
 # -- payload digests -------------------------------------------------------------------
-_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
 
 
 def _executor() -> ThreadPoolExecutor:
-    """A hashing pool per process (re-created after fork: Celery prefork workers)."""
+    """The process's hashing pool (created lazily; dropped in forked children)."""
     global _pool
-    if _pool is None or _pool[0] != os.getpid():
-        workers = max(1, min(8, os.cpu_count() or 1))
-        _pool = (os.getpid(), ThreadPoolExecutor(workers, thread_name_prefix="kvi-hash"))
-    return _pool[1]
+    with _pool_lock:
+        if _pool is None:
+            workers = max(1, min(8, os.cpu_count() or 1))
+            _pool = ThreadPoolExecutor(workers, thread_name_prefix="kvi-hash")
+        return _pool
+
+
+def _after_fork_in_child() -> None:
+    # A forked child (Celery prefork) has none of the parent's threads: start afresh.
+    global _pool, _pool_lock
+    _pool, _pool_lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _chunks(parts: list[Any]) -> list[list[memoryview]]:

@@ -196,3 +196,24 @@ def test_compression_shrinks_redundant_payloads():
     k = torch.zeros(4, 2, 64, 32, dtype=torch.bfloat16)
     p = PackedKV(k, k.clone(), range(64))
     assert len(encode(p, KEY, SIGNER, compress=True)) < len(encode(p, KEY, SIGNER)) // 10
+
+
+def _digests_in_child(conn, data: bytes) -> None:
+    conn.send(codec._collect(codec._digest_futures([data])))
+    conn.close()
+
+
+def test_forked_child_gets_its_own_hashing_pool():
+    # Celery prefork children inherit a pool whose threads do not exist there.
+    # (No torch ops in the child: torch's own OpenMP pool is not fork-safe.)
+    import multiprocessing as mp
+
+    data = bytes(range(256)) * 20000  # 5 MB: 5 chunks on the pool
+    expected = codec._collect(codec._digest_futures([data]))  # parent pool is live
+    ctx = mp.get_context("fork")
+    parent, child = ctx.Pipe()
+    proc = ctx.Process(target=_digests_in_child, args=(child, data))
+    proc.start()
+    assert parent.poll(30) and parent.recv() == expected
+    proc.join(10)
+    assert proc.exitcode == 0
