@@ -52,8 +52,13 @@ def start_workers(scaleout_env, tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def worker_pair(start_workers):
-    """Two workers shared by the routing and kvcache tests."""
-    return start_workers("r1", "r2")
+    """Two workers shared by the routing and kvcache tests (with metrics servers)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return start_workers("r1", "r2", WORKER_METRICS_PORT=port, WORKER_METRICS_ADDR="127.0.0.1")
 
 
 @contextlib.contextmanager

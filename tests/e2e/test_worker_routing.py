@@ -9,6 +9,7 @@ from gpu_worker.tasks import warm_member
 from tests.e2e.conftest import (
     LONG_TOKENS,
     chat_now,
+    heartbeat,
     l1_entries,
     l2_entries,
     member_with_preference,
@@ -93,3 +94,22 @@ def test_invalidation_reaches_the_l1_of_both_workers(pair):
     assert [first["worker"], second["worker"]] == [w.hostname for w in pair]
     assert first["cache"]["tier"] == "compute"  # L2 was dropped too
     assert second["cache"]["tier"] in ("compute", "l2")  # never the stale L1
+
+
+def test_each_worker_exports_its_engine_metrics_for_prometheus(pair):
+    import urllib.request
+
+    member = member_with_preference("metrics", "gus", "Tea, not coffee.")
+    first = chat_now(member)
+    chat_now(member)  # routed back: an L1 hit on the same worker
+    ports = {w.hostname: heartbeat(w.hostname)["metrics_port"] for w in pair}
+    assert len(set(ports.values())) == 2 and None not in ports.values()
+    url = f"http://127.0.0.1:{ports[first['worker']]}/metrics"
+    with urllib.request.urlopen(url, timeout=10) as resp:
+        text = resp.read().decode()
+    hits = next(line for line in text.splitlines()
+                if line.startswith('kvi_cache_hits_total{tier="l1"}'))
+    assert float(hits.split()[-1]) >= 1
+    assert f'kvi_l1_tenant_bytes{{tenant="{member.tenant_id}"}}' in text
+    assert 'kvi_worker_tasks_total{outcome="ok",task="gpu_worker.tasks.chat"}' in text
+    assert 'kvi_queue_depth{queue="gpu"}' in text and "kvi_l2_rejects_total" in text

@@ -64,6 +64,8 @@ class Command(BaseCommand):
         env = dict(os.environ)  # carries DATABASE_URL/REDIS_URL resolved by settings
         env.setdefault("PYTHONUNBUFFERED", "1")
         py = sys.executable
+        # --pool solo: the GPU configuration (one process, the model loaded once in it,
+        # time limits enforced by gpu_worker.limits); it also consumes gpu.w.gpu-demo@<host>.
         procs = [
             subprocess.Popen([py, "-m", "celery", "-A", "config", "worker", "-Q", "gpu",
                               "--pool", "solo", "--loglevel", "INFO",
