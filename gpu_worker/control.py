@@ -52,8 +52,18 @@ def verify(raw: bytes) -> dict[str, Any] | None:
         return None
 
 
+_clients: dict[str, redis.Redis] = {}
+
+
 def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0)
+    """A shared client for ``REDIS_URL`` (thread-safe pool, reset after fork by redis-py)."""
+    url = settings.REDIS_URL
+    client = _clients.get(url)
+    if client is None:
+        client = _clients.setdefault(url, redis.Redis.from_url(
+            url, socket_timeout=2.0, socket_connect_timeout=2.0, health_check_interval=30
+        ))
+    return client
 
 
 def publish(op: str, **payload: Any) -> int:
