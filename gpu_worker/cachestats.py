@@ -47,6 +47,7 @@ def cache_stats(scope: Scope) -> dict[str, Any]:
         "key_generation": kvstore.key_generation(),
         "workers": [_worker_row(r, ids if scope.tenant is not None else None) for r in replies],
         "live_workers": sorted(registry.live_workers()),
+        "workers_unconfirmed": replies.missing,
         "tenants": out_tenants,
     }
     if scope.tenant is None:

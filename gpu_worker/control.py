@@ -76,7 +76,17 @@ def publish(op: str, **payload: Any) -> int:
         return 0
 
 
-def request(op: str, timeout: float | None = None, **payload: Any) -> list[dict[str, Any]]:
+class Replies(list):
+    """Replies to one :func:`request`; ``expected`` = processes that received it."""
+
+    expected: int = 0
+
+    @property
+    def missing(self) -> int:
+        return max(0, self.expected - len(self))
+
+
+def request(op: str, timeout: float | None = None, **payload: Any) -> Replies:
     """Broadcast ``op`` and collect every receiving worker process's (signed) reply.
 
     Waits until as many replies as receivers arrived or ``timeout`` passed; raises
@@ -89,7 +99,8 @@ def request(op: str, timeout: float | None = None, **payload: Any) -> list[dict[
     reply_to = f"kviw:reply:{uuid.uuid4().hex}"
     message = {"op": op, "ts": time.time(), "reply_to": reply_to, **payload}
     receivers = int(client.publish(CHANNEL, sign(message)))
-    replies: list[dict[str, Any]] = []
+    replies = Replies()
+    replies.expected = receivers
     deadline = time.monotonic() + timeout
     try:
         while len(replies) < receivers:

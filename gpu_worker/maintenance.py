@@ -73,6 +73,7 @@ def do_clear_cache(scope: Scope, *, actor=None) -> dict[str, Any]:
     report = {
         "scope": scope.target,
         "workers": sorted(f"{r.get('worker')}/{r.get('pid')}" for r in replies),
+        "workers_unconfirmed": replies.missing,
         "l1_deleted": sum((r.get("evicted") or {}).get("l1") or 0 for r in replies),
         "l2_deleted": l2_deleted,
     }
@@ -133,6 +134,7 @@ def do_rotate_key(*, actor=None) -> dict[str, Any]:
         "old_generation": old,
         "new_generation": new,
         "workers": sorted(f"{r.get('worker')}/{r.get('pid')}" for r in replies),
+        "workers_unconfirmed": replies.missing,  # they switch on their next request
         "workers_switched": sum(1 for r in replies if r.get("key_generation") == new),
         "l2_purged": purged,
         "l2_indexes_purged": purged_indexes,

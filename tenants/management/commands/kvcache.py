@@ -53,6 +53,9 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(report, sort_keys=True, default=str))
         else:
             getattr(self, f"_print_{action}")(report)
+        if report.get("workers_unconfirmed"):
+            raise CommandError(f"{report['workers_unconfirmed']} worker process(es) did not "
+                               "answer in time; their caches may be stale.")
         if action == "warm" and report["failed"]:
             raise CommandError(f"{len(report['failed'])} member(s) could not be warmed.")
         if action == "verify" and opts["strict"] and report["bad"]:
