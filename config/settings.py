@@ -136,8 +136,10 @@ SPECTACULAR_SETTINGS = {
 # --- Celery (Redis broker + result backend) ---------------------------------
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
-CHAT_SOFT_TIME_LIMIT = env_int("CHAT_SOFT_TIME_LIMIT", 120)
-CHAT_HARD_TIME_LIMIT = env_int("CHAT_HARD_TIME_LIMIT", 150)
+CHAT_SOFT_TIME_LIMIT = env_int("CHAT_SOFT_TIME_LIMIT", 80)
+CHAT_HARD_TIME_LIMIT = env_int("CHAT_HARD_TIME_LIMIT", 100)
+# The web waits past the soft limit, so a request that runs long gets the worker's
+# clear error rather than a bare 503.
 CHAT_RESULT_TIMEOUT = env_float("CHAT_RESULT_TIMEOUT", 90.0)
 
 # --- Model and engine --------------------------------------------------------

@@ -17,12 +17,24 @@ import time
 import uuid
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import urlparse
 
 import redis
 from django.conf import settings
 
 log = logging.getLogger(__name__)
-CHANNEL = "kvi:control"
+CHANNEL_PREFIX = "kvi:control"
+
+
+def channel() -> str:
+    """The control channel of this deployment's Redis db.
+
+    Pub/sub channels are global to a Redis server (they ignore db numbers), so the
+    db is part of the name: a demo on db 0 and a test run on db N never hear each other.
+    """
+    db = urlparse(settings.REDIS_URL).path.strip("/") or "0"
+    return f"{CHANNEL_PREFIX}:{db}"
+
 REPLY_TTL = 60
 # A handler may return a JSON-safe dict: it is sent back when the message asked for replies.
 Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
@@ -70,7 +82,7 @@ def publish(op: str, **payload: Any) -> int:
     """Broadcast ``op`` to every worker; returns how many listeners received it (0 if Redis is down)."""
     message = {"op": op, "ts": time.time(), **payload}
     try:
-        return int(redis_client().publish(CHANNEL, sign(message)))
+        return int(redis_client().publish(channel(), sign(message)))
     except redis.RedisError as exc:
         log.warning("control: publish %s failed: %s", op, exc)
         return 0
@@ -98,7 +110,7 @@ def request(op: str, timeout: float | None = None, **payload: Any) -> Replies:
     )
     reply_to = f"kviw:reply:{uuid.uuid4().hex}"
     message = {"op": op, "ts": time.time(), "reply_to": reply_to, **payload}
-    receivers = int(client.publish(CHANNEL, sign(message)))
+    receivers = int(client.publish(channel(), sign(message)))
     replies = Replies()
     replies.expected = receivers
     deadline = time.monotonic() + timeout
@@ -156,7 +168,7 @@ class ControlListener(threading.Thread):
 
     def _listen(self) -> None:
         pubsub = self._client_factory().pubsub(ignore_subscribe_messages=True)
-        pubsub.subscribe(CHANNEL)
+        pubsub.subscribe(channel())
         self.ready.set()
         try:
             while not self._halt.is_set():

@@ -38,9 +38,9 @@ def test_unsigned_or_wrongly_signed_messages_are_never_dispatched(listener):
     lis, calls = listener
     client = control.redis_client()
     body = json.dumps({"op": "unit_echo", "x": 1})
-    client.publish(control.CHANNEL, json.dumps({"mac": "0" * 64, "body": body}))
+    client.publish(control.channel(), json.dumps({"mac": "0" * 64, "body": body}))
     forged = hmac.new(b"not-the-secret", body.encode(), hashlib.sha256).hexdigest()
-    client.publish(control.CHANNEL, json.dumps({"mac": forged, "body": body}))
-    client.publish(control.CHANNEL, b"not json")
+    client.publish(control.channel(), json.dumps({"mac": forged, "body": body}))
+    client.publish(control.channel(), b"not json")
     control.request("unit_echo", timeout=2, x=2)  # a valid one, to know the others arrived
     assert [c["x"] for c in calls] == [2]

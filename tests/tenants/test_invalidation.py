@@ -30,7 +30,7 @@ class ControlSubscriber:
         self.tenant = str(tenant_id)
         self.client = redis.Redis.from_url(settings.REDIS_URL)
         self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
-        self.pubsub.subscribe(control.CHANNEL)
+        self.pubsub.subscribe(control.channel())
         self.pubsub.get_message(timeout=1.0)  # the subscribe confirmation
 
     def drain(self, wait: float = 0.5, until=None) -> list[dict]:
