@@ -9,7 +9,7 @@ from django.conf import settings
 
 from gpu_worker.host import get_executor
 from injection.base import ExecutionRequest
-from tenants.actions import do_record_chat
+from tenants.actions import do_record_chat, get_conversation
 from tenants.errors import InactiveAccount, NotFound
 from tenants.models import Conversation, Member, Message, Preference
 
@@ -24,14 +24,7 @@ def load_member(member_id: int) -> Member:
 
 
 def load_conversation(member: Member, conversation_id: int | None) -> Conversation | None:
-    if conversation_id is None:
-        return None
-    conv = Conversation.objects.filter(
-        pk=conversation_id, tenant=member.tenant, member=member
-    ).first()
-    if conv is None:
-        raise NotFound("Unknown conversation.")
-    return conv
+    return None if conversation_id is None else get_conversation(member, conversation_id)
 
 
 def trimmed_history(conv: Conversation | None, count_tokens, budget: int) -> list[dict]:

@@ -95,13 +95,22 @@ class PreferenceKVSource:
 
     # -- internals ----------------------------------------------------------------------
     def _compute_and_store(self, key: CacheKey, text: str) -> PackedKV:
-        kv = self._get(self.l1, "l1", key, count=False)  # a racing leader may have stored it
+        kv = self._recheck_l1(key)  # a racing leader may have stored it
         if kv is not None:
             return kv
         kv = self.compute(text)
         self._put(self.l1, "l1", key, kv)
         self._put(self.l2, "l2", key, kv)  # the tier writes asynchronously
         return kv
+
+    def _recheck_l1(self, key: CacheKey) -> PackedKV | None:
+        """L1 lookup that counts nothing (the request's miss was already counted)."""
+        try:
+            if self.l1 is None or key not in self.l1:  # type: ignore[operator]
+                return None
+        except TypeError:  # a KVStore without __contains__: skip the re-check
+            return None
+        return self._get(self.l1, "l1", key, count=False)
 
     def _get(
         self, store: KVStore | None, name: str, key: CacheKey, *, count: bool = True

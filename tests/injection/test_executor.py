@@ -146,6 +146,9 @@ def test_tiers_compute_l1_then_l2_promoted_to_l1(model, l2, chat_prompt, prefere
     assert (c.tier, d.tier) == (Tier.L2, Tier.L1) and model.computes == 1
     assert a.text == b.text == c.text == d.text  # the decoded entry injects identically
     assert second.metrics.get("l2_hits") == 1 and second.l1.stats()["entries"] == 1
+    # one miss and one hit per executor: the single-flight re-check counts nothing
+    assert (first.l1.stats()["misses"], first.l1.stats()["hits"]) == (1, 1)
+    assert first.metrics.get("l1_misses") == 1 and first.metrics.get("l1_hits") == 1
 
 
 def test_user_none_or_empty_is_never_cached(model, l2, chat_prompt, preference):
