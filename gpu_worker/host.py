@@ -55,7 +55,7 @@ def get_executor():
 
 
 def _build_executor():
-    from gpu_worker import kvstore
+    from gpu_worker import control, kvstore
     from injection import build_executor, load_adapter
 
     path = model_path()
@@ -63,9 +63,7 @@ def _build_executor():
     adapter = load_adapter(
         path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None
     )
-    client = redis.Redis.from_url(
-        settings.REDIS_URL, socket_timeout=2.0, socket_connect_timeout=2.0
-    ) if settings.KV_L2_ENABLED else None
+    client = control.make_client(2.0) if settings.KV_L2_ENABLED else None
     executor = build_executor(
         adapter,
         redis_client=client,
