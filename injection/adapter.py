@@ -127,9 +127,10 @@ class ModelAdapter(PreferenceModel):
         ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``seed``.
         """
         prompt_ids = self.tokenizer(prompt, add_special_tokens=injected is None)["input_ids"]
+        prefix = list(injected.token_ids) if injected is not None else []
+        prompt_ids = self._drop_repeated_bos(prefix, prompt_ids)
         if not prompt_ids:
             raise InvalidRequest("prompt is empty")
-        prefix = list(injected.token_ids) if injected is not None else []
         input_ids = prefix + prompt_ids
         self._check_length(len(input_ids) + max_new_tokens)
         with torch.inference_mode():
@@ -208,6 +209,14 @@ class ModelAdapter(PreferenceModel):
         if gc.pad_token_id is None:
             gc.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
         return gc
+
+    def _drop_repeated_bos(self, prefix: list[int], prompt_ids: list[int]) -> list[int]:
+        """Chat templates of real models (Llama 3, ...) render BOS into the prompt text;
+        after an injected prefix that starts with BOS it would appear mid-sequence."""
+        bos = self.tokenizer.bos_token_id
+        if bos is not None and prefix[:1] == [bos] and prompt_ids[:1] == [bos]:
+            return prompt_ids[1:]
+        return prompt_ids
 
     def _check_compatible(self, kv: PackedKV) -> None:
         if kv.num_layers != self.num_layers or kv.num_heads != self.num_kv_heads:
