@@ -123,6 +123,7 @@ class AuditEvent(models.TextChoices):
     PREFERENCE_CHANGED = "preference.changed"
     PREFERENCE_DELETED = "preference.deleted"
     ADMIN_LOGIN = "admin.login"
+    ADMIN_LOGIN_FAILED = "admin.login_failed"
     CACHE_CLEARED = "cache.cleared"
     CACHE_WARMED = "cache.warmed"
     CACHE_KEY_ROTATED = "cache.key_rotated"

@@ -8,7 +8,7 @@ removes deleted or superseded preference data from L2 and every worker's L1.
 
 from __future__ import annotations
 
-from django.contrib.auth.signals import user_logged_in
+from django.contrib.auth.signals import user_logged_in, user_login_failed
 from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
@@ -37,6 +37,15 @@ def _member_saved(sender, instance: Member, created: bool, **kwargs) -> None:
 def _tenant_saved(sender, instance: Tenant, created: bool, **kwargs) -> None:
     if not created and not instance.active:
         actions.invalidate_on_commit(instance.pk)
+
+
+@receiver(user_login_failed, dispatch_uid="kvi-login-failed-audit")
+def _login_failed(sender, credentials, request=None, **kwargs) -> None:
+    meta = getattr(request, "META", {}) if request is not None else {}
+    actions.do_record_login_failure(
+        str(credentials.get("username", "")), ip=meta.get("REMOTE_ADDR", ""),
+        path=getattr(request, "path", "") or "",
+    )
 
 
 @receiver(user_logged_in, dispatch_uid="kvi-login-audit")

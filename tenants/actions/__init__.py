@@ -20,6 +20,7 @@ from tenants.actions.members import (
     do_delete_member,
     do_record_account_change,
     do_record_login,
+    do_record_login_failure,
 )
 from tenants.actions.preferences import (
     PREFERENCE_MAX_CHARS,
@@ -52,6 +53,7 @@ __all__ = [
     "do_record_account_change",
     "do_record_chat",
     "do_record_login",
+    "do_record_login_failure",
     "do_revoke_api_token",
     "do_set_preference",
     "do_set_tenant_active",

@@ -105,6 +105,15 @@ def do_record_account_change(user, fields: Iterable[str], *, created: bool = Fal
                  target=user.get_username(), account=True, created=created, fields=fields)
 
 
+def do_record_login_failure(username: str, *, ip: str = "", path: str = "") -> AuditLog:
+    """Audit a failed login: under the tenant of the named member (so its admins see
+    attempts on their accounts), else platform-level. The password is never recorded."""
+    username = (username or "")[:150]
+    member = Member.objects.select_related("tenant").filter(user__username=username).first()
+    return audit(member.tenant if member else None, AuditEvent.ADMIN_LOGIN_FAILED,
+                 target=username, ip=ip, path=path, known_user=member is not None)
+
+
 def do_record_login(user, *, ip: str = "", path: str = "") -> AuditLog:
     """Audit a (session) login; the member's tenant, or no tenant for platform users."""
     member = Member.objects.select_related("tenant").filter(user=user).first()

@@ -343,6 +343,19 @@ def test_logins_are_audited(acme, superuser):
                                    actor=acme.admin.user).count() == 2
 
 
+def test_failed_logins_are_audited_without_the_password(acme):
+    client = Client()
+    for username in ("acme-admin", "nobody-here"):
+        response = client.post("/admin/login/?next=/admin/", {"username": username,
+                                                              "password": "wrong-pw-42"})
+        assert response.status_code == 200  # the form again, not a redirect
+    rows = {r.target: r for r in AuditLog.objects.filter(
+        event_type=AuditEvent.ADMIN_LOGIN_FAILED)}
+    assert rows["acme-admin"].tenant == acme.tenant and rows["acme-admin"].actor is None
+    assert rows["nobody-here"].tenant is None and rows["nobody-here"].data["known_user"] is False
+    assert all("wrong-pw-42" not in str(r.data) for r in rows.values())
+
+
 # --- every page renders for the roles that may see it ---------------------------------------
 
 
