@@ -37,6 +37,21 @@ def test_create_adduser_list():
             AuditEvent.PREFERENCE_CREATED, AuditEvent.TOKEN_CREATED} <= events
 
 
+def test_token_mints_and_revokes_scoped_to_the_tenant():
+    run("create", "acme")
+    run("create", "globex")
+    first = run("adduser", "acme", "alice").strip().splitlines()[-1]
+    second = run("token", "acme", "alice").strip().splitlines()[-1]
+    live = set(ApiToken.objects.filter(revoked=False).values_list("key_hash", flat=True))
+    assert {ApiToken.hash_key(first), ApiToken.hash_key(second)} <= live
+    third = run("token", "acme", "alice", "--revoke-all").strip()
+    live = set(ApiToken.objects.filter(revoked=False).values_list("key_hash", flat=True))
+    assert live == {ApiToken.hash_key(third)}
+    assert AuditLog.objects.filter(event_type=AuditEvent.TOKEN_REVOKED).count() == 2
+    with pytest.raises(CommandError, match="Unknown user"):
+        run("token", "globex", "alice")  # alice exists, but not in globex
+
+
 @pytest.mark.parametrize("args, message", [
     (("adduser", "nope", "x"), "Unknown tenant"),
     (("create", "Bad Slug"), "slug"),

@@ -1,4 +1,4 @@
-"""Operator commands: ``tenant create|adduser|list``."""
+"""Operator commands: ``tenant create|adduser|token|list``."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from tenants import actions
 from tenants.errors import PlatformError
-from tenants.models import Tenant
+from tenants.models import Member, Tenant
 
 
 class Command(BaseCommand):
@@ -25,6 +25,11 @@ class Command(BaseCommand):
         add.add_argument("--admin", action="store_true", help="Tenant admin (scoped Django admin).")
         add.add_argument("--password", default=None, help="Password for the admin site.")
         add.add_argument("--preference", default=None, help="Initial preference text.")
+        tok = sub.add_parser("token", help="Mint a new API token for a member (printed last); "
+                             "--revoke-all first revokes the member's existing tokens.")
+        tok.add_argument("slug")
+        tok.add_argument("username")
+        tok.add_argument("--revoke-all", action="store_true")
         lst = sub.add_parser("list", help="List tenants.")
         lst.add_argument("--json", action="store_true")
 
@@ -47,6 +52,16 @@ class Command(BaseCommand):
         key = actions.do_create_api_token(member)
         self.stdout.write(f"added {member} role={member.role}")
         self.stdout.write(key)
+
+    def _token(self, opts):
+        tenant = actions.get_tenant(opts["slug"])
+        member = Member.objects.filter(tenant=tenant, user__username=opts["username"]).first()
+        if member is None:  # tenant-scoped: a user of another tenant is unknown here
+            raise CommandError(f"Unknown user {opts['username']!r} in tenant {tenant.slug!r}.")
+        if opts["revoke_all"]:
+            for token in member.api_tokens.filter(revoked=False):
+                actions.do_revoke_api_token(token)
+        self.stdout.write(actions.do_create_api_token(member))
 
     def _list(self, opts):
         rows = [
