@@ -233,8 +233,8 @@ NOTES = (
     "writer, off the reply path). v1 stores bf16 as float32 (twice the bytes) and unpickles "
     "what it reads; v2 runs `torch.load` on bytes from Redis; neither is authenticated. "
     "Random-normal K/V is nearly incompressible for zstd (see stored MB); re-run on real K/V "
-    "before turning compression on. The machine was shared with concurrent work, so single "
-    "figures move by up to ~30% between runs; every ratio compares numbers from one run."
+    "before turning compression on. Single figures move by up to ~30% between runs on this "
+    "2-core machine; every ratio compares numbers from one run."
 )
 
 
