@@ -9,26 +9,40 @@ Plain torch + transformers + redis (no Django). Typical use::
 
 from __future__ import annotations
 
-from typing import Any
+import importlib
+from typing import TYPE_CHECKING, Any
 
-from injection.adapter import ModelAdapter, load_adapter
-from injection.base import (
-    CacheKey,
-    ExecutionRequest,
-    ExecutionResult,
-    GenerationOutput,
-    KVStore,
-    PreferenceModel,
-    Tier,
-)
-from injection.errors import InjectionError, InvalidRequest, ModelLoadError, ModelOOMError
-from injection.executor import InjectionExecutor, content_hash
-from injection.lru import TenantLRU
-from injection.metrics import METRICS, Metrics
-from injection.output_filter import strip_retrieve_fact_calls
-from injection.packed import PackedKV
-from injection.redis_tier import RedisKVTier
-from injection.signing import CacheKeySigner
+if TYPE_CHECKING:  # pragma: no cover
+    from injection.base import PreferenceModel
+    from injection.executor import InjectionExecutor
+    from injection.metrics import Metrics
+
+# Public names, imported on first use (PEP 562): ``import injection.signing`` (the web
+# process invalidating L2) must not load transformers and the model adapter.
+_EXPORTS = {
+    "ModelAdapter": "adapter", "load_adapter": "adapter",
+    "CacheKey": "base", "ExecutionRequest": "base", "ExecutionResult": "base",
+    "GenerationOutput": "base", "KVStore": "base", "PreferenceModel": "base", "Tier": "base",
+    "InjectionError": "errors", "InvalidRequest": "errors", "ModelLoadError": "errors",
+    "ModelOOMError": "errors",
+    "InjectionExecutor": "executor", "content_hash": "executor",
+    "TenantLRU": "lru",
+    "METRICS": "metrics", "Metrics": "metrics",
+    "strip_retrieve_fact_calls": "output_filter",
+    "PackedKV": "packed",
+    "RedisKVTier": "redis_tier",
+    "CacheKeySigner": "signing",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'injection' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"injection.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
 
 __all__ = [
     "CacheKey", "CacheKeySigner", "ExecutionRequest", "ExecutionResult", "GenerationOutput",
@@ -61,6 +75,11 @@ def build_executor(
     needs ``signing_secret`` (fail closed: no unsigned Redis cache).
     ``key_generation`` must match the one maintenance tools sign with.
     """
+    from injection.executor import InjectionExecutor
+    from injection.lru import TenantLRU
+    from injection.redis_tier import RedisKVTier
+    from injection.signing import CacheKeySigner
+
     l1 = TenantLRU(
         max_bytes=l1_max_bytes, max_entries=l1_max_entries,
         tenant_quota_bytes=min(l1_tenant_quota_bytes, l1_max_bytes),

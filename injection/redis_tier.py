@@ -19,17 +19,18 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from injection import codec
 from injection.base import CacheKey, KVStore
-from injection.packed import PackedKV
 from injection.signing import CacheKeySigner
 from injection.writer import BoundedWriter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from injection.packed import PackedKV
 
 __all__ = ["RedisKVTier"]
 
@@ -38,6 +39,14 @@ _FAULTS = (redis.RedisError, OSError)
 _COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
 _SCAN_BATCH = 500
 _VERIFY_BATCH = 16  # values fetched per pipeline while verifying (bounded memory)
+
+
+def _codec():
+    """``injection.codec`` (it needs torch), imported on first encode/decode, so a process
+    that only evicts or scans entries (the web invalidating L2) never loads torch."""
+    from injection import codec
+
+    return codec
 
 
 class RedisKVTier(KVStore):
@@ -110,6 +119,7 @@ class RedisKVTier(KVStore):
         if blob is None:
             self._count(key.tenant, "misses")
             return None
+        codec = _codec()
         try:
             kv = codec.decode_named(blob, name, self.signer)
         except codec.CorruptEntry as e:
@@ -145,7 +155,7 @@ class RedisKVTier(KVStore):
     def _write(self, key: CacheKey, kv: PackedKV) -> bool:
         if not self._available(key.tenant):
             return False
-        blob = codec.encode(kv, key, self.signer, compress=self.compress)
+        blob = _codec().encode(kv, key, self.signer, compress=self.compress)
         name = self.signer.redis_key(key)
         index = self.signer.user_index_key(key.tenant, key.user)
         try:
@@ -188,6 +198,7 @@ class RedisKVTier(KVStore):
         """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""
         report: dict[str, Any] = {"scanned": 0, "ok": 0, "bad": 0, "deleted": 0, "bad_keys": []}
         reasons: dict[str, str] = {}
+        codec = _codec()
         for batch in self._scan(self.signer.entry_match(tenant), _VERIFY_BATCH):
             with self.client.pipeline(transaction=False) as p:
                 for n in batch:
