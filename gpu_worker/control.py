@@ -21,8 +21,8 @@ from urllib.parse import urlparse
 
 import redis
 from django.conf import settings
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+
+from injection.redis_tier import connect
 
 log = logging.getLogger(__name__)
 CHANNEL_PREFIX = "kvi:control"
@@ -70,12 +70,10 @@ _clients: dict[str, redis.Redis] = {}
 
 
 def make_client(socket_timeout: float = 2.0, url: str | None = None) -> redis.Redis:
-    """A client with short timeouts and one immediate retry: during a Redis outage a call
-    fails in ~socket_timeout instead of redis-py's default backoff retries (~3-4 s)."""
-    return redis.Redis.from_url(
+    """A fail-fast client (see ``injection.redis_tier.connect``) for ``REDIS_URL``."""
+    return connect(
         url or settings.REDIS_URL, socket_timeout=socket_timeout,
-        socket_connect_timeout=min(socket_timeout, 1.0), retry=Retry(NoBackoff(), 1),
-        health_check_interval=30,
+        socket_connect_timeout=min(socket_timeout, 1.0), health_check_interval=30,
     )
 
 

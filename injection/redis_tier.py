@@ -32,13 +32,27 @@ from injection.writer import BoundedWriter
 if TYPE_CHECKING:  # pragma: no cover
     from injection.packed import PackedKV
 
-__all__ = ["RedisKVTier"]
+__all__ = ["RedisKVTier", "connect"]
 
 log = logging.getLogger(__name__)
 _FAULTS = (redis.RedisError, OSError)
 _COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
 _SCAN_BATCH = 500
 _VERIFY_BATCH = 16  # values fetched per pipeline while verifying (bounded memory)
+
+
+def connect(
+    url: str, *, socket_timeout: float = 2.0, socket_connect_timeout: float | None = None,
+    **kw: Any,
+) -> redis.Redis:
+    """A client with short timeouts and one immediate retry: during a Redis outage a call
+    fails in about ``socket_timeout`` instead of redis-py's default backoff retries (~3-4 s)."""
+    if socket_connect_timeout is None:
+        socket_connect_timeout = min(socket_timeout, 0.5)
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout,
+        retry=Retry(NoBackoff(), 1), **kw,
+    )
 
 
 def _codec():
@@ -97,13 +111,7 @@ class RedisKVTier(KVStore):
         cls, url: str, signer: CacheKeySigner, *, socket_timeout: float = 2.0, **kw: Any
     ) -> RedisKVTier:
         """A tier on a new client with short timeouts and one immediate retry."""
-        client = redis.Redis.from_url(
-            url,
-            socket_timeout=socket_timeout,
-            socket_connect_timeout=min(socket_timeout, 0.5),
-            retry=Retry(NoBackoff(), 1),
-        )
-        return cls(client, signer, **kw)
+        return cls(connect(url, socket_timeout=socket_timeout), signer, **kw)
 
     # -- reads ----------------------------------------------------------------------
     def get(self, key: CacheKey) -> PackedKV | None:

@@ -10,12 +10,13 @@ import logging
 import time
 from collections.abc import Callable
 
-import redis
 from django.conf import settings
 from django.db import connection
 from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
+
+from injection.redis_tier import connect
 
 log = logging.getLogger(__name__)
 
@@ -32,8 +33,7 @@ def _postgres() -> dict:
 
 
 def _redis() -> dict:
-    client = redis.Redis.from_url(settings.REDIS_URL, socket_timeout=1.0,
-                                  socket_connect_timeout=1.0)
+    client = connect(settings.REDIS_URL, socket_timeout=1.0, socket_connect_timeout=1.0)
     try:
         client.ping()
     finally:

@@ -25,6 +25,7 @@ import redis
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
+from injection.redis_tier import connect
 from tenants.errors import Throttled, WorkerUnavailable
 from tenants.permissions import request_member
 
@@ -109,7 +110,7 @@ def _script():
     url = settings.REDIS_URL
     with _scripts_lock:
         if url not in _scripts:
-            client = redis.Redis.from_url(url, socket_timeout=0.5, socket_connect_timeout=0.5)
+            client = connect(url, socket_timeout=0.5, socket_connect_timeout=0.5)
             _scripts[url] = client.register_script(_SCRIPT)
         return _scripts[url]
 
