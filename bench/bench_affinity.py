@@ -44,7 +44,7 @@ from django.core.management import call_command  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
 
 from config.celery import app  # noqa: E402
-from gpu_worker import client, control, host, maintenance, registry  # noqa: E402
+from gpu_worker import client, control, host, kvstore, registry  # noqa: E402
 from tenants import actions  # noqa: E402
 
 WINDOW = 4
@@ -116,7 +116,7 @@ def stop_workers(procs: list[subprocess.Popen]) -> None:
 
 def reset_caches() -> None:
     control.request("clear_all", timeout=10)
-    maintenance.delete_all_l2()
+    kvstore.l2_tier().evict_all()
     r = registry.redis_client()
     for key in r.scan_iter(match="kviw:aff:*"):
         r.delete(key)

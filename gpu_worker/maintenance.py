@@ -8,7 +8,6 @@ its user id ``str(Member.pk)``.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +61,7 @@ def do_clear_cache(scope: Scope, *, actor=None) -> dict[str, Any]:
     if scope.tenant is None:
         replies = control.request("clear_all")
         _check_replies(replies, "clear")
-        l2_deleted = delete_all_l2()
+        l2_deleted = kvstore.l2_tier().evict_all()
     else:
         tid = str(scope.tenant.pk)
         uid = str(scope.member.pk) if scope.member is not None else None
@@ -79,32 +78,6 @@ def do_clear_cache(scope: Scope, *, actor=None) -> dict[str, Any]:
     }
     audit(scope.tenant, AuditEvent.CACHE_CLEARED, actor=actor, target=scope.target, **report)
     return report
-
-
-_ENTRY_RE = re.compile(rb"^[A-Za-z0-9_.-]+:[0-9a-f]{32}:[eu]:[0-9a-f]{64}$")
-
-
-def delete_all_l2(client=None) -> int:
-    """Delete every L2 entry and user index of the namespace, any key generation."""
-    client = client or control.redis_client()
-    ns = kvstore.signer(client).namespace
-    deleted = 0
-    batch: list[bytes] = []
-    for name in client.scan_iter(match=f"{ns}:*", count=500):
-        if _ENTRY_RE.match(name):
-            batch.append(name)
-        if len(batch) >= 500:
-            deleted += _delete_entries(client, batch)
-            batch = []
-    if batch:
-        deleted += _delete_entries(client, batch)
-    return deleted
-
-
-def _delete_entries(client, names: list[bytes]) -> int:
-    entries = sum(1 for n in names if b":e:" in n)
-    client.delete(*names)
-    return entries
 
 
 # -- verify ------------------------------------------------------------------------------
@@ -146,10 +119,11 @@ def do_rotate_key(*, actor=None) -> dict[str, Any]:
 def _purge_old_indexes(client, signer) -> int:
     """User-index SETs whose tenant tag is not of the current generation."""
     current = {signer.tenant_tag(str(pk)) for pk in Tenant.objects.values_list("pk", flat=True)}
-    stale = [
-        n for n in client.scan_iter(match=f"{signer.namespace}:*:u:*", count=500)
-        if _ENTRY_RE.match(n) and n.split(b":")[1].decode() not in current
-    ]
+    stale = []
+    for name in client.scan_iter(match=f"{signer.namespace}:*:u:*", count=500):
+        parsed = signer.parse_name(name)
+        if parsed is not None and parsed[0] not in current:
+            stale.append(name)
     for i in range(0, len(stale), 500):
         client.delete(*stale[i:i + 500])
     return len(stale)

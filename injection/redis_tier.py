@@ -193,14 +193,26 @@ class RedisKVTier(KVStore):
                 deleted = self.client.delete(*names) if names else 0
                 self.client.delete(index)
                 return int(deleted)
-            deleted = 0
-            for batch in self._scan(self.signer.tenant_prefix(tenant) + "*"):
-                deleted += sum(1 for n in batch if b":e:" in n)
-                self.client.delete(*batch)
-            return deleted
+            return sum(self._delete_names(b)
+                       for b in self._scan(self.signer.tenant_prefix(tenant) + "*"))
         except _FAULTS:
             self._count(tenant, "errors")
             raise
+
+    def evict_all(self) -> int:
+        """Delete every entry and user index of the namespace, of every tenant and key
+        generation (other names in the namespace stay); returns entries deleted."""
+        self._writer.cancel(lambda k: True)
+        deleted = 0
+        for batch in self._scan(f"{self.signer.namespace}:*"):
+            deleted += self._delete_names([n for n in batch if self.signer.parse_name(n)])
+        return deleted
+
+    def _delete_names(self, names: list[bytes]) -> int:
+        """Delete entry/index names; returns how many were entries."""
+        if names:
+            self.client.delete(*names)
+        return sum(1 for n in names if b":e:" in n)
 
     def verify(self, tenant: str | None = None) -> dict[str, Any]:
         """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""

@@ -33,6 +33,8 @@ L2_FORMAT_VERSION = 1
 
 _NS_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 _TAG_RE = re.compile(r"^[0-9a-f]{32}$")
+# {ns}:{tag}:{e|u}:{digest}: an entry or a user index (of any key generation)
+_NAME_RE = re.compile(r"^([A-Za-z0-9_.-]{1,32}):([0-9a-f]{32}):([eu]):[0-9a-f]{64}$")
 MAC_SIZE = 32
 
 
@@ -129,6 +131,15 @@ class CacheKeySigner:
         if len(parts) != 4 or parts[0] != self.namespace or not _TAG_RE.match(parts[1]):
             raise ValueError(f"not an entry name of namespace {self.namespace!r}")
         return parts[1]
+
+    def parse_name(self, name: str | bytes) -> tuple[str, str] | None:
+        """``(tenant tag, "e" | "u")`` for an entry or user-index name of this namespace,
+        whatever its key generation; None for any other name."""
+        text = name.decode(errors="replace") if isinstance(name, bytes) else name
+        m = _NAME_RE.match(text)
+        if m is None or m.group(1) != self.namespace:
+            return None
+        return m.group(2), m.group(3)
 
     # -- MACs ---------------------------------------------------------------------
     def mac(self, tenant: str, data: bytes) -> bytes:

@@ -147,6 +147,22 @@ def test_evict_tenant_only_touches_that_tenant(tier, redis_client, signer):
     assert b"unrelated" in left
 
 
+def test_evict_all_drops_every_tenant_and_generation_but_nothing_else(
+    tier, redis_client, signer
+):
+    old = RedisKVTier(redis_client, CacheKeySigner(SECRET, key_generation="7"),
+                      async_writes=False)
+    old.put(key("acme", "u1"), kv())  # left behind by an earlier key generation
+    for t in ("acme", "globex"):
+        tier.put(key(t, "u1"), kv())
+    tier.flush(10)
+    others = [b"unrelated", b"kvi:keygen", b"kvi:rl:chat:m:1:123", b"kvix:" + b"a" * 32]
+    for n in others:
+        redis_client.set(n, b"x")
+    assert tier.evict_all() == 3
+    assert names(redis_client) == set(others)
+
+
 def test_verify_reports_and_deletes_bad_entries(tier, redis_client, signer):
     for u in ("u1", "u2", "u3"):
         tier.put(key(user=u), kv())

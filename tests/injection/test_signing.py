@@ -138,3 +138,14 @@ def test_tag_of_rejects_foreign_names():
     for bad in ("kvi:zz:e:00", "other:" + "0" * 32 + ":e:00", "kvi:" + "0" * 32, "garbage"):
         with pytest.raises(ValueError):
             s.tag_of(bad)
+
+
+def test_parse_name_knows_entries_and_indexes_of_any_generation_only():
+    a, b = CacheKeySigner(SECRET), CacheKeySigner(SECRET, key_generation="9")
+    entry = b.redis_key(CacheKey("acme", "u1", "h", "fp"))
+    index = a.user_index_key("acme", "u1")
+    assert a.parse_name(entry) == (b.tenant_tag("acme"), "e")
+    assert a.parse_name(index.encode()) == (a.tenant_tag("acme"), "u")
+    for other in ("kvi:keygen", "kvi:rl:chat:m:1:5", entry + "x", "zzz" + entry[3:]):
+        assert a.parse_name(other) is None
+    assert a.with_namespace("other").parse_name(entry) is None
