@@ -25,7 +25,7 @@ _EXPORTS = {
     "GenerationOutput": "base", "KVStore": "base", "PreferenceModel": "base", "Tier": "base",
     "InjectionError": "errors", "InvalidRequest": "errors", "ModelLoadError": "errors",
     "ModelOOMError": "errors",
-    "InjectionExecutor": "executor", "content_hash": "executor",
+    "InjectionExecutor": "executor", "content_hash": "base",
     "TenantLRU": "lru",
     "METRICS": "metrics", "Metrics": "metrics",
     "strip_retrieve_fact_calls": "output_filter",

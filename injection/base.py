@@ -8,12 +8,19 @@ Everything the worker needs goes through :class:`ExecutionRequest` ->
 from __future__ import annotations
 
 import enum
+import hashlib
 from abc import ABC, abstractmethod
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from injection.packed import PackedKV
+
+
+def content_hash(preference_text: str) -> str:
+    """SHA-256 hex of the preference text: the content part of a cache key (and what the
+    platform reports and audits as the preference's hash)."""
+    return hashlib.sha256(preference_text.encode("utf-8")).hexdigest()
 
 
 class Tier(str, enum.Enum):  # noqa: UP042 (str() stays "Tier.L1"; use .value)

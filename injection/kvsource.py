@@ -7,12 +7,11 @@ next tier or to recompute; they never fail a request.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
 from typing import Any
 
-from injection.base import CacheKey, KVStore, PreferenceModel, Tier
+from injection.base import CacheKey, KVStore, PreferenceModel, Tier, content_hash
 from injection.metrics import Metrics
 from injection.packed import PackedKV
 from injection.singleflight import SingleFlight
@@ -20,11 +19,6 @@ from injection.singleflight import SingleFlight
 __all__ = ["PreferenceKVSource", "content_hash", "user_or_none"]
 
 log = logging.getLogger(__name__)
-
-
-def content_hash(preference_text: str) -> str:
-    """SHA-256 hex of the preference text (the cache key's content part)."""
-    return hashlib.sha256(preference_text.encode("utf-8")).hexdigest()
 
 
 def user_or_none(user: str | None) -> str | None:

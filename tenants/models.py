@@ -12,6 +12,8 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
+from injection.base import content_hash
+
 
 class Tenant(models.Model):
     slug = models.SlugField(max_length=63, unique=True)
@@ -108,7 +110,8 @@ class Preference(models.Model):
 
     @property
     def content_hash(self) -> str:
-        return hashlib.sha256(self.text.encode()).hexdigest()
+        """The engine's content hash of this text (what chat replies report)."""
+        return content_hash(self.text)
 
 
 class AuditEvent(models.TextChoices):
