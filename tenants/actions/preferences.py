@@ -18,6 +18,11 @@ def _validate_preference(text: str | None, alpha: float | None) -> None:
         raise InvalidInput("alpha must be between 0 and 1.")
 
 
+def _snapshot(pref: Preference) -> dict:
+    """The audited fields of a preference."""
+    return {"text": pref.text, "enabled": pref.enabled, "alpha": pref.alpha}
+
+
 @transaction.atomic
 def do_set_preference(
     member: Member,
@@ -36,22 +41,11 @@ def do_set_preference(
     _validate_preference(text, alpha)
     assert_actor_may_manage(actor, member.tenant)
     pref = Preference.objects.select_for_update().filter(member=member).first()
-    if pref is not None and expected_version is not None and pref.version != expected_version:
-        raise Conflict(f"The preference was changed meanwhile (now version {pref.version}).")
     if pref is None:
-        try:
-            with transaction.atomic():
-                pref = Preference.objects.create(
-                    tenant=member.tenant, member=member, text=text or "",
-                    enabled=True if enabled is None else enabled,
-                    alpha=1.0 if alpha is None else alpha,
-                )
-        except IntegrityError:  # created concurrently by another request
-            raise Conflict("The preference was created meanwhile; retry.") from None
-        audit(member.tenant, AuditEvent.PREFERENCE_CREATED, actor=actor, target=str(member),
-              new={"text": pref.text, "enabled": pref.enabled, "alpha": pref.alpha})
-        return pref
-    old = {"text": pref.text, "enabled": pref.enabled, "alpha": pref.alpha}
+        return _create_preference(member, text, enabled, alpha, actor)
+    if expected_version is not None and pref.version != expected_version:
+        raise Conflict(f"The preference was changed meanwhile (now version {pref.version}).")
+    old = _snapshot(pref)
     new = {
         "text": old["text"] if text is None else text,
         "enabled": old["enabled"] if enabled is None else enabled,
@@ -68,13 +62,27 @@ def do_set_preference(
     return pref
 
 
+def _create_preference(member: Member, text, enabled, alpha, actor) -> Preference:
+    try:
+        with transaction.atomic():
+            pref = Preference.objects.create(
+                tenant=member.tenant, member=member, text=text or "",
+                enabled=True if enabled is None else enabled,
+                alpha=1.0 if alpha is None else alpha,
+            )
+    except IntegrityError:  # created concurrently by another request
+        raise Conflict("The preference was created meanwhile; retry.") from None
+    audit(member.tenant, AuditEvent.PREFERENCE_CREATED, actor=actor, target=str(member),
+          new=_snapshot(pref))
+    return pref
+
+
 @transaction.atomic
 def do_delete_preference(member: Member, *, actor=None) -> None:
     assert_actor_may_manage(actor, member.tenant)
     pref = Preference.objects.select_for_update().filter(member=member).first()
     if pref is None:
         raise NotFound("This member has no preference.")
-    old = {"text": pref.text, "enabled": pref.enabled, "alpha": pref.alpha}
-    old["version"] = pref.version
+    old = {**_snapshot(pref), "version": pref.version}
     pref.delete()
     audit(member.tenant, AuditEvent.PREFERENCE_DELETED, actor=actor, target=str(member), old=old)
