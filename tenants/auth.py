@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication
 from rest_framework import exceptions as drf_exc
 
 from tenants.models import ApiToken
+
+# last_used_at is kept to this resolution: one UPDATE a minute per token, not per request.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
 
 
 class MemberTokenAuthentication(authentication.BaseAuthentication):
@@ -27,7 +32,9 @@ class MemberTokenAuthentication(authentication.BaseAuthentication):
         )
         if token is None or token.member.tenant_id != token.tenant_id:
             raise drf_exc.AuthenticationFailed("Invalid or revoked token.")
-        ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+        now = timezone.now()
+        if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
+            ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.member.user, token
 
     def authenticate_header(self, request) -> str:

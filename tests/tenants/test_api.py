@@ -48,6 +48,27 @@ def test_revoked_token_refused(acme):
     assert response.status_code == 401
 
 
+def test_token_last_used_is_recorded_at_most_once_a_minute(acme):
+    from datetime import timedelta
+
+    from tenants.models import ApiToken
+
+    token = acme.user.api_tokens.get()
+    assert token.last_used_at is None
+    client = token_client(acme.user_key)
+    assert client.get("/api/me").status_code == 200
+    token.refresh_from_db()
+    first = token.last_used_at
+    assert first is not None
+    assert client.get("/api/me").status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at == first  # within the minute: no write
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=first - timedelta(minutes=2))
+    assert client.get("/api/me").status_code == 200
+    token.refresh_from_db()
+    assert token.last_used_at > first
+
+
 def test_me_and_session_auth(acme):
     body = token_client(acme.user_key).get("/api/me").json()
     assert body == {"username": "acme-user", "tenant": "acme", "tenant_name": "Acme",
