@@ -67,13 +67,21 @@ def demo_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def worker_factory(django_db_setup, django_db_blocker, demo_model_path, tmp_path_factory):
-    """Start real `celery worker` processes against the test database; all stopped at the end."""
+def worker_base_env(django_db_setup, demo_model_path) -> dict[str, str]:
+    """Environment of a worker process: the test database and Redis db, the demo model."""
     from django.db import connection
 
-    from tests.workers import WorkerProcess, database_url_from_settings, worker_env
+    from tests.workers import database_url_from_settings, worker_env
 
-    env = worker_env(database_url_from_settings(connection.settings_dict), demo_model_path)
+    return worker_env(database_url_from_settings(connection.settings_dict), demo_model_path)
+
+
+@pytest.fixture(scope="session")
+def worker_factory(worker_base_env, tmp_path_factory):
+    """Start real `celery worker` processes against the test database; all stopped at the end."""
+    from tests.workers import WorkerProcess
+
+    env = worker_base_env
     log_dir = tmp_path_factory.mktemp("worker-logs")
     started: list[WorkerProcess] = []
 

@@ -19,14 +19,8 @@ LONG_TOKENS = 1800  # a few seconds of generation on the demo model: time to kil
 
 
 @pytest.fixture(scope="session")
-def scaleout_env(django_db_setup, django_db_blocker, demo_model_path):
-    from django.db import connection
-
-    from tests.workers import database_url_from_settings, worker_env
-
-    env = worker_env(database_url_from_settings(connection.settings_dict), demo_model_path)
-    env.update(FAST_HEARTBEAT)
-    return env
+def scaleout_env(worker_base_env):
+    return {**worker_base_env, **FAST_HEARTBEAT}
 
 
 @pytest.fixture(scope="session")
