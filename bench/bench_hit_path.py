@@ -79,12 +79,11 @@ def once(fn) -> tuple[float, object]:
 
 def measure(executor, adapter, pref: str) -> dict[str, tuple[float, list]]:
     """Modes interleaved per round, so load changes hit every mode alike; median per mode."""
-    prompt = adapter.render_chat([{"role": "user", "content": QUESTION}])
-    in_prompt = adapter.render_chat(
-        [{"role": "system", "content": pref}, {"role": "user", "content": QUESTION}]
-    )
-    injected = ExecutionRequest(TENANT, "u1", prompt, pref, max_new_tokens=1)
-    baseline = ExecutionRequest(TENANT, "u1", in_prompt, "", max_new_tokens=1)
+    question = [{"role": "user", "content": QUESTION}]
+    injected = ExecutionRequest(TENANT, "u1", question, pref, max_new_tokens=1)
+    # the same system turn, in the prompt: nothing injected
+    baseline = ExecutionRequest(TENANT, "u1", question, pref, injection_enabled=False,
+                                instructions=pref, max_new_tokens=1)
     l1, l2 = executor.l1, executor.l2
     prepare = {  # untimed: put the tiers in the state the mode needs
         "in-prompt": lambda: None,

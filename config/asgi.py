@@ -1,6 +1,21 @@
+"""The web process's entry point (uvicorn): Django's async handler, so streamed replies
+(/v1 ``stream: true``) are relayed on the event loop without a thread per open stream."""
+
 import os
 
 from django.core.asgi import get_asgi_application
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 application = get_asgi_application()
+
+from django.conf import settings  # noqa: E402  (after setup)
+
+if settings.DEBUG:  # what runserver did for the admin's CSS and JS (make demo)
+    from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
+
+    application = ASGIStaticFilesHandler(application)
+
+from config.streaming import StreamRelay  # noqa: E402
+
+# streamed replies are sent from the event loop once Django's request is done
+application = StreamRelay(application)

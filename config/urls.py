@@ -2,12 +2,24 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from tenants import api, health
+from tenants import api, health, openai_api
+from tenants.admin import playground as admin_playground
+from tenants.admin import usage as admin_usage
+from tenants.admin.views import view_on_site
 
-handler404 = "tenants.errors.json_404"
+handler404 = "tenants.admin.errorpages.not_found"  # JSON for the API, admin look for /admin/
+handler403 = "tenants.admin.errorpages.permission_denied"
 handler500 = "tenants.errors.json_500"
 
 urlpatterns = [
+    # before admin.site.urls: replaces the admin's unscoped "view on site" shortcut
+    path("admin/r/<path:content_type_id>/<path:object_id>/",
+         admin.site.admin_view(view_on_site), name="admin-view-on-site"),
+    path("admin/usage/", admin.site.admin_view(admin_usage.usage_view), name="admin-usage"),
+    path("admin/usage/export.csv", admin.site.admin_view(admin_usage.usage_csv),
+         name="admin-usage-csv"),
+    path("admin/playground/", admin.site.admin_view(admin_playground.playground_view),
+         name="admin-playground"),
     path("admin/", admin.site.urls),
     path("api/chat", api.ChatView.as_view(), name="api-chat"),
     path("api/conversations", api.ConversationListView.as_view(), name="api-conversations"),
@@ -15,6 +27,11 @@ urlpatterns = [
          name="api-conversation"),
     path("api/preference", api.PreferenceView.as_view(), name="api-preference"),
     path("api/me", api.MeView.as_view(), name="api-me"),
+    path("api/tenant/instructions", api.TenantInstructionsView.as_view(),
+         name="api-tenant-instructions"),
+    path("v1/chat/completions", openai_api.ChatCompletionsView.as_view(),
+         name="v1-chat-completions"),
+    path("v1/models", openai_api.ModelsView.as_view(), name="v1-models"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("healthz", health.healthz, name="healthz"),

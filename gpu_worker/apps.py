@@ -6,4 +6,11 @@ class GpuWorkerConfig(AppConfig):
     label = "gpu_worker"
 
     def ready(self) -> None:
-        from gpu_worker import signals  # noqa: F401  (celery worker lifecycle hooks)
+        from gpu_worker import client, outbox, relay, signals  # noqa: F401  (signals: hooks)
+        from tenants import ports
+
+        # tenants never imports this package: it calls these through its ports.
+        ports.provide("run_chat", client.run_chat)
+        ports.provide("start_stream", relay.start_chat)
+        ports.provide("stream_events", relay.events)
+        ports.provide("deliver_invalidations", outbox.deliver_now)

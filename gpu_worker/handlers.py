@@ -26,13 +26,26 @@ def _identity() -> dict[str, Any]:
 
 def on_invalidate(message: dict) -> dict[str, Any]:
     """Drop one tenant's (or one user's) K/V from this process's L1 (and pending L2 writes)."""
+    result = evict(str(message["tenant"]), message.get("user"))
+    if message.get("outbox") is not None:
+        from gpu_worker.runtime import STATE
+
+        if STATE.follower is not None:  # the outbox row is done here: skip it when read
+            STATE.follower.announce(int(message["outbox"]))
+    return {**_identity(), "evicted": result}
+
+
+def evict(tenant: str, user: str | None) -> dict[str, Any]:
+    """Drop a tenant's (or user's) K/V from this process's L1 (and its pending L2 writes).
+
+    Called by the control channel and by the outbox follower (gpu_worker.outbox).
+    """
     executor = host.current_executor()
     result: dict[str, Any] = {}
     if executor is not None:
-        result = executor.invalidate(str(message["tenant"]), message.get("user"))
-        log.info("invalidated tenant=%s user=%s: %s", message["tenant"], message.get("user"),
-                 result)
-    return {**_identity(), "evicted": result}
+        result = executor.invalidate(tenant, user)
+        log.info("invalidated tenant=%s user=%s: %s", tenant, user, result)
+    return result
 
 
 def on_clear_all(message: dict) -> dict[str, Any]:

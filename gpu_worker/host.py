@@ -13,19 +13,36 @@ from pathlib import Path
 
 import redis
 from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
 
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _executor = None
 
 
-def model_path() -> Path:
-    """MODEL_PATH, or the demo model under var/models/demo (built on first use)."""
+def model_path(progress=None) -> Path:
+    """MODEL_PATH, else the default model (made on first use).
+
+    DEFAULT_MODEL "smollm2": SmolLM2-135M-Instruct prepared from PyPI under
+    DEFAULT_MODEL_PATH; "demo" (the test settings): the random-weight demo model.
+    ``progress(step, message)`` hears the preparation's steps.
+    """
     if settings.MODEL_PATH:
         return Path(settings.MODEL_PATH)
-    path = Path(settings.DEMO_MODEL_PATH)
-    ensure_demo_model(path)
-    return path
+    if settings.DEFAULT_MODEL == "demo":
+        return ensure_demo_model(Path(settings.DEMO_MODEL_PATH))
+    if settings.DEFAULT_MODEL == "smollm2":
+        return ensure_default_model(Path(settings.DEFAULT_MODEL_PATH), progress=progress)
+    raise ImproperlyConfigured(f"DEFAULT_MODEL must be 'smollm2' or 'demo', not "
+                               f"{settings.DEFAULT_MODEL!r}")
+
+
+def ensure_default_model(path: Path, *, force: bool = False, progress=None) -> Path:
+    """Prepare SmolLM2 once (a file lock inside serialises racing processes)."""
+    from injection.gguf_import import prepare_model
+
+    return prepare_model(path, force=force, index_url=settings.MODEL_INDEX_URL or None,
+                         progress=progress)
 
 
 def ensure_demo_model(path: Path) -> Path:
@@ -52,6 +69,22 @@ def get_executor():
         if _executor is None:
             _executor = _build_executor()
     return _executor
+
+
+def close_executor(timeout: float = 5.0) -> bool:
+    """Worker shutdown: flush queued L2 writes (bounded by ``timeout``), then close the
+    executor's tiers. True when every queued write landed; the next request loads anew."""
+    global _executor
+    with _lock:
+        ex, _executor = _executor, None
+    if ex is None:
+        return True
+    flush = getattr(ex.l2, "flush", None)
+    flushed = flush(timeout) if callable(flush) else True
+    ex.close()
+    log.info("executor closed at shutdown: L2 writes %s",
+             "flushed" if flushed else f"still pending after {timeout:.0f}s (dropped)")
+    return flushed
 
 
 def _build_executor():

@@ -1,7 +1,8 @@
 """Django-side access to the shared K/V cache: L2 tier, signer, and invalidation.
 
 Invalidation = delete the L2 entries here (works with no worker alive) + broadcast
-an L1 eviction to every live worker over the control channel.
+an L1 eviction to every live worker over the control channel. Preference changes go
+through the durable outbox (gpu_worker.outbox), which calls this as its fast path.
 """
 
 from __future__ import annotations
@@ -43,13 +44,19 @@ def l2_tier(client: redis.Redis | None = None):
                        async_writes=False)
 
 
-def invalidate(tenant_id: int | str, member_id: int | str | None = None) -> dict[str, Any]:
-    """Drop a member's (or a whole tenant's) K/V from L2 and from every worker's L1."""
+def invalidate(tenant_id: int | str, member_id: int | str | None = None,
+               outbox: int | None = None) -> dict[str, Any]:
+    """Drop a member's (or a whole tenant's) K/V from L2 and from every worker's L1.
+
+    ``l2_deleted`` is None when Redis did not answer (then nothing was broadcast either).
+    ``outbox``: the ``KVInvalidation`` row this delivers (workers then skip it).
+    """
     tenant, user = str(tenant_id), (None if member_id is None else str(member_id))
     try:
         l2_deleted = l2_tier().evict(tenant, user)
-    except redis.RedisError as exc:  # degrade: entries are keyed by content hash anyway
+    except redis.RedisError as exc:  # the outbox row is delivered later (gpu_worker.outbox)
         log.warning("invalidate: L2 unavailable (%s)", exc)
-        l2_deleted = None
-    workers = control.publish("invalidate", tenant=tenant, user=user)
+        return {"l2_deleted": None, "workers_notified": 0}
+    extra = {} if outbox is None else {"outbox": int(outbox)}
+    workers = control.publish("invalidate", tenant=tenant, user=user, **extra)
     return {"l2_deleted": l2_deleted, "workers_notified": workers}

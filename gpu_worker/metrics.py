@@ -23,7 +23,10 @@ _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 CHAT_DISPATCH = Counter("kvi_chat_dispatch", "Chat requests dispatched, by route", ["route"])
 CHAT_REQUESTS = Counter("kvi_chat_requests", "Chat requests answered, by outcome", ["outcome"])
 CHAT_SECONDS = Histogram("kvi_chat_seconds", "Chat round trip seen by the web", buckets=_SECONDS)
+STREAMS = Counter("kvi_chat_streams", "Streamed chats relayed by the web, by outcome",
+                  ["outcome"])
 # worker side
+CHAT_CANCELLED = Counter("kvi_chat_cancelled", "Generations stopped because the client left")
 TASKS = Counter("kvi_worker_tasks", "GPU tasks run, by task and outcome", ["task", "outcome"])
 TASK_SECONDS = Histogram("kvi_worker_task_seconds", "GPU task run time", ["task"],
                          buckets=_SECONDS)

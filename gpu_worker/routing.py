@@ -17,8 +17,10 @@ import redis
 from django.conf import settings
 
 from gpu_worker import registry
+from tenants.errors import Overloaded
 
 log = logging.getLogger(__name__)
+OVERLOAD_RETRY_AFTER = 2  # seconds
 
 
 class Route(NamedTuple):
@@ -52,3 +54,18 @@ def choose_queue(member_id: int | str, client: redis.Redis | None = None) -> Rou
     if int(queued) + int(inflight) >= settings.WORKER_AFFINITY_MAX_BACKLOG:
         return Route(shared, "busy", worker)
     return Route(queue, "affinity", worker)
+
+
+def check_capacity(client: redis.Redis | None = None) -> None:
+    """Refuse a new chat (503 ``overloaded``) while ``CHAT_MAX_QUEUED`` tasks already wait
+    on the shared queue (0: no limit). Nothing is claimed or queued for a refused chat."""
+    limit = settings.CHAT_MAX_QUEUED
+    if not limit:
+        return
+    try:
+        depth = (client or registry.redis_client()).llen(registry.SHARED_QUEUE)
+    except redis.RedisError:
+        return  # dispatching reports an unreachable broker itself
+    if depth >= limit:
+        raise Overloaded(f"{depth} requests are waiting for a model worker; retry later.",
+                         retry_after=OVERLOAD_RETRY_AFTER)

@@ -21,7 +21,7 @@ from typing import Any
 import redis
 from django.conf import settings
 
-from gpu_worker import control, host, metrics, registry
+from gpu_worker import control, host, metrics, outbox, registry
 from gpu_worker.agent import WorkerAgent
 from gpu_worker.errors import RedeliveryLimitExceeded
 from gpu_worker.limits import Running, Watchdog
@@ -34,6 +34,7 @@ class _State:
     pool: str = "solo"
     agent: WorkerAgent | None = None
     listener: control.ControlListener | None = None
+    follower: outbox.OutboxFollower | None = None
     watchdog: Watchdog | None = None
     metrics_port: int | None = None
 
@@ -68,11 +69,14 @@ def setup_node(worker: str, pool: str, queues: Any) -> None:
 
 def start_serving_process() -> None:
     """In the process that runs tasks: control listener, metrics server, model."""
-    from gpu_worker.handlers import HANDLERS
+    from gpu_worker.handlers import HANDLERS, evict
 
     if STATE.listener is None:
         STATE.listener = control.ControlListener(HANDLERS)
         STATE.listener.start()
+    if STATE.follower is None:  # before the model loads: L1 is empty at its first read
+        STATE.follower = outbox.OutboxFollower(evict)
+        STATE.follower.start()
     if STATE.metrics_port is None and settings.WORKER_METRICS_PORT:
         STATE.metrics_port = metrics.start_worker_server(
             settings.WORKER_METRICS_PORT, settings.WORKER_METRICS_ADDR
@@ -100,6 +104,14 @@ def shutdown() -> None:
         STATE.agent.stop()
     if STATE.listener is not None:
         STATE.listener.stop()
+    if STATE.follower is not None:
+        STATE.follower.stop()
+    close_serving_process()
+
+
+def close_serving_process() -> None:
+    """The process that served requests exits: queued L2 writes land first (bounded)."""
+    host.close_executor(settings.WORKER_L2_FLUSH_TIMEOUT)
 
 
 def _on_hard_limit(entry: Running) -> None:

@@ -8,7 +8,9 @@
 * ``task_received`` / ``task_postrun``: the in-flight registry that lets peers redeliver
   this worker's task if it dies (kombu only would after the visibility timeout).
 * ``worker_shutting_down`` (SIGTERM): stop being routed to at once; the running task
-  finishes (warm shutdown). ``worker_shutdown``: queued private tasks go back to ``gpu``.
+  finishes (warm shutdown). ``worker_shutdown``: queued private tasks go back to ``gpu``,
+  and the executor is closed so queued L2 writes land (bounded by
+  ``WORKER_L2_FLUSH_TIMEOUT``); prefork children do the same at ``worker_process_shutdown``.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from celery.signals import (
     task_rejected,
     task_revoked,
     worker_process_init,
+    worker_process_shutdown,
     worker_ready,
     worker_shutdown,
     worker_shutting_down,
@@ -90,3 +93,8 @@ def _shutting_down(**_):
 @worker_shutdown.connect
 def _shutdown(**_):
     runtime.shutdown()
+
+
+@worker_process_shutdown.connect
+def _process_shutdown(**_):
+    runtime.close_serving_process()  # prefork child (no-op where nothing was loaded)

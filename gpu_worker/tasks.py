@@ -14,8 +14,11 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
-from gpu_worker import chat_service, host, registry
+from gpu_worker import chat_service, host, playground, registry
+from gpu_worker.logpolicy import PrivateArgsTask
 from gpu_worker.runtime import serving, worker_id
+from tenants.actions import claim_is_live
+from tenants.errors import ChatAbandoned
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +26,7 @@ log = logging.getLogger(__name__)
 # deprecated in Celery 5 and would hide the route from the settings.
 GPU_TASK = {
     "bind": True,
+    "base": PrivateArgsTask,  # what Celery logs of the args carries no text
     "acks_late": True,
     "reject_on_worker_lost": True,
     "soft_time_limit": settings.CHAT_SOFT_TIME_LIMIT,
@@ -30,7 +34,8 @@ GPU_TASK = {
 }
 
 
-@shared_task(name="gpu_worker.tasks.chat", **GPU_TASK)
+# throws: an abandoned chat is an expected outcome (logged as one line, no traceback).
+@shared_task(name="gpu_worker.tasks.chat", throws=(ChatAbandoned,), **GPU_TASK)
 def chat(
     self,
     member_id: int,
@@ -40,10 +45,21 @@ def chat(
     request_id: str,
     enqueued_at: float | None = None,
 ) -> dict[str, Any]:
-    """One chat turn for a member; returns the API response body (JSON-safe)."""
+    """One chat turn for a member; returns the API response body (JSON-safe).
+
+    Runs and stores only under the request's live claim in Postgres (not abandoned by
+    the web, before its deadline): checked before starting and again, row-locked, when
+    storing. A redelivered or restored task the web gave up on is refused, not stored."""
     with serving(self, enqueued_at):
-        host.sync_key_generation()
-        result = chat_service.answer(member_id, conversation_id, message, params, request_id)
+        try:
+            if not claim_is_live(member_id, request_id):
+                raise ChatAbandoned("abandoned or past its deadline; not started")
+            host.sync_key_generation()
+            result = chat_service.answer(member_id, conversation_id, message, params,
+                                         request_id)
+        except ChatAbandoned as exc:
+            log.warning("chat request_id=%s refused: %s", request_id, exc.message)
+            raise
     worker = worker_id(self)
     tier = result["cache"]["tier"]
     _remember(member_id, worker, tier)
@@ -64,11 +80,27 @@ def warm_member(self, member_id: int) -> dict[str, Any]:
         pref = getattr(member, "preference", None)
         tier = "none"
         if pref is not None and pref.enabled and pref.text.strip():
-            tier = host.get_executor().warm(str(member.tenant_id), str(member.pk), pref.text)
+            tier = host.get_executor().warm(
+                str(member.tenant_id), str(member.pk), pref.text, member.tenant.instructions
+            )
             tier = tier.value
     worker = worker_id(self)
     _remember(member_id, worker, tier)
     return {"member": member_id, "tenant": member.tenant_id, "tier": tier, "worker": worker}
+
+
+@shared_task(name="gpu_worker.tasks.playground", **GPU_TASK)
+def playground_reply(self, member_id: int, message: str, variant: str,
+                     preference_text: str | None = None, alpha: float | None = None,
+                     max_new_tokens: int | None = None) -> dict[str, Any]:
+    """One admin-playground reply (personalised or plain); stores nothing, logs no text."""
+    with serving(self):
+        host.sync_key_generation()
+        out = playground.reply(member_id, message, variant, preference_text, alpha,
+                               max_new_tokens)
+    log.info("playground member=%s variant=%s tier=%s tokens=%s+%s", member_id, variant,
+             out["tier"], out["prompt_tokens"], out["completion_tokens"])
+    return out
 
 
 def _remember(member_id: int, worker: str, tier: str) -> None:

@@ -52,6 +52,8 @@ __all__ = [
     "strip_retrieve_fact_calls",
 ]
 
+from injection.base import ALPHA_CAP  # noqa: E402  (torch-free)
+
 GiB, MiB = 1024**3, 1024**2
 
 
@@ -60,7 +62,7 @@ def build_executor(
     *,
     redis_client: Any = None,
     signing_secret: str | bytes | None = None,
-    alpha_cap: float = 0.7,
+    alpha_cap: float = ALPHA_CAP,
     l1_max_bytes: int = 2 * GiB,
     l1_max_entries: int = 1024,
     l1_tenant_quota_bytes: int = 512 * MiB,

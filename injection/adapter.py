@@ -18,13 +18,15 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteriaList
 
 from injection.base import GenerationOutput, PreferenceModel
 from injection.devices import KVTimer, to_host
-from injection.errors import InvalidRequest, ModelLoadError
+from injection.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError
 from injection.fingerprint import model_fingerprint
 from injection.packed import PackedKV
+from injection.prompting import ChatRenderer, PromptParts
+from injection.stopping import GenerationWatch
 
 __all__ = ["ModelAdapter", "load_adapter", "resolve_dtype"]
 
@@ -94,13 +96,15 @@ class ModelAdapter(PreferenceModel):
         self.num_kv_heads: int = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
         self.max_positions: int | None = getattr(text_cfg, "max_position_embeddings", None)
         self.fingerprint = model_fingerprint(model, tokenizer, dtype)
+        self.renderer = ChatRenderer(tokenizer)
         # a config makes DynamicCache pick sliding/hybrid layers; plain layers need none
         self._cache_config = model.config if _has_special_layers(text_cfg) else None
 
     # -- PreferenceModel -----------------------------------------------------------
     def compute_kv(self, text: str) -> PackedKV:
-        """One forward pass over ``text`` (with BOS); K/V on CPU, pinned with CUDA."""
-        ids = self.tokenizer(text, add_special_tokens=True)["input_ids"]
+        """One forward pass over ``text`` as the start of a sequence (BOS unless the text
+        renders one); K/V on CPU, pinned with CUDA."""
+        ids = self.renderer.encode(text, first=True)
         self._check_length(len(ids))
         input_ids = torch.tensor([ids], device=self.device)
         with torch.inference_mode():
@@ -124,11 +128,13 @@ class ModelAdapter(PreferenceModel):
     ) -> GenerationOutput:
         """Generate after ``prompt`` with ``injected`` as past K/V, values scaled by ``alpha``.
 
-        ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``seed``.
+        ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``seed``; ``stop`` (strings
+        the reply ends before), ``on_text`` and ``cancelled`` (see injection.stopping).
         """
-        prompt_ids = self.tokenizer(prompt, add_special_tokens=injected is None)["input_ids"]
+        watch_opts = {k: sampling.pop(k) for k in ("stop", "on_text", "cancelled")
+                      if k in sampling}
+        prompt_ids = self.renderer.encode(prompt, first=injected is None)
         prefix = list(injected.token_ids) if injected is not None else []
-        prompt_ids = self._drop_repeated_bos(prefix, prompt_ids)
         if not prompt_ids:
             raise InvalidRequest("prompt is empty")
         input_ids = prefix + prompt_ids
@@ -136,22 +142,36 @@ class ModelAdapter(PreferenceModel):
         with torch.inference_mode():
             with KVTimer(self.device) as timer:
                 cache = self.build_cache(injected, alpha) if injected is not None else None
-            ids = self._run_generate(input_ids, cache, max_new_tokens, sampling)
+            watch = GenerationWatch(self.tokenizer, len(input_ids), **watch_opts)
+            ids = self._run_generate(input_ids, cache, max_new_tokens, sampling, watch)
             del cache
         gen = ids[len(input_ids):]
-        text = self.tokenizer.decode(gen, skip_special_tokens=True)
+        reason = watch.finish(gen, max_new_tokens, self._eos_ids())
         return GenerationOutput(
-            text, gen, prompt_ids, kv_transfer_ms=timer.elapsed_ms(), kv_bytes_gpu=timer.peak_bytes
+            watch.text, gen, prompt_ids, kv_transfer_ms=timer.elapsed_ms(),
+            kv_bytes_gpu=timer.peak_bytes, finish_reason=reason,
         )
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        return {int(e) for e in [*eos, self.tokenizer.eos_token_id] if e is not None}
 
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """The tokenizer's chat template with a generation prompt, as text."""
-        if getattr(self.tokenizer, "chat_template", None):
-            return self.tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-        lines = [f"{m['role']}: {m['content']}" for m in messages]
-        return "\n".join([*lines, "assistant:"])
+        return self.renderer.render(messages)
+
+    def split_prompt(self, context: str, messages: list[dict[str, str]]) -> PromptParts:
+        """``context`` as the template's system turn (the injected segment) + the rest."""
+        return self.renderer.split(context, messages)
+
+    def plain_prompt(self, context: str, messages: list[dict[str, str]]) -> str:
+        """The whole conversation with ``context`` rendered in the prompt (no injection)."""
+        return self.renderer.plain(context, messages)
+
+    def prompt_tokens(self, context: str, messages: list[dict[str, str]]) -> int:
+        """Tokens the model sees for this conversation (injected segment included)."""
+        return len(self.renderer.encode(self.plain_prompt(context, messages), first=True))
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -176,13 +196,14 @@ class ModelAdapter(PreferenceModel):
 
     def _run_generate(
         self, input_ids: list[int], cache: DynamicCache | None, max_new_tokens: int,
-        sampling: dict[str, Any],
+        sampling: dict[str, Any], watch: GenerationWatch,
     ) -> list[int]:
         ids = torch.tensor([input_ids], device=self.device)
         kwargs: dict[str, Any] = {
             "input_ids": ids,
             "attention_mask": torch.ones_like(ids),  # prefix + prompt, full length
             "generation_config": self._generation_config(max_new_tokens, sampling),
+            "stopping_criteria": StoppingCriteriaList([watch]),
         }
         if cache is not None:
             kwargs["past_key_values"] = cache
@@ -210,14 +231,6 @@ class ModelAdapter(PreferenceModel):
             gc.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
         return gc
 
-    def _drop_repeated_bos(self, prefix: list[int], prompt_ids: list[int]) -> list[int]:
-        """Chat templates of real models (Llama 3, ...) render BOS into the prompt text;
-        after an injected prefix that starts with BOS it would appear mid-sequence."""
-        bos = self.tokenizer.bos_token_id
-        if bos is not None and prefix[:1] == [bos] and prompt_ids[:1] == [bos]:
-            return prompt_ids[1:]
-        return prompt_ids
-
     def _check_compatible(self, kv: PackedKV) -> None:
         if kv.num_layers != self.num_layers or kv.num_heads != self.num_kv_heads:
             raise InvalidRequest(
@@ -229,7 +242,9 @@ class ModelAdapter(PreferenceModel):
 
     def _check_length(self, n: int) -> None:
         if self.max_positions and n > self.max_positions:
-            raise InvalidRequest(f"{n} tokens exceed the model's {self.max_positions} positions")
+            raise ContextLengthExceeded(
+                f"{n} tokens exceed the model's {self.max_positions} positions"
+            )
 
 
 def _has_special_layers(cfg: Any) -> bool:

@@ -10,11 +10,17 @@ from __future__ import annotations
 import enum
 import hashlib
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from injection.packed import PackedKV
+
+
+# The measured default value scaling and its cap (docs/BENCHMARKS.md, personalisation).
+DEFAULT_ALPHA = 1.0
+ALPHA_CAP = 1.0
 
 
 def content_hash(preference_text: str) -> str:
@@ -52,22 +58,34 @@ class GenerationOutput(NamedTuple):
     prompt_token_ids: list[int]  # prompt ids (without the injected prefix)
     kv_transfer_ms: float = 0.0  # injected K/V host->device + cache build
     kv_bytes_gpu: int = 0  # accelerator bytes peaked while building the cache (0 on CPU)
+    finish_reason: str = "length"  # stop (stop string or end of sequence) | length | cancelled
 
 
 @dataclass(frozen=True)
 class ExecutionRequest:
-    """One chat generation. ``user`` None means: compute, never cache."""
+    """One chat generation. ``user`` None means: compute, never cache.
+
+    ``messages`` is the conversation (history oldest-first, then the new user turn);
+    the engine renders it after the system turn it injects (``instructions`` then
+    ``preference_text``) and trims the history to the model's context.
+    """
 
     tenant: str
     user: str | None
-    prompt: str  # already rendered (chat template applied)
+    messages: tuple[dict[str, str], ...] | list[dict[str, str]]
     preference_text: str = ""
+    instructions: str = ""  # tenant-wide, first in the system turn
     injection_enabled: bool = True
     alpha: float = 1.0
     max_new_tokens: int = 64
     temperature: float = 0.0  # 0 -> greedy
     top_p: float = 1.0
     seed: int | None = None
+    stop: tuple[str, ...] = ()  # the reply ends before the first of these strings
+    # streaming: called with each piece of final text; generation stops once cancelled()
+    on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    cancelled: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    history_token_budget: int | None = None  # cap on history tokens (None: context only)
 
 
 @dataclass
@@ -89,6 +107,9 @@ class ExecutionResult:
     kv_fetch_latency_ms: float = 0.0  # L1/L2 lookup or compute time
     inference_latency_ms: float = 0.0
     stripped_count: int = 0
+    injection_mode: str = "none"  # system | user_prefix | inline | none (see prompting)
+    history_messages: int = 0  # history messages that fitted the context
+    finish_reason: str = "length"  # stop | length | cancelled (see injection.stopping)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def cache_info(self) -> dict[str, Any]:
@@ -144,6 +165,18 @@ class PreferenceModel(ABC):
     @abstractmethod
     def render_chat(self, messages: list[dict[str, str]]) -> str:
         """Apply the tokenizer's chat template with a generation prompt."""
+
+    @abstractmethod
+    def split_prompt(self, context: str, messages: list[dict[str, str]]) -> Any:
+        """``PromptParts``: ``context`` as the system turn (injected) and the rest."""
+
+    @abstractmethod
+    def plain_prompt(self, context: str, messages: list[dict[str, str]]) -> str:
+        """The whole prompt with ``context`` as text (nothing injected)."""
+
+    @abstractmethod
+    def prompt_tokens(self, context: str, messages: list[dict[str, str]]) -> int:
+        """Tokens of the conversation with ``context`` (what the model attends to)."""
 
     @abstractmethod
     def count_tokens(self, text: str) -> int:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["InjectionError", "InvalidRequest", "ModelOOMError", "ModelLoadError"]
+__all__ = [
+    "ContextLengthExceeded", "InjectionError", "InvalidRequest", "ModelOOMError", "ModelLoadError",
+]
 
 
 class InjectionError(Exception):
@@ -11,6 +13,10 @@ class InjectionError(Exception):
 
 class InvalidRequest(InjectionError, ValueError):
     """The request itself is bad (empty prompt, too long, bad alpha): a client error."""
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The conversation cannot fit the model's context even with no history at all."""
 
 
 class ModelOOMError(InjectionError):

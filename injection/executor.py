@@ -17,12 +17,21 @@ from typing import Any, TypeVar
 
 import torch
 
-from injection.base import ExecutionRequest, ExecutionResult, KVStore, PreferenceModel, Tier
+from injection.base import (
+    ALPHA_CAP,
+    ExecutionRequest,
+    ExecutionResult,
+    KVStore,
+    PreferenceModel,
+    Tier,
+)
 from injection.errors import InvalidRequest, ModelOOMError
+from injection.history import fit_history
 from injection.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.metrics import METRICS, Metrics
-from injection.output_filter import strip_retrieve_fact_calls
+from injection.output_filter import strip_control_chars, strip_retrieve_fact_calls
 from injection.packed import PackedKV
+from injection.prompting import compose_context
 
 __all__ = ["InjectionExecutor", "content_hash"]
 
@@ -47,7 +56,7 @@ class InjectionExecutor:
         *,
         l1: KVStore | None,
         l2: KVStore | None,
-        alpha_cap: float = 0.7,
+        alpha_cap: float = ALPHA_CAP,
         min_alpha: float = 0.1,
         metrics: Metrics | None = None,
     ) -> None:
@@ -74,14 +83,19 @@ class InjectionExecutor:
     def effective_alpha(self, alpha: float) -> float:
         return min(float(alpha), self.alpha_cap)
 
-    def warm(self, tenant: str, user: str, preference_text: str) -> Tier:
-        """Ensure the user's preference K/V is cached (no generation); returns its tier."""
+    def warm(self, tenant: str, user: str, preference_text: str, instructions: str = "") -> Tier:
+        """Ensure the user's system-turn K/V is cached (no generation); returns its tier."""
         if not tenant or not user_or_none(user):
             raise InvalidRequest("warm needs a tenant and a user")
         if not preference_text.strip():
             return Tier.NONE
+        context = compose_context(instructions, preference_text)
+        # the segment does not depend on the message that follows it
+        parts = self.adapter.split_prompt(context, [{"role": "user", "content": "Hello"}])
+        if not parts.segment:
+            return Tier.NONE
         _, tier, _ = self._with_oom_retry(
-            lambda: self._get_preference_kv(tenant, user, preference_text)
+            lambda: self._get_preference_kv(tenant, user, parts.segment)
         )
         return tier
 
@@ -115,14 +129,30 @@ class InjectionExecutor:
     def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
         alpha = self.effective_alpha(req.alpha)
         sampling = {"temperature": req.temperature, "top_p": req.top_p, "seed": req.seed}
-        if not (req.injection_enabled and req.preference_text.strip() and alpha > self.min_alpha):
-            return self._plain(req, sampling)
+        if req.stop:
+            sampling["stop"] = tuple(req.stop)
+        if req.on_text is not None:  # control characters never reach a stream either
+            sampling["on_text"] = lambda t: req.on_text(strip_control_chars(t)[0])
+        if req.cancelled is not None:
+            sampling["cancelled"] = req.cancelled
+        inject = req.injection_enabled and bool(req.preference_text.strip())
+        inject = inject and alpha > self.min_alpha
+        context = compose_context(req.instructions, req.preference_text if inject else "")
+        messages = self._fit(req, context)
+        if not inject:
+            return self._plain(self.adapter.plain_prompt(context, messages), req, sampling,
+                               mode="none", history=_history_len(messages))
+        parts = self.adapter.split_prompt(context, messages)
+        if not parts.segment:  # the template admits no verified split: context stays text
+            self.metrics.incr("injection_inline")
+            return self._plain(parts.prompt, req, sampling, mode=parts.mode,
+                               history=_history_len(messages))
         t0 = time.perf_counter()
-        kv, tier, chash = self._get_preference_kv(req.tenant, req.user, req.preference_text)
+        kv, tier, chash = self._get_preference_kv(req.tenant, req.user, parts.segment)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
         assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
         t1 = time.perf_counter()
-        out = self.adapter.generate(req.prompt, kv, alpha, req.max_new_tokens, **sampling)
+        out = self.adapter.generate(parts.prompt, kv, alpha, req.max_new_tokens, **sampling)
         infer_ms = (time.perf_counter() - t1) * 1000.0
         text, stripped = self._strip(out.text)
         self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
@@ -133,24 +163,45 @@ class InjectionExecutor:
             kv_layers_count=kv.num_layers, kv_bytes_cpu=kv.nbytes,
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
             kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms, stripped_count=stripped,
+            injection_mode=parts.mode, history_messages=_history_len(messages),
+            finish_reason=out.finish_reason,
         )
 
-    def _plain(self, req: ExecutionRequest, sampling: dict[str, Any]) -> ExecutionResult:
+    def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
+        """History trimmed in whole turns to the model's context (and the request's cap)."""
+        messages = [dict(m) for m in req.messages]
+        n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), 0)
+        max_pos = getattr(self.adapter, "max_positions", None)
+        limit = max_pos - req.max_new_tokens if max_pos else None
+        return fit_history(
+            lambda msgs: self.adapter.prompt_tokens(context, msgs),
+            messages[n_head:-1], messages[-1:], limit=limit,
+            history_cap=req.history_token_budget, head=messages[:n_head],
+        )
+
+    def _plain(
+        self, prompt: str, req: ExecutionRequest, sampling: dict[str, Any], *, mode: str,
+        history: int,
+    ) -> ExecutionResult:
         """No injection and no K/V work at all (tier NONE)."""
         t0 = time.perf_counter()
-        out = self.adapter.generate(req.prompt, None, 1.0, req.max_new_tokens, **sampling)
+        out = self.adapter.generate(prompt, None, 1.0, req.max_new_tokens, **sampling)
         infer_ms = (time.perf_counter() - t0) * 1000.0
         text, stripped = self._strip(out.text)
         return ExecutionResult(
             text=text, tier=Tier.NONE, prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
-            inference_latency_ms=infer_ms, stripped_count=stripped,
+            inference_latency_ms=infer_ms, stripped_count=stripped, injection_mode=mode,
+            history_messages=history, finish_reason=out.finish_reason,
         )
 
     def _strip(self, text: str) -> tuple[str, int]:
         text, n = strip_retrieve_fact_calls(text)
         if n:
             self.metrics.incr("stripped_calls", n)
+        text, controls = strip_control_chars(text)
+        if controls:
+            self.metrics.incr("stripped_control_chars", controls)
         return text, n
 
     def _get_preference_kv(
@@ -179,11 +230,20 @@ class InjectionExecutor:
         return torch.device(self.adapter.device).type == "cuda" and torch.cuda.is_available()
 
 
+def _history_len(messages: list[dict[str, str]]) -> int:
+    return sum(1 for m in messages[:-1] if m["role"] != "system")
+
+
 def _validate(req: ExecutionRequest) -> None:
     if not req.tenant:
         raise InvalidRequest("tenant is required")
-    if not req.prompt or not req.prompt.strip():
-        raise InvalidRequest("prompt is empty")
+    msgs = list(req.messages) if isinstance(req.messages, list | tuple) else []
+    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
+        raise InvalidRequest("messages must be a list of {role, content} objects")
+    if any(m.get("role") not in ("system", "user", "assistant") for m in msgs):
+        raise InvalidRequest("message roles must be system, user or assistant")
+    if not msgs or msgs[-1]["role"] != "user" or not msgs[-1]["content"].strip():
+        raise InvalidRequest("the conversation must end with a non-empty user message")
     if not math.isfinite(req.alpha) or req.alpha < 0:
         raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
     if req.max_new_tokens < 1:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["strip_retrieve_fact_calls"]
+__all__ = ["strip_control_chars", "strip_retrieve_fact_calls"]
 
 TOOL = "retrieve_fact"
 DS_CALL_BEGIN, DS_CALL_END = "<｜tool▁call▁begin｜>", "<｜tool▁call▁end｜>"
@@ -30,6 +30,16 @@ _GLM_HEAD = re.compile(re.escape(GLM_CALL) + r"\s*" + TOOL + r"\b\s*")
 _GENERIC_HEAD = re.compile(r"\b" + TOOL + r"\s*\(")
 _BLANK_RUNS = re.compile(r"\n{3,}")
 _SPACE_RUNS = re.compile(r"(?<=\S)[ \t]{2,}(?=\S)")
+
+
+# C0 controls but tab, newline and carriage return; DEL; C1 controls; lone surrogates.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
+
+
+def strip_control_chars(text: str) -> tuple[str, int]:
+    """Drop characters no client can display (NUL, escapes, C1, lone surrogates); keep
+    text, whitespace, emoji and format characters (ZWJ, bidi marks). ``(text, removed)``."""
+    return _CONTROL.subn("", text)
 
 
 def strip_retrieve_fact_calls(text: str) -> tuple[str, int]:

@@ -3,6 +3,9 @@
 * Names come from :class:`~injection.signing.CacheKeySigner` (opaque, per-tenant
   tag prefix); values from :mod:`injection.codec` (MAC verified before decode).
 * A bad value is rejected, counted, deleted and reported as a miss: never served.
+  "Bad" covers every malformed value: bad header or MAC, truncated, and a name that
+  holds another Redis type (WRONGTYPE), for entries and user indexes alike. A bad
+  value is the entry's problem, never a tier fault: it triggers no bypass.
 * Writes go to one background writer with a bounded in-flight quota (AIBrix's
   ``_l2_inflight_quota``): when full the write is skipped and counted, so L2
   never blocks a reply. Each write sets the value with a TTL and adds its name to
@@ -25,6 +28,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from injection import l2_scan
 from injection.base import CacheKey, KVStore
 from injection.signing import CacheKeySigner
 from injection.writer import BoundedWriter
@@ -37,8 +41,6 @@ __all__ = ["RedisKVTier", "connect"]
 log = logging.getLogger(__name__)
 _FAULTS = (redis.RedisError, OSError)
 _COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
-_SCAN_BATCH = 500
-_VERIFY_BATCH = 16  # values fetched per pipeline while verifying (bounded memory)
 
 
 def connect(
@@ -53,6 +55,13 @@ def connect(
         url, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout,
         retry=Retry(NoBackoff(), 1), **kw,
     )
+
+
+def _wrong_type(e: BaseException) -> bool:
+    """A reply error about the value at a name (not the server): that name is malformed."""
+    msg = str(e) if isinstance(e, redis.ResponseError) else ""
+    # redis-py prefixes errors raised from a pipeline with the failing command
+    return msg.startswith("WRONGTYPE") or "caused error: WRONGTYPE" in msg
 
 
 def _codec():
@@ -122,7 +131,10 @@ class RedisKVTier(KVStore):
         try:
             blob = self.client.get(name)
         except _FAULTS as e:
-            self._fault(key.tenant, "get", e)
+            if _wrong_type(e):
+                self._reject(key, name, e)
+            else:
+                self._fault(key.tenant, "get", e)
             return None
         if blob is None:
             self._count(key.tenant, "misses")
@@ -131,9 +143,7 @@ class RedisKVTier(KVStore):
         try:
             kv = codec.decode_named(blob, name, self.signer)
         except codec.CorruptEntry as e:
-            self._count(key.tenant, "rejects")
-            log.warning("L2 rejected entry %s: %s", name, e)
-            self._delete_quietly(key, name)
+            self._reject(key, name, e)
             return None
         self._count(key.tenant, "hits")
         return kv
@@ -166,17 +176,24 @@ class RedisKVTier(KVStore):
         blob = _codec().encode(kv, key, self.signer, compress=self.compress)
         name = self.signer.redis_key(key)
         index = self.signer.user_index_key(key.tenant, key.user)
-        try:
-            with self.client.pipeline(transaction=True) as p:
-                p.set(name, blob, ex=self.ttl_seconds)
-                p.sadd(index, name)
-                p.expire(index, self.ttl_seconds)
-                p.execute()
-        except _FAULTS as e:
-            self._fault(key.tenant, "write", e)
-            return False
+        for attempt in (1, 2):
+            try:
+                self._set_indexed(name, index, blob)
+                break
+            except _FAULTS as e:
+                if not _wrong_type(e) or attempt == 2:
+                    self._fault(key.tenant, "write", e)
+                    return False
+                self._drop_bad_index(key.tenant, index, e)  # then write again
         self._count(key.tenant, "writes")
         return True
+
+    def _set_indexed(self, name: str, index: str, blob: Any) -> None:
+        with self.client.pipeline(transaction=True) as p:
+            p.set(name, blob, ex=self.ttl_seconds)
+            p.sadd(index, name)
+            p.expire(index, self.ttl_seconds)
+            p.execute()
 
     # -- maintenance ----------------------------------------------------------------
     def evict(self, tenant: str, user: str | None = None) -> int:
@@ -188,16 +205,25 @@ class RedisKVTier(KVStore):
         self._writer.cancel(lambda k: k.tenant == tenant and (user is None or k.user == user))
         try:
             if user is not None:
-                index = self.signer.user_index_key(tenant, user)
-                names = list(self.client.smembers(index))
-                deleted = self.client.delete(*names) if names else 0
-                self.client.delete(index)
-                return int(deleted)
+                return self._evict_user(tenant, user)
             return sum(self._delete_names(b)
                        for b in self._scan(self.signer.tenant_prefix(tenant) + "*"))
         except _FAULTS:
             self._count(tenant, "errors")
             raise
+
+    def _evict_user(self, tenant: str, user: str) -> int:
+        index = self.signer.user_index_key(tenant, user)
+        try:
+            names = list(self.client.smembers(index))
+        except redis.ResponseError as e:
+            if not _wrong_type(e):
+                raise
+            self._drop_bad_index(tenant, index, e)
+            return 0
+        deleted = self.client.delete(*names) if names else 0
+        self.client.delete(index)
+        return int(deleted)
 
     def evict_all(self) -> int:
         """Delete every entry and user index of the namespace, of every tenant and key
@@ -216,31 +242,7 @@ class RedisKVTier(KVStore):
 
     def verify(self, tenant: str | None = None) -> dict[str, Any]:
         """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""
-        report: dict[str, Any] = {"scanned": 0, "ok": 0, "bad": 0, "deleted": 0, "bad_keys": []}
-        reasons: dict[str, str] = {}
-        codec = _codec()
-        for batch in self._scan(self.signer.entry_match(tenant), _VERIFY_BATCH):
-            with self.client.pipeline(transaction=False) as p:
-                for n in batch:
-                    p.get(n)
-                blobs = p.execute(raise_on_error=False)
-            for n, blob in zip(batch, blobs, strict=True):
-                if blob is None:  # expired since SCAN
-                    continue
-                name = n.decode(errors="replace")
-                report["scanned"] += 1
-                try:
-                    if not isinstance(blob, bytes):
-                        raise codec.CorruptEntry(f"not a string value: {blob!r}"[:120])
-                    codec.check(blob, name, self.signer)
-                    report["ok"] += 1
-                except codec.CorruptEntry as e:
-                    report["bad"] += 1
-                    report["bad_keys"].append(name)
-                    reasons[name] = str(e)
-                    report["deleted"] += int(self.client.delete(n))
-        report["reasons"] = reasons
-        return report
+        return l2_scan.verify(self.client, self.signer, self.signer.entry_match(tenant))
 
     def stats(self, scan: bool = False, tenants: list[str] | None = None) -> dict[str, Any]:
         """Counters (total and per tenant seen by this process); ``scan`` adds Redis sizes.
@@ -263,35 +265,35 @@ class RedisKVTier(KVStore):
 
     # -- helpers --------------------------------------------------------------------
     def _sizes(self, match: str) -> dict[str, int]:
-        entries = nbytes = 0
-        for batch in self._scan(match):
-            with self.client.pipeline(transaction=False) as p:
-                for n in batch:
-                    p.strlen(n)
-                lengths = p.execute(raise_on_error=False)
-            entries += len(batch)
-            nbytes += sum(x for x in lengths if isinstance(x, int))
-        return {"entries": entries, "bytes": nbytes}
+        return l2_scan.sizes(self.client, match)
 
-    def _scan(self, match: str, batch: int = _SCAN_BATCH):
-        """Yield lists of names matching ``match`` (SCAN, never KEYS)."""
-        buf: list[bytes] = []
-        for n in self.client.scan_iter(match=match, count=_SCAN_BATCH):
-            buf.append(n)
-            if len(buf) >= batch:
-                yield buf
-                buf = []
-        if buf:
-            yield buf
+    def _scan(self, match: str):
+        return l2_scan.batches(self.client, match)
 
-    def _delete_quietly(self, key: CacheKey, name: str) -> None:
+    def _reject(self, key: CacheKey, name: str, e: BaseException) -> None:
+        """A malformed value at ``name``: counted, deleted, reported as a miss (no bypass)."""
+        self._count(key.tenant, "rejects")
+        log.warning("L2 rejected entry %s: %s", name, e)
+        index = self.signer.user_index_key(key.tenant, key.user)
         try:
             with self.client.pipeline(transaction=True) as p:
                 p.delete(name)
-                p.srem(self.signer.user_index_key(key.tenant, key.user), name)
-                p.execute()
-        except _FAULTS as e:
-            self._fault(key.tenant, "delete", e)
+                p.srem(index, name)
+                p.execute()  # DEL runs even when SREM meets a bad index (MULTI)
+        except _FAULTS as exc:
+            if _wrong_type(exc):
+                self._drop_bad_index(key.tenant, index, exc)
+            else:
+                self._fault(key.tenant, "delete", exc)
+
+    def _drop_bad_index(self, tenant: str, index: str, e: BaseException) -> None:
+        """A user index that is not a SET: counted as a reject and deleted."""
+        self._count(tenant, "rejects")
+        log.warning("L2 rejected user index %s: %s", index, e)
+        try:
+            self.client.delete(index)
+        except _FAULTS as exc:
+            self._fault(tenant, "delete", exc)
 
     def _available(self, tenant: str) -> bool:
         """False (and counted) while Redis is considered down after a fault."""

@@ -6,36 +6,58 @@ both 404. Errors are raised as the ``tenants.errors`` family (one exception hand
 
 from __future__ import annotations
 
-import uuid
+import re
 
 from django.conf import settings
 from django.db.models import Count
-from drf_spectacular.utils import OpenApiResponse, extend_schema
-from rest_framework.pagination import LimitOffsetPagination
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from gpu_worker.client import run_chat
 from tenants import actions
-from tenants.errors import NotFound
+from tenants.context_limits import check_fits
+from tenants.errors import Forbidden, InvalidInput, NotFound
 from tenants.models import Conversation, Preference
+from tenants.pagination import PARAMETERS, StrictLimitOffsetPagination
 from tenants.permissions import request_member
+from tenants.ports import run_chat
 from tenants.serializers import (
     PK_MAX,
     ChatRequestSerializer,
     ChatResponseSerializer,
     ConversationDetailSerializer,
+    ConversationPageSerializer,
     ConversationSerializer,
     ErrorSerializer,
+    InstructionsSerializer,
+    InstructionsWriteSerializer,
     MeSerializer,
     PreferenceSerializer,
     PreferenceWriteSerializer,
 )
 from tenants.throttling import ApiThrottle, ChatThrottle
 
+_STATUS = {
+    400: "Malformed JSON or invalid input (`fields` says which).",
+    401: "No or invalid credentials.",
+    403: "Inactive member, user or tenant; or not allowed.",
+    404: "Unknown id, or an id of someone else.",
+    409: "A concurrent request changed the same object first, a stale expected_version, or "
+         "a chat with this Idempotency-Key still running (`Retry-After`).",
+    413: "The request body is too large.",
+    415: "The body is not application/json.",
+    422: "This Idempotency-Key was used for a chat with another body.",
+    429: "Rate limit hit (`Retry-After`).",
+    502: "The worker failed to generate.",
+    503: "A worker, the task queue or a backing service is unavailable (`Retry-After`).",
+}
+_BODY = (400, 413, 415)  # every endpoint that reads a JSON body
+
 
 def _errors(*statuses: int) -> dict[int, OpenApiResponse]:
-    return {s: OpenApiResponse(ErrorSerializer) for s in (401, 403, 429, *statuses)}
+    """Error answers of an endpoint: its own plus those of every authenticated endpoint."""
+    return {s: OpenApiResponse(ErrorSerializer, description=_STATUS[s])
+            for s in sorted({401, 403, 429, 503, *statuses})}
 
 
 class MemberView(APIView):
@@ -44,12 +66,31 @@ class MemberView(APIView):
     throttle_classes = [ApiThrottle]
 
 
+IDEMPOTENCY_KEY = re.compile(r"[\x21-\x7e]{1,128}")  # printable ASCII, no spaces
+IDEMPOTENCY_PARAM = OpenApiParameter(
+    "Idempotency-Key",
+    {"type": "string", "minLength": 1, "maxLength": 128, "pattern": r"^[\x21-\x7e]{1,128}$"},
+    OpenApiParameter.HEADER,
+    description="Up to 128 printable ASCII characters, unique per request of yours. A retry "
+    "with the same key returns the stored answer instead of generating again (409 while the "
+    "first request still runs). Default: the request id (named in a 503 answer).",
+)
+
+
+def idempotency_key(request) -> str | None:
+    key = request.headers.get("Idempotency-Key")
+    if key is not None and not IDEMPOTENCY_KEY.fullmatch(key):
+        raise InvalidInput("Idempotency-Key must be 1-128 printable ASCII characters.")
+    return key
+
+
 class ChatView(MemberView):
     throttle_classes = [ChatThrottle]
 
     @extend_schema(
         request=ChatRequestSerializer,
-        responses={200: ChatResponseSerializer, **_errors(400, 404, 413, 502, 503)},
+        parameters=[IDEMPOTENCY_PARAM],
+        responses={200: ChatResponseSerializer, **_errors(*_BODY, 404, 409, 422, 502)},
         summary="Send a message; the reply is generated with your preference injected",
     )
     def post(self, request):
@@ -66,19 +107,35 @@ class ChatView(MemberView):
             "top_p": data.get("top_p", 1.0),
             "alpha": data.get("alpha"),
         }
-        request_id = uuid.uuid4().hex
-        result = run_chat(member.pk, conversation_id, data["message"], params, request_id)
-        return Response(result)
+        check_fits(chat_model_path(), [data["message"], *_context_texts(member)],
+                   params["max_new_tokens"])
+        outcome = run_chat(member, conversation_id, data["message"], params,
+                           idempotency_key(request), request.kvi_request_id)
+        headers = {"Idempotent-Replayed": "true"} if outcome.replayed else None
+        return Response(outcome.body, headers=headers)
 
 
-class ConversationPagination(LimitOffsetPagination):
-    default_limit = 20
-    max_limit = 100
+def chat_model_path() -> str:
+    """The workers' model dir as configured (the web reads its tokenizer and config only)."""
+    if settings.MODEL_PATH:
+        return str(settings.MODEL_PATH)
+    demo = settings.DEFAULT_MODEL == "demo"
+    return str(settings.DEMO_MODEL_PATH if demo else settings.DEFAULT_MODEL_PATH)
+
+
+def _context_texts(member) -> list[str]:
+    """What the worker puts in the system turn: tenant instructions and the preference."""
+    pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
+    texts = [member.tenant.instructions]
+    if pref is not None and pref.enabled:
+        texts.append(pref.text)
+    return texts
 
 
 class ConversationListView(MemberView):
-    @extend_schema(responses={200: ConversationSerializer(many=True), **_errors()},
-                   summary="Your conversations, most recent first")
+    @extend_schema(operation_id="conversations_list", parameters=PARAMETERS,
+                   responses={200: ConversationPageSerializer, **_errors(400)},
+                   summary="Your conversations, most recent first (one page)")
     def get(self, request):
         member = request_member(request)
         qs = (
@@ -86,7 +143,7 @@ class ConversationListView(MemberView):
             .annotate(message_count=Count("messages"))
             .order_by("-updated_at", "-id")
         )
-        paginator = ConversationPagination()
+        paginator = StrictLimitOffsetPagination()
         page = paginator.paginate_queryset(qs, request, view=self)
         return paginator.get_paginated_response(ConversationSerializer(page, many=True).data)
 
@@ -128,13 +185,13 @@ class PreferenceView(MemberView):
         return Response(PreferenceSerializer(self._current(request_member(request))).data)
 
     @extend_schema(request=PreferenceWriteSerializer,
-                   responses={200: PreferenceSerializer, **_errors(400)},
+                   responses={200: PreferenceSerializer, **_errors(*_BODY, 409)},
                    summary="Set your preference (enabled/alpha unchanged when omitted)")
     def put(self, request):
         return self._write(request, partial=False)
 
     @extend_schema(request=PreferenceWriteSerializer,
-                   responses={200: PreferenceSerializer, **_errors(400)},
+                   responses={200: PreferenceSerializer, **_errors(*_BODY, 404, 409)},
                    summary="Change some fields of your preference")
     def patch(self, request):
         return self._write(request, partial=True)
@@ -159,3 +216,31 @@ class MeView(MemberView):
     @extend_schema(responses={200: MeSerializer, **_errors()}, summary="Who am I")
     def get(self, request):
         return Response(MeSerializer(request_member(request)).data)
+
+
+class TenantInstructionsView(MemberView):
+    """The tenant-wide instructions: readable and writable by the tenant's admins only."""
+
+    def _admin(self, request):
+        member = request_member(request)
+        if not member.is_tenant_admin:
+            raise Forbidden("Only tenant admins can read or change the tenant instructions.")
+        return member
+
+    @extend_schema(responses={200: InstructionsSerializer, **_errors()},
+                   summary="Your tenant's instructions (tenant admins)")
+    def get(self, request):
+        return Response(InstructionsSerializer(self._admin(request).tenant).data)
+
+    @extend_schema(request=InstructionsWriteSerializer,
+                   responses={200: InstructionsSerializer, **_errors(*_BODY, 409)},
+                   summary="Set your tenant's instructions (tenant admins; cached K/V recomputed)")
+    def put(self, request):
+        member = self._admin(request)
+        body = InstructionsWriteSerializer(data=request.data)
+        body.is_valid(raise_exception=True)
+        tenant = actions.do_set_tenant_instructions(
+            member.tenant, body.validated_data["instructions"], actor=request.user,
+            expected_version=body.validated_data.get("expected_version"),
+        )
+        return Response(InstructionsSerializer(tenant).data)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+from django.db.models import Q
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication
@@ -25,14 +26,15 @@ class MemberTokenAuthentication(authentication.BaseAuthentication):
         if len(header) != 2:
             raise drf_exc.AuthenticationFailed("Malformed Authorization header.")
         key = header[1].decode(errors="replace")
+        now = timezone.now()
         token = (
             ApiToken.objects.select_related("member__tenant", "member__user")
-            .filter(key_hash=ApiToken.hash_key(key), revoked=False)
+            .filter(Q(expires_at__isnull=True) | Q(expires_at__gt=now),
+                    key_hash=ApiToken.hash_key(key), revoked=False)
             .first()
         )
         if token is None or token.member.tenant_id != token.tenant_id:
-            raise drf_exc.AuthenticationFailed("Invalid or revoked token.")
-        now = timezone.now()
+            raise drf_exc.AuthenticationFailed("Invalid, expired or revoked token.")
         if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
         return token.member.user, token

@@ -50,8 +50,30 @@ class NotFound(PlatformError):
     status, code, default_message = 404, "not_found", "Not found."
 
 
+class ModelNotFound(NotFound):
+    code, default_message = "model_not_found", "The model does not exist."
+
+
 class Conflict(PlatformError):
     status, code, default_message = 409, "conflict", "Already exists."
+
+
+class ContextLengthExceeded(PlatformError):
+    # Same class name as injection.errors.ContextLengthExceeded: a worker's error maps here.
+    status, code = 400, "context_length_exceeded"
+    default_message = "The message does not fit the model's context, even without history."
+
+
+class ChatInProgress(Conflict):
+    # A retry whose Idempotency-Key is still being answered by an earlier request.
+    code, default_message = "chat_in_progress", "A request with this Idempotency-Key is running."
+
+
+class IdempotencyKeyReused(PlatformError):
+    status, code, default_message = (
+        422, "idempotency_key_reused",
+        "This Idempotency-Key was used for a different request.",
+    )
 
 
 class PayloadTooLarge(PlatformError):
@@ -64,6 +86,23 @@ class Throttled(PlatformError):
 
 class WorkerUnavailable(PlatformError):
     status, code, default_message = 503, "worker_unavailable", "No worker answered in time."
+
+
+class Overloaded(WorkerUnavailable):
+    # CHAT_MAX_QUEUED tasks already wait for a worker: refused before anything is claimed.
+    code, default_message = "overloaded", "The model workers are saturated; retry later."
+
+
+class ChatAbandoned(WorkerUnavailable):
+    """Raised by a worker: the request passed its deadline or the web gave up on it."""
+
+    default_message = "The request was abandoned before its answer was stored."
+
+
+class ServiceUnavailable(PlatformError):
+    """Postgres, Redis or the task queue cannot be reached (see tenants.faults)."""
+
+    status, code, default_message = 503, "service_unavailable", "A backing service is down."
 
 
 class GenerationFailed(PlatformError):
@@ -87,26 +126,84 @@ def _body(code: str, message: str, **extra: Any) -> dict[str, Any]:
     return {"error": {"code": code, "message": message, **extra}}
 
 
+# OpenAI's error ``type`` by HTTP status (the /v1 API's shape; ``code`` stays ours).
+OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
+                403: "permission_error", 404: "not_found_error", 409: "conflict_error",
+                413: "invalid_request_error", 422: "invalid_request_error",
+                429: "rate_limit_error", 502: "api_error", 503: "service_unavailable_error"}
+
+
+def openai_body(code: str, message: str, status: int = 400, **extra: Any) -> dict[str, Any]:
+    """``{"error": {"message", "type", "code", "param", ...}}`` as OpenAI's clients expect."""
+    param = extra.pop("param", None)
+    fields = extra.get("fields")
+    if param is None and isinstance(fields, dict) and fields:
+        param, problem = _first_problem(fields)
+        message = f"{param}: {problem}"
+    return {"error": {"message": message, "type": OPENAI_TYPES.get(status, "api_error"),
+                      "code": code, "param": param, **extra}}
+
+
+def _first_problem(fields: dict, prefix: str = "") -> tuple[str, str]:
+    """The first field error of DRF's nested detail as ("messages.0.role", "text")."""
+    key, value = next(iter(fields.items()))
+    name = f"{prefix}{key}"
+    if isinstance(value, dict) and value:
+        return _first_problem(value, f"{name}.")
+    if isinstance(value, list) and value and isinstance(value[0], dict | list):
+        first = next((i for i, v in enumerate(value) if v), 0)
+        if isinstance(value[first], dict) and value[first]:
+            return _first_problem(value[first], f"{name}.{first}.")
+    return name, str(value[0] if isinstance(value, list) and value else value)
+
+
+def _native(code: str, message: str, status: int, **extra: Any) -> dict[str, Any]:
+    return _body(code, message, **extra)
+
+
+def _headers(exc: PlatformError) -> dict[str, str]:
+    if "retry_after" in exc.details:
+        return {"Retry-After": str(int(exc.details["retry_after"]))}
+    return {}
+
+
+def json_error(exc: PlatformError, *, openai: bool = False) -> JsonResponse:
+    """A PlatformError as a plain Django response (outside DRF views)."""
+    shape = openai_body if openai else _native
+    return JsonResponse(shape(exc.code, exc.message, exc.status, **exc.details),
+                        status=exc.status, headers=_headers(exc))
+
+
 def api_exception_handler(exc: Exception, context: dict) -> Response | None:
-    """Map PlatformError and DRF's own exceptions to the JSON error shape."""
+    """Map PlatformError, outages (tenants.faults) and DRF's own exceptions to JSON."""
+    return _handle(exc, context, _native)
+
+
+def openai_exception_handler(exc: Exception, context: dict) -> Response | None:
+    """The same mapping in OpenAI's error shape (the /v1 views)."""
+    return _handle(exc, context, openai_body)
+
+
+def _handle(exc: Exception, context: dict, shape) -> Response | None:
+    from tenants.faults import as_platform_error
+
     if isinstance(exc, RequestDataTooBig):  # raised by Django while DRF reads the body
         exc = PayloadTooLarge()
+    exc = as_platform_error(exc) or exc
     if isinstance(exc, PlatformError):
-        headers = {}
-        if "retry_after" in exc.details:
-            headers["Retry-After"] = str(int(exc.details["retry_after"]))
-        return Response(_body(exc.code, exc.message, **exc.details), exc.status, headers=headers)
+        return Response(shape(exc.code, exc.message, exc.status, **exc.details), exc.status,
+                        headers=_headers(exc))
     from rest_framework.views import exception_handler as drf_default_handler  # avoid cycle
 
     response = drf_default_handler(exc, context)
     if response is None:
         return None
     code = next((c for t, c in _DRF_CODES.items() if isinstance(exc, t)), "error")
+    status = response.status_code
     if isinstance(exc, drf_exc.ValidationError):
-        response.data = _body(code, "Invalid input.", fields=exc.detail)
+        response.data = shape(code, "Invalid input.", status, fields=exc.detail)
     else:
-        detail = getattr(exc, "detail", str(exc))
-        response.data = _body(code, str(detail))
+        response.data = shape(code, str(getattr(exc, "detail", str(exc))), status)
     return response
 
 
@@ -114,10 +211,12 @@ def api_exception_handler(exc: Exception, context: dict) -> Response | None:
 
 
 def _is_api(request) -> bool:
-    return request.path.startswith("/api/")
+    return request.path.startswith(("/api/", "/v1/"))
 
 
 def json_404(request, exception=None):
+    if request.path.startswith("/v1/"):
+        return JsonResponse(openai_body("not_found", "No such endpoint.", 404), status=404)
     if _is_api(request):
         return JsonResponse(_body("not_found", "No such endpoint."), status=404)
     from django.views.defaults import page_not_found

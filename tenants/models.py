@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
@@ -21,6 +22,16 @@ class Tenant(models.Model):
     active = models.BooleanField(default=True)
     # Opt-in: store chat message text in audit rows (off: only counts/metadata).
     audit_message_text = models.BooleanField(default=False)
+    # Tenant-wide text that opens every member's injected system turn (before their
+    # preference). The version is bumped by a database trigger whenever it changes.
+    instructions = models.TextField(
+        blank=True, default="",
+        help_text="Tenant-wide instructions for the assistant, e.g. \"You are Acme's travel "
+                  "assistant; answer briefly.\" Every member's replies are generated with these "
+                  "instructions first, then the member's own preference, as the model's system "
+                  "turn. Changing them recomputes every member's cached personalisation.",
+    )
+    instructions_version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -47,7 +58,9 @@ class Member(models.Model):
     class Meta:
         ordering = ["tenant__slug", "user__username"]
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "user"], name="member_unique_per_tenant"),
+            models.UniqueConstraint(
+                fields=["tenant", "user"], name="member_unique_per_tenant",
+                violation_error_message="This user is already a member of this tenant."),
         ]
 
     def __str__(self) -> str:
@@ -68,10 +81,19 @@ class ApiToken(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
+    name = models.CharField(max_length=100, blank=True, default="",
+                            help_text="What the token is for, e.g. \"mobile app\" or "
+                                      "\"CI\"; shown in lists and the audit log.")
+    expires_at = models.DateTimeField(
+        null=True, blank=True, verbose_name="expires",
+        help_text="Optional. After this moment the token is refused; empty: never expires.")
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "prefix"], name="apitoken_prefix_per_tenant"),
+            models.UniqueConstraint(
+                fields=["tenant", "prefix"], name="apitoken_prefix_per_tenant",
+                violation_error_message="A token with this prefix already exists; issue "
+                                        "another one."),
         ]
 
     @staticmethod
@@ -93,15 +115,26 @@ class Preference(models.Model):
     member = models.OneToOneField(Member, on_delete=models.CASCADE, related_name="preference")
     text = models.TextField(blank=True, default="")
     enabled = models.BooleanField(default=True)
-    alpha = models.FloatField(default=1.0)
+    alpha = models.FloatField(
+        default=1.0, validators=[MinValueValidator(0.0), MaxValueValidator(1.0)],
+        help_text="How strongly the preference shapes replies, 0 to 1. The preference is "
+                  "injected as the model's system turn with its attention values scaled by "
+                  "alpha: 1.0 reproduces exactly what the model does with the preference in "
+                  "its prompt (and measured best); lower values weaken it gradually, and at "
+                  "0.1 or below nothing is injected. The platform's cap (KV_ALPHA_CAP) bounds "
+                  "the effective value: a higher alpha is applied as the cap.",
+    )
     version = models.PositiveIntegerField(default=1)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "member"], name="preference_one_per_member"),
+            models.UniqueConstraint(
+                fields=["tenant", "member"], name="preference_one_per_member",
+                violation_error_message="This member already has a preference; edit it."),
             models.CheckConstraint(
-                condition=Q(alpha__gte=0.0) & Q(alpha__lte=1.0), name="preference_alpha_range"
+                condition=Q(alpha__gte=0.0) & Q(alpha__lte=1.0), name="preference_alpha_range",
+                violation_error_message="Alpha must be between 0 and 1."
             ),
         ]
 
@@ -117,6 +150,7 @@ class Preference(models.Model):
 class AuditEvent(models.TextChoices):
     TENANT_CREATED = "tenant.created"
     TENANT_CHANGED = "tenant.changed"
+    TENANT_INSTRUCTIONS_CHANGED = "tenant.instructions_changed"
     MEMBER_CREATED = "member.created"
     MEMBER_CHANGED = "member.changed"
     MEMBER_DELETED = "member.deleted"
@@ -131,7 +165,10 @@ class AuditEvent(models.TextChoices):
     CACHE_WARMED = "cache.warmed"
     CACHE_KEY_ROTATED = "cache.key_rotated"
     CHAT_REQUEST = "chat.request"
+    CHAT_ABANDONED = "chat.abandoned"
+    CHAT_CANCELLED = "chat.cancelled"
     CONVERSATION_DELETED = "conversation.deleted"
+    PLAYGROUND_USED = "playground.used"
 
 
 class AuditLog(models.Model):
@@ -146,6 +183,8 @@ class AuditLog(models.Model):
         db_constraint=False, related_name="+",
     )
     event_type = models.CharField(max_length=32, choices=AuditEvent.choices, db_index=True)
+    # member / admin / cli / system (tenants.origin); null on rows written before 0009.
+    actor_kind = models.CharField(max_length=16, null=True, blank=True)
     target = models.CharField(max_length=200, blank=True, default="")
     data = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
@@ -172,6 +211,7 @@ class Conversation(models.Model):
 
 class Message(models.Model):
     class Role(models.TextChoices):
+        SYSTEM = "system"  # a client's own system message (/v1 requests)
         USER = "user"
         ASSISTANT = "assistant"
 
@@ -186,3 +226,38 @@ class Message(models.Model):
 
     class Meta:
         ordering = ["created_at", "id"]
+
+
+class KVInvalidation(models.Model):
+    """Outbox: one row per K/V invalidation, written in the transaction of the change.
+
+    Delivered until acknowledged (docs/OPERATIONS.md, "Durable invalidation"): every
+    serving worker process follows the table and evicts its own L1 (no Redis needed);
+    ``l2_done_at`` is set once the matching L2 entries are deleted. An operational
+    record, not tenant data: tenant and member are plain ids (no FK), so the row
+    outlives the deletion it invalidates. ``txid`` is the writing transaction's id
+    (``pg_current_xact_id()``); followers read by it, so a transaction that commits
+    late (with a smaller ``id``) is never skipped.
+    """
+
+    tenant_ref = models.BigIntegerField()
+    member_ref = models.BigIntegerField(null=True, blank=True)  # None: the whole tenant
+    txid = models.BigIntegerField(db_index=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    l2_done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["id"], condition=Q(l2_done_at__isnull=True),
+                                name="kvinval_l2_pending")]
+
+    def __str__(self) -> str:
+        who = "all" if self.member_ref is None else self.member_ref
+        return f"invalidate tenant={self.tenant_ref} member={who}"
+
+
+# Models in modules of their own (they import this one's models by app label).
+from tenants.exchange_model import ChatExchange  # noqa: E402
+from tenants.usage_model import UsageDay  # noqa: E402
+
+__all__ = ["ApiToken", "AuditEvent", "AuditLog", "ChatExchange", "Conversation",
+           "KVInvalidation", "Member", "Message", "Preference", "Tenant", "UsageDay"]

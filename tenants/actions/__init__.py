@@ -10,9 +10,20 @@ from tenants.actions.cache import (
     do_warm_kv_cache,
     invalidate_on_commit,
     log,
-    warm_task,
 )
-from tenants.actions.chat import do_delete_conversation, do_record_chat, get_conversation
+from tenants.actions.chat import (
+    do_delete_conversation,
+    do_record_cancelled,
+    do_record_chat,
+    get_conversation,
+)
+from tenants.actions.exchanges import (
+    Claim,
+    claim_is_live,
+    do_abandon_chat,
+    do_claim_chat,
+    request_hash,
+)
 from tenants.actions.members import (
     User,
     do_add_member,
@@ -22,21 +33,31 @@ from tenants.actions.members import (
     do_record_login,
     do_record_login_failure,
 )
+from tenants.actions.playground import do_record_playground
 from tenants.actions.preferences import (
     PREFERENCE_MAX_CHARS,
     do_delete_preference,
     do_set_preference,
 )
 from tenants.actions.tenants import (
+    INSTRUCTIONS_MAX_CHARS,
     TENANT_FIELDS,
     do_create_tenant,
     do_set_tenant_active,
+    do_set_tenant_instructions,
     do_update_tenant,
     get_tenant,
 )
 from tenants.actions.tokens import do_create_api_token, do_revoke_api_token
 
 __all__ = [
+    "do_record_playground",
+    "INSTRUCTIONS_MAX_CHARS",
+    "Claim",
+    "claim_is_live",
+    "do_abandon_chat",
+    "do_claim_chat",
+    "request_hash",
     "PREFERENCE_MAX_CHARS",
     "TENANT_FIELDS",
     "User",
@@ -51,17 +72,18 @@ __all__ = [
     "do_delete_member",
     "do_delete_preference",
     "do_record_account_change",
+    "do_record_cancelled",
     "do_record_chat",
     "do_record_login",
     "do_record_login_failure",
     "do_revoke_api_token",
     "do_set_preference",
     "do_set_tenant_active",
+    "do_set_tenant_instructions",
     "do_update_tenant",
     "do_warm_kv_cache",
     "get_conversation",
     "get_tenant",
     "invalidate_on_commit",
     "log",
-    "warm_task",
 ]

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from tenants import origin
 from tenants.errors import Forbidden
 from tenants.models import AuditEvent, AuditLog, Member, Tenant
 
 
 def audit(
-    tenant: Tenant | None, event: AuditEvent, *, actor=None, target: str = "", **data: Any
+    tenant: Tenant | None, event: AuditEvent, *, actor=None, target: str = "",
+    actor_kind: str | None = None, **data: Any
 ) -> AuditLog:
-    """Write one audit row (call inside the transaction of the change it records)."""
+    """Write one audit row (call inside the transaction of the change it records).
+
+    ``actor_kind`` defaults to who is acting now (``tenants.origin``)."""
     return AuditLog.objects.create(
-        tenant=tenant, actor=actor, event_type=event, target=target[:200], data=data
+        tenant=tenant, actor=actor, event_type=event, target=target[:200], data=data,
+        actor_kind=actor_kind or origin.current_kind(),
     )
 
 

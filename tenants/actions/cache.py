@@ -1,4 +1,4 @@
-"""Preference K/V cache: invalidation after commit, clearing and warming on request."""
+"""Preference K/V cache: durable invalidation (outbox), clearing and warming on request."""
 
 from __future__ import annotations
 
@@ -6,27 +6,34 @@ import logging
 from collections.abc import Iterable
 
 from django.db import transaction
+from django.db.models.expressions import RawSQL
 
+from tenants import ports
 from tenants.actions.base import assert_actor_may_manage, audit
-from tenants.errors import WorkerUnavailable
-from tenants.models import AuditEvent, Member, Preference
+from tenants.models import AuditEvent, KVInvalidation, Member, Preference
 
 # The logger keeps the name it had before actions became a package.
 log = logging.getLogger("tenants.actions")
+# The writing transaction's id (assigned now if it had none): see KVInvalidation.txid.
+CURRENT_TXID = "pg_current_xact_id()::text::bigint"
 
 
 def invalidate_on_commit(tenant_id: int, member_id: int | None = None) -> None:
-    """Drop cached K/V (L2 + every worker's L1) once the current transaction commits.
+    """Invalidate cached K/V (L2 + every worker's L1) durably, effective at commit.
 
-    Never before: a rolled-back change must not evict anything, and a worker that
-    re-reads the row right after the eviction must see the committed text.
+    Writes an outbox row (``KVInvalidation``) in the current transaction: it exists iff
+    the change commits, and is delivered until acknowledged, Redis outage or not
+    (workers follow the table; see ``tenants.ports.deliver_invalidations``). After
+    commit the fast path deletes L2 and broadcasts at once. ``member_id`` None means
+    the whole tenant.
     """
+    row = KVInvalidation.objects.create(
+        tenant_ref=tenant_id, member_ref=member_id, txid=RawSQL(CURRENT_TXID, ()),
+    )
 
     def run() -> None:
-        from gpu_worker import kvstore
-
-        result = kvstore.invalidate(tenant_id, member_id)
-        log.info("invalidated K/V tenant=%s member=%s: %s", tenant_id, member_id, result)
+        ports.deliver_invalidations([row.pk])
+        log.info("invalidation %s queued: tenant=%s member=%s", row.pk, tenant_id, member_id)
 
     transaction.on_commit(run, robust=True)
 
@@ -43,23 +50,12 @@ def do_clear_kv_cache(members: Iterable[Member], *, actor=None) -> int:
     return count
 
 
-def warm_task():
-    """The workers' ``warm_member(member_id)`` task, or None when this build has none."""
-    from gpu_worker import tasks
-
-    return getattr(tasks, "warm_member", None)
-
-
 @transaction.atomic
 def do_warm_kv_cache(members: Iterable[Member], *, actor=None) -> int:
     """Ask a worker to precompute each member's preference K/V (after commit).
 
     Members without an enabled, non-empty preference have nothing to warm and are skipped.
     """
-    task = warm_task()
-    if task is None:
-        raise WorkerUnavailable("Warming needs the workers' warm_member task, "
-                                "which this deployment does not provide.")
     count = 0
     for member in members:
         assert_actor_may_manage(actor, member.tenant)
@@ -68,6 +64,6 @@ def do_warm_kv_cache(members: Iterable[Member], *, actor=None) -> int:
             continue
         audit(member.tenant, AuditEvent.CACHE_WARMED, actor=actor, target=str(member),
               version=pref.version, content_hash=pref.content_hash)
-        transaction.on_commit(lambda pk=member.pk: task.delay(pk), robust=True)
+        transaction.on_commit(lambda pk=member.pk: ports.enqueue_warm(pk), robust=True)
         count += 1
     return count

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import transaction
 
+from tenants import usage as usage_rollup
 from tenants.actions.base import audit
+from tenants.actions.exchanges import take_claim
 from tenants.errors import NotFound
-from tenants.models import AuditEvent, Conversation, Member, Message
+from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message
 
 
 def get_conversation(member: Member, conversation_id: int) -> Conversation:
@@ -41,18 +44,31 @@ def do_record_chat(
     cache: dict[str, Any],
     latency_ms: float,
     request_id: str,
+    prior: Sequence[dict[str, str]] = (),
+    end_user: str | None = None,
 ) -> Conversation:
-    """Store the exchange and its audit row (message text only if the tenant opted in)."""
+    """Store the exchange and its audit row (message text only if the tenant opted in).
+
+    ``prior``: the messages a client sent before ``message`` (``/v1``: the request is the
+    conversation), stored first when the exchange starts a new conversation. ``end_user``:
+    the client's own id for its end user (OpenAI's ``user``), audited.
+
+    Only under the attempt's own live claim (``ChatAbandoned`` otherwise, nothing stored):
+    the claim row is locked until commit, so the web cannot abandon it half-way."""
+    claim = take_claim(member, request_id)
     tenant = member.tenant
     if conversation is None:
         conversation = Conversation.objects.create(
             tenant=tenant, member=member, title=message[:80]
         )
+        for m in prior:
+            Message.objects.create(tenant=tenant, conversation=conversation, role=m["role"],
+                                   content=m["content"])
     Message.objects.create(
         tenant=tenant, conversation=conversation, role=Message.Role.USER, content=message,
         token_count=usage.get("message_tokens", 0),
     )
-    Message.objects.create(
+    answer = Message.objects.create(
         tenant=tenant, conversation=conversation, role=Message.Role.ASSISTANT, content=reply,
         token_count=usage.get("completion_tokens", 0),
     )
@@ -65,9 +81,38 @@ def do_record_chat(
         "cache_tier": cache.get("tier"),
         "preference_version": cache.get("preference_version"),
         "latency_ms": round(latency_ms, 1),
+        "finish_reason": cache.get("finish_reason"),
     }
+    if cache.get("ttft_ms") is not None:  # streamed replies report their first token
+        data["ttft_ms"] = round(float(cache["ttft_ms"]), 1)
+    if end_user:
+        data["end_user"] = end_user
     if tenant.audit_message_text:
         data["message"] = message
         data["reply"] = reply
-    audit(tenant, AuditEvent.CHAT_REQUEST, actor=member.user, target=str(member), **data)
+    audit(tenant, AuditEvent.CHAT_REQUEST, actor=member.user, actor_kind="member",
+          target=str(member), **data)
+    usage_rollup.account_chat(member, ok=True, prompt_tokens=data["prompt_tokens"],
+                              completion_tokens=data["completion_tokens"],
+                              tier=data["cache_tier"], latency_ms=data["latency_ms"],
+                              ttft_ms=data.get("ttft_ms"))
+    _fill_claim(claim, conversation, answer, usage, cache)
     return conversation
+
+
+@transaction.atomic
+def do_record_cancelled(member: Member, request_id: str, *, completion_tokens: int) -> None:
+    """A streamed generation stopped because its client disconnected: nothing is stored,
+    the claim is abandoned (a retry with the same key generates again) and audited."""
+    ChatExchange.objects.filter(tenant=member.tenant, member=member, request_id=request_id,
+                                state=ChatExchange.State.PENDING).update(
+        state=ChatExchange.State.ABANDONED)
+    audit(member.tenant, AuditEvent.CHAT_CANCELLED, actor=member.user, target=str(member),
+          request_id=request_id, completion_tokens=completion_tokens)
+
+
+def _fill_claim(claim, conversation, answer: Message, usage: dict, cache: dict) -> None:
+    claim.state = claim.State.DONE
+    claim.conversation, claim.reply, claim.cache = conversation, answer, cache
+    claim.usage = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
+    claim.save(update_fields=["state", "conversation", "reply", "usage", "cache", "updated_at"])

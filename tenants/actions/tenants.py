@@ -8,6 +8,7 @@ from django.db import transaction
 from django.utils.text import slugify
 
 from tenants.actions.base import assert_actor_may_manage, audit
+from tenants.actions.cache import invalidate_on_commit
 from tenants.errors import Conflict, InvalidInput, NotFound
 from tenants.models import AuditEvent, Tenant
 
@@ -56,3 +57,34 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
 
 def do_set_tenant_active(tenant: Tenant, active: bool, *, actor=None) -> Tenant:
     return do_update_tenant(tenant, active=active, actor=actor)
+
+
+INSTRUCTIONS_MAX_CHARS = 4000
+
+
+@transaction.atomic
+def do_set_tenant_instructions(
+    tenant: Tenant, text: str, *, expected_version: int | None = None, actor=None
+) -> Tenant:
+    """Change the tenant-wide instructions (versioned by the database, audited old -> new).
+
+    Every member's injected system turn starts with them, so every cached K/V of the
+    tenant is dropped after commit (keys cover the text: stale entries never hit anyway).
+    """
+    if len(text) > INSTRUCTIONS_MAX_CHARS:
+        raise InvalidInput(f"Instructions are limited to {INSTRUCTIONS_MAX_CHARS} characters.")
+    assert_actor_may_manage(actor, tenant)
+    locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
+    if expected_version is not None and locked.instructions_version != expected_version:
+        raise Conflict("The instructions were changed meanwhile "
+                       f"(now version {locked.instructions_version}).")
+    if locked.instructions == text:
+        return locked
+    old = locked.instructions
+    locked.instructions = text
+    locked.save(update_fields=["instructions"])
+    locked.refresh_from_db(fields=["instructions_version"])
+    audit(locked, AuditEvent.TENANT_INSTRUCTIONS_CHANGED, actor=actor, target=locked.slug,
+          old=old, new=text, version=locked.instructions_version)
+    invalidate_on_commit(locked.pk)
+    return locked

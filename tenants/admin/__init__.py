@@ -30,6 +30,8 @@ from tenants.admin.users import PlatformGroupAdmin, PlatformUserAdmin, Superuser
 
 admin.site.site_header = "kvinject administration"
 admin.site.site_title = "kvinject admin"
+admin.site.site_url = None  # no public site to "view": the link would be a 404
+admin.site.index_template = "admin/kvi_index.html"  # adds Usage (and Playground) links
 
 __all__ = [
     "ApiTokenAdmin",

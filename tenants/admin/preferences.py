@@ -4,6 +4,7 @@ enable/disable of injection."""
 from __future__ import annotations
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 
 from tenants import actions
@@ -21,6 +22,13 @@ class PreferenceForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
+        cap = settings.KV_ALPHA_CAP
+        self.fields["alpha"].help_text = (
+            "How strongly the preference shapes replies, from 0 (not at all) to 1 (exactly "
+            "as if it were written in the prompt; recommended). Values of 0.1 or below "
+            f"inject nothing. This platform caps alpha at {cap:g} (KV_ALPHA_CAP): "
+            + ("any value is applied as stored." if cap >= 1.0 else
+               f"a higher value is stored as entered but applied as {cap:g}."))
         if self.instance.pk:
             self.fields["seen_version"].initial = self.instance.version
 
@@ -53,12 +61,19 @@ class PreferenceAdmin(TenantScopedAdmin):
     list_select_related = ("member__user", "member__tenant")
     search_fields = ("member__user__username", "text")
     autocomplete_fields = ("member",)
-    readonly_fields = ("version", "updated_at", "content_hash")
+    readonly_fields = ("version", "updated_at", "content_hash", "alpha_applied")
     actions = ("disable_injection", "enable_injection", "delete_selected")
 
     @admin.display(description="text")
     def text_preview(self, obj: Preference) -> str:
         return obj.text if len(obj.text) <= 60 else obj.text[:59] + "…"
+
+    @admin.display(description="alpha applied")
+    def alpha_applied(self, obj: Preference) -> str:
+        cap = settings.KV_ALPHA_CAP
+        if obj.alpha <= cap:
+            return f"{obj.alpha:g}"
+        return f"{cap:g} (stored {obj.alpha:g}, capped by KV_ALPHA_CAP={cap:g})"
 
     def get_fields(self, request, obj=None):
         fields = ("member", "text", "enabled", "alpha", "seen_version")

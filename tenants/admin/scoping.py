@@ -69,6 +69,7 @@ class TenantScopedAdmin(admin.ModelAdmin):
     """Scoping for every tenant-owned model; subclasses route writes through actions."""
 
     superuser_list_filter: tuple = ("tenant",)
+    view_on_site = False  # no public pages; /admin/r/ is superuser-only (admin/views.py)
 
     def get_queryset(self, request):
         return scope_queryset(super().get_queryset(request), admin_scope(request))

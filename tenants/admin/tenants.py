@@ -14,7 +14,8 @@ from tenants.models import Tenant
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ("slug", "name", "active", "audit_message_text")
+        fields = ("slug", "name", "active", "audit_message_text", "instructions")
+        widgets = {"instructions": forms.Textarea(attrs={"rows": 4, "cols": 80})}
 
     def clean_slug(self):
         slug = self.cleaned_data["slug"]
@@ -31,16 +32,17 @@ class TenantAdmin(TenantScopedAdmin):
     list_filter = ("active",)
     superuser_list_filter = ()
     search_fields = ("slug", "name")
-    readonly_fields = ("created_at",)
+    readonly_fields = ("created_at", "instructions_version")
 
     def member_count(self, obj: Tenant) -> int:
         return obj.members.count()
 
     def get_fields(self, request, obj=None):
-        return ("slug", "name", "active", "audit_message_text", "created_at")
+        return ("slug", "name", "active", "audit_message_text", "instructions",
+                "instructions_version", "created_at")
 
     def get_readonly_fields(self, request, obj=None):
-        ro = ["created_at"]
+        ro = ["created_at", "instructions_version"]
         if obj is not None:
             ro.append("slug")
         if not self.is_superuser(request):
@@ -62,3 +64,6 @@ class TenantAdmin(TenantScopedAdmin):
             changes.pop("name", None)
         if changes:
             self.run_action(request, actions.do_update_tenant, obj, **changes)
+        if "instructions" in form.changed_data:
+            self.run_action(request, actions.do_set_tenant_instructions, obj,
+                            form.cleaned_data["instructions"])

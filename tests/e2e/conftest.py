@@ -101,15 +101,13 @@ def member_with_preference(slug: str, username: str, text: str):
 
 def send_chat(member, message: str = "What should I cook?", *, queue: str | None = None,
               max_new_tokens: int = 4, conversation: int | None = None):
-    """Dispatch a chat turn like the API does (routing included unless ``queue`` is given)."""
-    import uuid
-
+    """Claim and dispatch a chat turn like the API does (routing unless ``queue`` is given)."""
     from gpu_worker import client
     from gpu_worker.routing import Route
     from gpu_worker.tasks import chat
 
-    request_id = uuid.uuid4().hex
     params = {"max_new_tokens": max_new_tokens}
+    request_id = client.claim_chat(member, conversation, message, params).request_id
     if queue is None:
         return client.dispatch_chat(member.pk, conversation, message, params, request_id)
     res = chat.apply_async(
@@ -145,3 +143,19 @@ def l2_entries(tenant_id) -> int:
 
     stats = kvstore.l2_tier().stats(scan=True, tenants=[str(tenant_id)])
     return stats["per_tenant"][str(tenant_id)]["entries"]
+
+
+ASGI_METRICS_TOKEN = "e2e-metrics"
+
+
+@pytest.fixture(scope="session")
+def asgi_server(worker_base_env, tmp_path_factory):
+    """uvicorn serving the web app against the test database (long replies allowed)."""
+    from tests.workers import AsgiServer
+
+    env = {**worker_base_env, "CHAT_MAX_NEW_TOKENS": "2000",
+           "METRICS_TOKEN": ASGI_METRICS_TOKEN}
+    server = AsgiServer(env, tmp_path_factory.mktemp("asgi-logs"))
+    server.wait_ready()
+    yield server
+    server.stop()

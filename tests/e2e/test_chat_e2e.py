@@ -79,3 +79,39 @@ def test_chat_rejects_bad_requests_without_reaching_worker(live_server, alice):
     status, body = post_chat(live_server.url, key, {"message": "hi", "conversation": 999999})
     assert status == 404 and body["error"]["code"] == "not_found"
     assert not AuditLog.objects.filter(event_type=AuditEvent.CHAT_REQUEST).exists()
+
+
+def test_instructions_history_and_context_limit_through_a_real_worker(
+    live_server, gpu_worker, alice, demo_model_path, settings
+):
+    """The worker injects instructions + preference as one system turn, keeps the history
+    in whole turns, and refuses (400, stored nothing) a message its context cannot hold."""
+    member, key = alice
+    actions.do_set_tenant_instructions(member.tenant, "You are Acme's cooking assistant.")
+    status, first = post_chat(live_server.url, key, {"message": "Hi!", "max_new_tokens": 4})
+    assert status == 200, (first, gpu_worker.log_tail())
+    cache = first["cache"]
+    assert cache["injection_mode"] == "system" and cache["instructions_version"] == 2
+    assert cache["history_messages"] == 0 and cache["tier"] in ("compute", "l2")
+    status, second = post_chat(live_server.url, key, {
+        "message": "And dessert?", "conversation": first["conversation"], "max_new_tokens": 4})
+    assert status == 200 and second["cache"]["history_messages"] == 2
+    assert second["cache"]["tier"] == "l1"
+    assert second["cache"]["segment_hash"] == cache["segment_hash"]
+
+    # passes the web's lower bound (no template markup counted), fails the worker's exact check
+    from tenants.context_limits import model_limits
+
+    tokenizer, max_pos = model_limits(str(demo_model_path))
+    fixed = sum(len(tokenizer.encode(t, add_special_tokens=False).ids)
+                for t in ("You are Acme's cooking assistant.", "I am vegetarian, no spicy food."))
+    message = "vegetables"
+    while fixed + 8 + len(tokenizer.encode(message + " vegetables").ids) <= max_pos:
+        message += " vegetables"
+    settings.MODEL_PATH = str(demo_model_path)
+    settings.CHAT_MAX_MESSAGE_CHARS = 100_000
+    status, body = post_chat(live_server.url, key, {"message": message, "max_new_tokens": 8,
+                                                    "conversation": first["conversation"]})
+    assert status == 400 and body["error"]["code"] == "context_length_exceeded", body
+    assert "needed_tokens" not in body["error"]  # the worker's exact check answered, not the web's
+    assert Message.objects.filter(conversation_id=first["conversation"]).count() == 4

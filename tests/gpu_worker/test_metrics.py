@@ -41,7 +41,7 @@ def loaded_executor(demo_model_path, redis_client):
 def test_engine_collector_exports_tiers_l1_bytes_and_per_tenant_figures(loaded_executor):
     from injection import ExecutionRequest
 
-    req = ExecutionRequest("t-7", "u-1", "hello", "I like tea.", max_new_tokens=2)
+    req = ExecutionRequest("t-7", "u-1", [{"role": "user", "content": "hello"}], "I like tea.", max_new_tokens=2)
     loaded_executor.execute(req)
     loaded_executor.execute(req)
     registry = CollectorRegistry()

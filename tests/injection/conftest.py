@@ -29,8 +29,13 @@ def mqa_model_path(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def chat_prompt(adapter) -> str:
-    return adapter.render_chat([{"role": "user", "content": "What should I cook tonight?"}])
+def chat_messages() -> list[dict[str, str]]:
+    return [{"role": "user", "content": "What should I cook tonight?"}]
+
+
+@pytest.fixture(scope="session")
+def chat_prompt(adapter, chat_messages) -> str:
+    return adapter.render_chat(chat_messages)
 
 
 @pytest.fixture(scope="session")

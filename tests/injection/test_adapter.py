@@ -69,20 +69,6 @@ def test_exactness_alpha_one_equals_plain_on_prefix_plus_prompt(adapter, prefere
     assert len(out.token_ids) == 16  # the demo tokenizer has eos, but greedy random weights don't stop
 
 
-def test_bos_rendered_by_a_chat_template_is_not_repeated_after_the_prefix(adapter, preference):
-    tok = adapter.tokenizer
-    chat = adapter.render_chat([{"role": "user", "content": PROMPTS[0]}])
-    kv = adapter.compute_kv(preference)
-    assert kv.token_ids[0] == tok.bos_token_id
-    with_bos = adapter.generate(tok.bos_token + chat, kv, 1.0, 8)  # as Llama 3's template does
-    without = adapter.generate(chat, kv, 1.0, 8)
-    assert with_bos.prompt_token_ids == without.prompt_token_ids
-    assert tok.bos_token_id not in with_bos.prompt_token_ids
-    assert with_bos.token_ids == without.token_ids
-    plain = adapter.generate(tok.bos_token + chat, None, 1.0, 8)  # no prefix: BOS kept
-    assert plain.prompt_token_ids[0] == tok.bos_token_id
-
-
 def test_prefix_plus_prompt_ids_reach_the_model(adapter, preference, chat_prompt):
     """generate derives cache_position from input_ids: the prompt must follow the prefix ids."""
     kv = adapter.compute_kv(preference)

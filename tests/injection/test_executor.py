@@ -47,6 +47,15 @@ class Instrumented(PreferenceModel):
     def render_chat(self, messages):
         return self.inner.render_chat(messages)
 
+    def split_prompt(self, context, messages):
+        return self.inner.split_prompt(context, messages)
+
+    def plain_prompt(self, context, messages):
+        return self.inner.plain_prompt(context, messages)
+
+    def prompt_tokens(self, context, messages):
+        return self.inner.prompt_tokens(context, messages)
+
     def count_tokens(self, text):
         return self.inner.count_tokens(text)
 
@@ -77,28 +86,59 @@ def make(model, *, l1="lru", l2=None, **kw) -> InjectionExecutor:
     return InjectionExecutor(model, l1=l1, l2=l2, metrics=Metrics(), **kw)
 
 
-def req(prompt, pref, *, tenant="t1", user="u1", **kw) -> ExecutionRequest:
-    return ExecutionRequest(tenant, user, prompt, pref, max_new_tokens=kw.pop("n", 4), **kw)
+def req(messages, pref, *, tenant="t1", user="u1", **kw) -> ExecutionRequest:
+    return ExecutionRequest(tenant, user, messages, pref, max_new_tokens=kw.pop("n", 4), **kw)
+
+
+def segment(adapter, pref, messages):
+    """The injected system turn of ``pref`` and the prompt that follows it."""
+    parts = adapter.split_prompt(pref, messages)
+    assert parts.mode == "system"
+    return parts
 
 
 # -- alpha rules ------------------------------------------------------------------------
-def test_alpha_is_capped_and_applied_exactly(model, adapter, chat_prompt, preference):
-    ex = make(model)
-    res = ex.execute(req(chat_prompt, preference, alpha=1.0, n=8))
+def test_alpha_is_capped_and_applied_exactly(model, adapter, chat_messages, preference):
+    ex = make(model, alpha_cap=0.7)
+    res = ex.execute(req(chat_messages, preference, alpha=1.0, n=8))
     assert res.alpha_effective == 0.7 and model.generates == [(True, 0.7)]
-    kv = adapter.compute_kv(preference)
-    assert res.text == adapter.generate(chat_prompt, kv, 0.7, 8).text
-    assert ex.execute(req(chat_prompt, preference, alpha=0.4)).alpha_effective == 0.4
-    assert make(model, alpha_cap=0.9).execute(req(chat_prompt, preference)).alpha_effective == 0.9
+    parts = segment(adapter, preference, chat_messages)
+    kv = adapter.compute_kv(parts.segment)
+    assert res.text == adapter.generate(parts.prompt, kv, 0.7, 8).text
+    assert ex.execute(req(chat_messages, preference, alpha=0.4)).alpha_effective == 0.4
+    assert make(model, alpha_cap=0.9).execute(req(chat_messages, preference)).alpha_effective == 0.9
+    assert make(model).execute(req(chat_messages, preference)).alpha_effective == 1.0  # default cap
 
 
-def test_executor_at_alpha_one_matches_plain_generation_on_prefix(adapter, chat_prompt, preference):
+def test_executor_at_alpha_one_equals_the_preference_as_system_message(adapter, preference):
+    """The exactness invariant: injecting the system turn changes nothing but the cost."""
     ex = make(adapter, alpha_cap=1.0)
-    res = ex.execute(req(chat_prompt, preference, alpha=1.0, n=10))
-    pref_ids = adapter.tokenizer(preference)["input_ids"]
-    ids = torch.tensor([pref_ids + adapter.tokenizer(chat_prompt, add_special_tokens=False)["input_ids"]])
-    ref = adapter.model.generate(input_ids=ids, max_new_tokens=10, do_sample=False)[0, ids.shape[1] :]
+    msgs = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi!"},
+            {"role": "user", "content": "What should I cook tonight?"}]
+    res = ex.execute(req(msgs, preference, alpha=1.0, n=12))
+    assert res.injection_mode == "system" and res.tier is Tier.COMPUTE
+    system_msgs = [{"role": "system", "content": preference}, *msgs]
+    ids = adapter.tokenizer(adapter.render_chat(system_msgs))["input_ids"]
+    ref = adapter.model.generate(input_ids=torch.tensor([ids]), max_new_tokens=12,
+                                 do_sample=False)[0, len(ids):]
+    assert res.completion_tokens == 12 and res.history_messages == 2
     assert res.text == adapter.tokenizer.decode(ref, skip_special_tokens=True)
+
+
+def test_tenant_instructions_open_the_injected_turn(model, adapter, chat_messages, preference):
+    ex = make(model, alpha_cap=1.0)
+    base = ex.execute(req(chat_messages, preference))
+    res = ex.execute(req(chat_messages, preference, instructions="Answer briefly."))
+    parts = segment(adapter, "Answer briefly.\n\n" + preference, chat_messages)
+    assert res.tier is Tier.COMPUTE and model.computes == 2  # the key covers the instructions
+    assert res.content_hash == content_hash(parts.segment) != base.content_hash
+    assert res.text == adapter.generate(parts.prompt, adapter.compute_kv(parts.segment), 1.0,
+                                        4).text
+    # a disabled preference keeps the instructions, in the prompt (nothing injected)
+    off = ex.execute(req(chat_messages, preference, instructions="Answer briefly.",
+                         injection_enabled=False))
+    plain = adapter.generate(adapter.plain_prompt("Answer briefly.", chat_messages), None, 1.0, 4)
+    assert off.tier is Tier.NONE and off.text == plain.text and model.computes == 2
 
 
 @pytest.mark.parametrize(
@@ -106,43 +146,47 @@ def test_executor_at_alpha_one_matches_plain_generation_on_prefix(adapter, chat_
     [{"alpha": 0.1}, {"alpha": 0.0}, {"pref": ""}, {"pref": "  \n\t"},
      {"injection_enabled": False}],
 )
-def test_no_injection_means_no_kv_work(model, adapter, chat_prompt, preference, kw):
+def test_no_injection_means_no_kv_work(model, adapter, chat_messages, preference, kw):
     ex = make(model)
     pref = kw.pop("pref", preference)
-    res = ex.execute(req(chat_prompt, pref, **kw))
+    res = ex.execute(req(chat_messages, pref, **kw))
     assert res.tier is Tier.NONE and model.computes == 0
     assert model.generates == [(False, 1.0)]
     assert ex.l1.stats()["entries"] == 0 and ex.metrics.get("l1_misses") == 0
     assert (res.kv_tokens, res.kv_bytes_cpu, res.alpha_effective, res.content_hash) == (0, 0, 0.0, "")
-    assert res.text == adapter.generate(chat_prompt, None, 1.0, 4).text
+    assert res.text == adapter.generate(adapter.render_chat(chat_messages), None, 1.0, 4).text
 
 
-def test_alpha_just_above_min_injects(model, chat_prompt, preference):
-    assert make(model).execute(req(chat_prompt, preference, alpha=0.11)).tier is Tier.COMPUTE
+def test_alpha_just_above_min_injects(model, chat_messages, preference):
+    assert make(model).execute(req(chat_messages, preference, alpha=0.11)).tier is Tier.COMPUTE
 
 
 @pytest.mark.parametrize(
     "bad",
-    [{"prompt": ""}, {"prompt": "   "}, {"alpha": -0.5}, {"alpha": float("nan")},
+    [{"prompt": ""}, {"prompt": "   "}, {"prompt": None}, {"alpha": -0.5}, {"alpha": float("nan")},
      {"tenant": ""}, {"n": 0}, {"temperature": -1.0}, {"top_p": 0.0}],
 )
-def test_bad_requests_are_rejected(model, chat_prompt, preference, bad):
-    prompt = bad.pop("prompt", chat_prompt)
+def test_bad_requests_are_rejected(model, chat_messages, preference, bad):
+    msgs = chat_messages
+    if "prompt" in bad:
+        content = bad.pop("prompt")
+        msgs = [{"role": "user", "content": content}] if content is not None else [
+            {"role": "assistant", "content": "a reply, not a question"}]
     with pytest.raises(InvalidRequest):
-        make(model).execute(req(prompt, preference, **bad))
+        make(model).execute(req(msgs, preference, **bad))
     assert model.computes == 0 and model.generates == []
 
 
 # -- tiers ------------------------------------------------------------------------------
-def test_tiers_compute_l1_then_l2_promoted_to_l1(model, l2, chat_prompt, preference):
+def test_tiers_compute_l1_then_l2_promoted_to_l1(model, l2, chat_messages, preference):
     first = make(model, l2=l2)
-    a = first.execute(req(chat_prompt, preference))
-    b = first.execute(req(chat_prompt, preference))
+    a = first.execute(req(chat_messages, preference))
+    b = first.execute(req(chat_messages, preference))
     assert (a.tier, b.tier) == (Tier.COMPUTE, Tier.L1) and model.computes == 1
     assert l2.flush(10)
     second = make(model, l2=l2)  # another worker process: empty L1, shared Redis
-    c = second.execute(req(chat_prompt, preference))
-    d = second.execute(req(chat_prompt, preference))
+    c = second.execute(req(chat_messages, preference))
+    d = second.execute(req(chat_messages, preference))
     assert (c.tier, d.tier) == (Tier.L2, Tier.L1) and model.computes == 1
     assert a.text == b.text == c.text == d.text  # the decoded entry injects identically
     assert second.metrics.get("l2_hits") == 1 and second.l1.stats()["entries"] == 1
@@ -151,38 +195,39 @@ def test_tiers_compute_l1_then_l2_promoted_to_l1(model, l2, chat_prompt, prefere
     assert first.metrics.get("l1_misses") == 1 and first.metrics.get("l1_hits") == 1
 
 
-def test_user_none_or_empty_is_never_cached(model, l2, chat_prompt, preference):
+def test_user_none_or_empty_is_never_cached(model, l2, chat_messages, preference):
     ex = make(model, l2=l2)
     for user in (None, None, "", "  "):
-        assert ex.execute(req(chat_prompt, preference, user=user)).tier is Tier.COMPUTE
+        assert ex.execute(req(chat_messages, preference, user=user)).tier is Tier.COMPUTE
     assert model.computes == 4
     assert l2.flush(10)
     assert ex.l1.stats()["entries"] == 0 and l2.stats()["writes"] == 0
 
 
-def test_tenant_user_text_and_model_partition_the_cache(model, mqa_model_path, chat_prompt, preference):
+def test_tenant_user_text_and_model_partition_the_cache(model, mqa_model_path, chat_messages, preference):
     from injection.adapter import load_adapter
 
     ex = make(model)
-    ex.execute(req(chat_prompt, preference))
-    assert ex.execute(req(chat_prompt, preference, tenant="t2")).tier is Tier.COMPUTE
-    assert ex.execute(req(chat_prompt, preference, user="u2")).tier is Tier.COMPUTE
-    assert ex.execute(req(chat_prompt, preference + " Also tea.")).tier is Tier.COMPUTE
+    ex.execute(req(chat_messages, preference))
+    assert ex.execute(req(chat_messages, preference, tenant="t2")).tier is Tier.COMPUTE
+    assert ex.execute(req(chat_messages, preference, user="u2")).tier is Tier.COMPUTE
+    assert ex.execute(req(chat_messages, preference + " Also tea.")).tier is Tier.COMPUTE
     other = make(load_adapter(str(mqa_model_path)), l1=ex.l1)  # same L1, other model
-    assert other.execute(req(chat_prompt, preference)).tier is Tier.COMPUTE
-    assert ex.execute(req(chat_prompt, preference)).tier is Tier.L1
+    assert other.execute(req(chat_messages, preference)).tier is Tier.COMPUTE
+    assert ex.execute(req(chat_messages, preference)).tier is Tier.L1
 
 
-def test_result_metrics(model, chat_prompt, preference):
+def test_result_metrics(model, chat_messages, preference):
     ex = make(model)
-    res = ex.execute(req(chat_prompt, preference, n=5))
-    kv = model.inner.compute_kv(preference)
-    assert res.content_hash == content_hash(preference) and res.fingerprint == model.fingerprint
+    res = ex.execute(req(chat_messages, preference, n=5))
+    parts = segment(model.inner, preference, chat_messages)
+    kv = model.inner.compute_kv(parts.segment)
+    assert res.content_hash == content_hash(parts.segment) and res.fingerprint == model.fingerprint
     assert (res.kv_tokens, res.kv_layers_count, res.kv_bytes_cpu) == (kv.num_tokens, 4, kv.nbytes)
     assert res.kv_bytes_gpu_peak == 0  # CPU: no accelerator memory
     assert res.kv_transfer_latency_ms > 0 and res.kv_fetch_latency_ms > 0
     assert res.inference_latency_ms > 0 and res.completion_tokens == 5
-    assert res.prompt_tokens == model.count_tokens(chat_prompt)
+    assert res.prompt_tokens == model.count_tokens(parts.prompt)
     info = res.cache_info()
     assert info["tier"] == "compute" and "text" not in info
     stats = ex.stats()
@@ -191,27 +236,27 @@ def test_result_metrics(model, chat_prompt, preference):
 
 
 # -- faults -----------------------------------------------------------------------------
-def test_broken_l2_degrades_to_compute(model, chat_prompt, preference):
+def test_broken_l2_degrades_to_compute(model, chat_messages, preference):
     ex = make(model, l2=BrokenStore())
-    good = make(Instrumented(model.inner)).execute(req(chat_prompt, preference))
-    res = ex.execute(req(chat_prompt, preference))
+    good = make(Instrumented(model.inner)).execute(req(chat_messages, preference))
+    res = ex.execute(req(chat_messages, preference))
     assert res.tier is Tier.COMPUTE and res.text == good.text
     assert ex.metrics.get("l2_errors") == 2  # get + put
-    assert ex.execute(req(chat_prompt, preference)).tier is Tier.L1
+    assert ex.execute(req(chat_messages, preference)).tier is Tier.L1
     inv = ex.invalidate("t1")
     assert inv["l1"] == 1 and inv["l2"] is None and inv["l2_error"] == "ConnectionError"
     assert ex.stats()["l2"] == {"error": "ConnectionError"}
 
 
-def test_broken_l1_degrades_to_l2_and_compute(model, l2, chat_prompt, preference):
+def test_broken_l1_degrades_to_l2_and_compute(model, l2, chat_messages, preference):
     ex = make(model, l1=BrokenStore(), l2=l2)
-    assert ex.execute(req(chat_prompt, preference)).tier is Tier.COMPUTE
+    assert ex.execute(req(chat_messages, preference)).tier is Tier.COMPUTE
     assert l2.flush(10)
-    assert ex.execute(req(chat_prompt, preference)).tier is Tier.L2
+    assert ex.execute(req(chat_messages, preference)).tier is Tier.L2
     assert ex.metrics.get("l1_errors") >= 3
 
 
-def test_redis_down_degrades_to_compute(model, chat_prompt, preference):
+def test_redis_down_degrades_to_compute(model, chat_messages, preference):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # closed once we leave: nothing listens there
@@ -221,8 +266,8 @@ def test_redis_down_degrades_to_compute(model, chat_prompt, preference):
     tier = RedisKVTier(client, CacheKeySigner(SECRET))
     try:
         ex = make(model, l2=tier)
-        assert ex.execute(req(chat_prompt, preference)).tier is Tier.COMPUTE
-        assert ex.execute(req(chat_prompt, preference)).tier is Tier.L1
+        assert ex.execute(req(chat_messages, preference)).tier is Tier.COMPUTE
+        assert ex.execute(req(chat_messages, preference)).tier is Tier.L1
         tier.flush(10)
         stats = tier.stats()
         assert stats["errors"] >= 1 and stats["writes"] == 0 and stats["hits"] == 0
@@ -230,7 +275,7 @@ def test_redis_down_degrades_to_compute(model, chat_prompt, preference):
         tier.close()
 
 
-def test_oom_is_retried_once_then_reported(model, chat_prompt, preference):
+def test_oom_is_retried_once_then_reported(model, chat_messages, preference):
     failures = {"left": 1}
 
     def flaky(out):
@@ -241,29 +286,30 @@ def test_oom_is_retried_once_then_reported(model, chat_prompt, preference):
 
     model.after_generate = flaky
     ex = make(model)
-    assert ex.execute(req(chat_prompt, preference)).tier is Tier.L1  # retry finds the K/V cached
+    assert ex.execute(req(chat_messages, preference)).tier is Tier.L1  # retry finds the K/V cached
     assert ex.metrics.get("oom_retries") == 1
     failures["left"] = 2
     with pytest.raises(ModelOOMError):
-        ex.execute(req(chat_prompt, preference))
+        ex.execute(req(chat_messages, preference))
     assert ex.metrics.get("oom_failures") == 1
 
 
-def test_residual_tool_calls_are_stripped(model, chat_prompt, preference):
+def test_residual_tool_calls_are_stripped(model, chat_messages, preference):
     model.after_generate = lambda out: out._replace(text=out.text + ' retrieve_fact(trace_id="x")')
     ex = make(model)
-    clean = make(Instrumented(model.inner)).execute(req(chat_prompt, preference)).text
+    clean = make(Instrumented(model.inner)).execute(req(chat_messages, preference)).text
     for pref in (preference, ""):  # injected and plain paths
-        res = ex.execute(req(chat_prompt, pref))
+        res = ex.execute(req(chat_messages, pref))
         assert res.stripped_count == 1 and "retrieve_fact" not in res.text
-    assert res.text == make(Instrumented(model.inner)).execute(req(chat_prompt, "")).text.strip()
+    assert res.text == make(Instrumented(model.inner)).execute(req(chat_messages, "")).text.strip()
     assert ex.metrics.get("stripped_calls") == 2 and clean
 
 
 # -- concurrency ------------------------------------------------------------------------
-def test_concurrent_misses_compute_once(adapter, chat_prompt, preference):
+def test_concurrent_misses_compute_once(adapter, chat_messages, preference):
     n = 6
-    key = CacheKey("t1", "u1", content_hash(preference), adapter.fingerprint)
+    chash = content_hash(segment(adapter, preference, chat_messages).segment)
+    key = CacheKey("t1", "u1", chash, adapter.fingerprint)
     holder: dict = {}
 
     def gate():  # the leader computes only once every other request waits on it
@@ -275,7 +321,7 @@ def test_concurrent_misses_compute_once(adapter, chat_prompt, preference):
     ex = holder["ex"] = make(model)
     results: list = []
     threads = [
-        threading.Thread(target=lambda: results.append(ex.execute(req(chat_prompt, preference))))
+        threading.Thread(target=lambda: results.append(ex.execute(req(chat_messages, preference))))
         for _ in range(n)
     ]
     for t in threads:
@@ -288,38 +334,38 @@ def test_concurrent_misses_compute_once(adapter, chat_prompt, preference):
 
 
 # -- warm / invalidate / factory --------------------------------------------------------
-def test_warm_then_execute_hits(model, chat_prompt, preference):
+def test_warm_then_execute_hits(model, chat_messages, preference):
     ex = make(model)
     assert ex.warm("t1", "u1", preference) is Tier.COMPUTE and model.generates == []
     assert ex.warm("t1", "u1", preference) is Tier.L1
-    assert ex.execute(req(chat_prompt, preference)).tier is Tier.L1 and model.computes == 1
+    assert ex.execute(req(chat_messages, preference)).tier is Tier.L1 and model.computes == 1
     assert ex.warm("t1", "u1", " ") is Tier.NONE
     with pytest.raises(InvalidRequest):
         ex.warm("t1", "", preference)
 
 
-def test_invalidate_scopes_to_tenant_and_user(model, l2, chat_prompt, preference):
+def test_invalidate_scopes_to_tenant_and_user(model, l2, chat_messages, preference):
     ex = make(model, l2=l2)
     for tenant, user in (("a", "u1"), ("a", "u2"), ("b", "u1")):
         ex.warm(tenant, user, preference)
     assert l2.flush(10)
     assert ex.invalidate("a", "u1") == {"l1": 1, "l2": 1}
-    assert ex.execute(req(chat_prompt, preference, tenant="b", user="u1")).tier is Tier.L1
-    assert ex.execute(req(chat_prompt, preference, tenant="a", user="u2")).tier is Tier.L1
-    assert ex.execute(req(chat_prompt, preference, tenant="a", user="u1")).tier is Tier.COMPUTE
+    assert ex.execute(req(chat_messages, preference, tenant="b", user="u1")).tier is Tier.L1
+    assert ex.execute(req(chat_messages, preference, tenant="a", user="u2")).tier is Tier.L1
+    assert ex.execute(req(chat_messages, preference, tenant="a", user="u1")).tier is Tier.COMPUTE
     assert l2.flush(10)
     assert ex.invalidate("a") == {"l1": 2, "l2": 2}
     assert ex.l1.stats()["entries"] == 1  # tenant b untouched
 
 
-def test_build_executor_factory(adapter, redis_client, chat_prompt, preference):
+def test_build_executor_factory(adapter, redis_client, chat_messages, preference):
     ex = build_executor(adapter, redis_client=redis_client, signing_secret=SECRET,
                         l1_max_bytes=32 * 1024**2, l1_tenant_quota_bytes=64 * 1024**2,
                         metrics=Metrics())
     try:
         assert isinstance(ex.l1, TenantLRU) and isinstance(ex.l2, RedisKVTier)
-        assert ex.l1.tenant_quota_bytes == 32 * 1024**2 and ex.alpha_cap == 0.7
-        assert ex.execute(req(chat_prompt, preference)).tier is Tier.COMPUTE
+        assert ex.l1.tenant_quota_bytes == 32 * 1024**2 and ex.alpha_cap == 1.0
+        assert ex.execute(req(chat_messages, preference)).tier is Tier.COMPUTE
         assert ex.l2.flush(10) and ex.l2.stats()["writes"] == 1
     finally:
         ex.close()

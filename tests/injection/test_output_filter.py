@@ -67,3 +67,13 @@ def test_word_containing_the_name_is_not_a_call():
     assert strip("my_retrieve_fact_helper is a function name") == (
         "my_retrieve_fact_helper is a function name", 0,
     )
+
+
+def test_control_characters_no_client_can_display_are_removed():
+    from injection.output_filter import strip_control_chars
+
+    text = "Bon\x00jour\x1b[31m!\x07 caf\u00e9 \U0001f600\u200d\U0001f467\ttab\r\nline\x85\x9f end\ud800"
+    clean, n = strip_control_chars(text)
+    assert clean == "Bonjour[31m! caf\u00e9 \U0001f600\u200d\U0001f467\ttab\r\nline end"
+    assert n == 6
+    assert strip_control_chars("plain text\n") == ("plain text\n", 0)

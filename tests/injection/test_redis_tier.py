@@ -292,3 +292,4 @@ def test_constructor_validation(redis_url, signer):
 def test_non_cpu_entry_is_refused(tier):
     with pytest.raises(ValueError, match="CPU"):
         tier.put(key(), kv().to("meta"))
+

@@ -279,6 +279,12 @@ def test_openapi_schema_lists_endpoints_and_docs_render():
     chat = schema["paths"]["/api/chat"]["post"]
     assert {"200", "400", "401", "403", "404", "429", "503"} <= set(chat["responses"])
     assert "tokenAuth" in schema["components"]["securitySchemes"]
+    assert "Bearer" in schema["components"]["securitySchemes"]["tokenAuth"]["description"]
+    v1 = schema["paths"]["/v1/chat/completions"]["post"]
+    example = v1["requestBody"]["content"]["application/json"]["examples"]["Chat"]["value"]
+    assert example["model"] == "kvinject"  # an alias the server accepts: "Try it out" works
+    assert {"200", "400", "401", "404", "429", "503"} <= set(v1["responses"])
+    assert "/v1/models" in schema["paths"]
     assert client.get("/api/docs/").status_code == 200
 
 

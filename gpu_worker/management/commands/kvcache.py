@@ -15,11 +15,12 @@ from django.core.management.base import BaseCommand, CommandError
 
 from gpu_worker import cachestats, maintenance, warming
 from tenants.errors import PlatformError
+from tenants.origin import CliCommandMixin
 
 EXIT_BAD_ENTRIES = 3  # verify --strict found (and deleted) bad entries
 
 
-class Command(BaseCommand):
+class Command(CliCommandMixin, BaseCommand):
     help = "Inspect and maintain the K/V cache (L1 on every worker, L2 in Redis)."
 
     def add_arguments(self, parser):

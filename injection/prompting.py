@@ -1,0 +1,127 @@
+"""Chat rendering and the injected segment: the member's context as the template's system turn.
+
+The injected K/V is computed on exactly the text the model would have seen anyway:
+the chat template's rendering of ``[{"role": "system", "content": context}]``. The
+prompt continues where that turn ends (history, the new user turn, the generation
+prompt), so at alpha 1 injected generation equals plain generation of the same
+conversation with the context as its system message, token for token.
+
+The split is found by rendering, never by hard-coded markers, and is verified:
+``encode(segment) + encode(rest) == encode(full)`` or it is not used. Fallbacks, in
+order, for templates without a system role (they raise or drop it):
+
+* ``user_prefix``: the context opens the first user message (``context + "\\n\\n"``);
+  the segment is the rendering up to the end of that context;
+* ``inline``: no split reproduces the rendering, so nothing is injected: the context
+  stays in the prompt as text (tier ``none``), which is always correct, never cached.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+__all__ = ["PromptParts", "ChatRenderer", "SEPARATOR", "compose_context"]
+
+SEPARATOR = "\n\n"
+_MODES = ("system", "user_prefix")
+
+
+def compose_context(instructions: str, preference: str) -> str:
+    """The system turn's text: tenant instructions, then the member's preference."""
+    return SEPARATOR.join(p.strip() for p in (instructions, preference) if p and p.strip())
+
+
+class PromptParts(NamedTuple):
+    """``segment`` is injected as K/V ('' = nothing injected); ``prompt`` follows it."""
+
+    segment: str
+    prompt: str
+    mode: str  # "system" | "user_prefix" | "inline" | "none"
+
+
+class ChatRenderer:
+    """A tokenizer's chat template: render, encode and split a conversation."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        self.has_template = bool(getattr(tokenizer, "chat_template", None))
+
+    def render(self, messages: list[dict[str, str]], *, generation_prompt: bool = True) -> str:
+        """The template's text (``role: content`` lines for tokenizers without one)."""
+        if self.has_template:
+            return self.tokenizer.apply_chat_template(
+                messages, add_generation_prompt=generation_prompt, tokenize=False
+            )
+        lines = [f"{m['role']}: {m['content']}" for m in messages]
+        return "\n".join(lines + (["assistant:"] if generation_prompt else []))
+
+    def encode(self, text: str, *, first: bool) -> list[int]:
+        """Token ids; ``first`` text starts the sequence and gets BOS unless it renders one.
+
+        Templates that render BOS themselves (Llama 3, Gemma, Mistral) must not get a
+        second one from the tokenizer; continuation text never gets special tokens.
+        """
+        bos = getattr(self.tokenizer, "bos_token", None)
+        add = first and not (bos and text.startswith(bos))
+        return self.tokenizer(text, add_special_tokens=add)["input_ids"]
+
+    def plain(self, context: str, messages: list[dict[str, str]]) -> str:
+        """The whole prompt with ``context`` as text (no injection): the reference path.
+
+        The system turn where the template keeps it, else the first user message's start.
+        """
+        if not context:
+            return self.render(messages)
+        try:
+            full = self.render(_with_context("system", context, messages))
+            if context in full:
+                return full
+        except Exception:  # noqa: BLE001 - jinja TemplateError, ValueError, ...
+            pass
+        return self.render(_with_context("user_prefix", context, messages))
+
+    def split(self, context: str, messages: list[dict[str, str]]) -> PromptParts:
+        """Segment (the context's turn) and the prompt that continues it, verified."""
+        if not context.strip():
+            return PromptParts("", self.render(messages), "none")
+        for mode in _MODES:
+            parts = self._try(mode, context, messages)
+            if parts is not None:
+                return parts
+        return PromptParts("", self.plain(context, messages), "inline")
+
+    # -- internals ----------------------------------------------------------------------
+    def _try(self, mode: str, context: str, messages: list[dict[str, str]]) -> PromptParts | None:
+        try:
+            full = self.render(_with_context(mode, context, messages))
+            segment = self._segment(mode, context, full)
+        except Exception:  # noqa: BLE001 - a template that rejects the role or the layout
+            return None
+        if not segment or context not in segment or not full.startswith(segment):
+            return None
+        rest = full[len(segment):]
+        if not rest or not self._reproduces(segment, rest, full):
+            return None
+        return PromptParts(segment, rest, mode)
+
+    def _segment(self, mode: str, context: str, full: str) -> str:
+        if mode == "system":
+            return self.render([{"role": "system", "content": context}], generation_prompt=False)
+        end = full.find(context + SEPARATOR)
+        return "" if end < 0 else full[: end + len(context) + len(SEPARATOR)]
+
+    def _reproduces(self, segment: str, rest: str, full: str) -> bool:
+        whole = self.encode(full, first=True)
+        return self.encode(segment, first=True) + self.encode(rest, first=False) == whole
+
+
+def _with_context(mode: str, context: str, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+    """The conversation with ``context`` as a leading system turn or user-message prefix."""
+    if mode == "system":
+        return [{"role": "system", "content": context}, *messages]
+    out = [dict(m) for m in messages]
+    first_user = next((m for m in out if m["role"] == "user"), None)
+    if first_user is None:
+        raise ValueError("no user message to carry the context")
+    first_user["content"] = context + SEPARATOR + first_user["content"]
+    return out

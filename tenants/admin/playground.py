@@ -1,0 +1,95 @@
+"""/admin/playground/: a tenant admin (or superuser) compares one of their members' reply
+with and without the member's personalisation, optionally with an unsaved preference."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.template.response import TemplateResponse
+
+from tenants import actions, playground
+from tenants.actions import PREFERENCE_MAX_CHARS
+from tenants.admin.scoping import admin_scope, scope_queryset
+from tenants.errors import PlatformError
+from tenants.models import Member, Preference
+
+MESSAGE_MAX_CHARS = 4000
+
+
+class PlaygroundForm(forms.Form):
+    member = forms.ModelChoiceField(queryset=Member.objects.none())
+    message = forms.CharField(max_length=MESSAGE_MAX_CHARS, strip=True,
+                              widget=forms.Textarea(attrs={"rows": 3, "cols": 80}))
+    preference = forms.CharField(
+        required=False, max_length=PREFERENCE_MAX_CHARS, strip=False,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 80}),
+        help_text="The member's saved preference. Edit it to try a change before saving it: "
+                  "an edited text is computed for this page only, never cached or stored.")
+    alpha = forms.FloatField(required=False, min_value=0.0, max_value=1.0,
+                             help_text="Strength, 0 to 1 (empty: the member's own).")
+    save = forms.BooleanField(required=False,
+                              label="Also save the personalised exchange to the member's "
+                                    "history")
+
+    def __init__(self, members, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["member"].queryset = members
+
+
+def _members(request):
+    scope = admin_scope(request)
+    if scope is None:
+        raise PermissionDenied("Only tenant admins and superusers may use the playground.")
+    return scope_queryset(Member.objects.select_related("user", "tenant"), scope)
+
+
+def _initial(members, member_id: str | None) -> dict:
+    if not member_id:
+        return {}
+    member = members.filter(pk=member_id).first() if member_id.isdigit() else None
+    if member is None:  # unknown and foreign members alike
+        raise Http404("No such member.")
+    pref = Preference.objects.filter(member=member).first()
+    return {"member": member, "preference": pref.text if pref else "",
+            "alpha": pref.alpha if pref else None}
+
+
+def _override(member: Member, text: str, alpha: float | None):
+    """(preference_text, alpha) to send: None, None when the form shows the saved one."""
+    pref = Preference.objects.filter(member=member).first()
+    if pref is not None and text == pref.text and alpha in (None, pref.alpha):
+        return None, None
+    return text, alpha
+
+
+def playground_view(request):
+    members = _members(request)
+    context = {**admin.site.each_context(request), "title": "Playground"}
+    initial = _initial(members, request.GET.get("member"))
+    if request.method != "POST":
+        form = PlaygroundForm(members, initial=initial)
+    elif "_try" in request.POST:  # from a preference's change page: its unsaved edit
+        form = PlaygroundForm(members, initial={**initial, "preference": request.POST.get(
+            "text", ""), "alpha": request.POST.get("alpha") or initial.get("alpha")})
+    else:
+        form = PlaygroundForm(members, request.POST)
+        if form.is_valid():
+            context.update(_run(request, form.cleaned_data))
+    return TemplateResponse(request, "admin/kvi_playground.html", {**context, "form": form})
+
+
+def _run(request, data: dict) -> dict:
+    member = data["member"]
+    text, alpha = _override(member, data["preference"], data["alpha"])
+    try:
+        results = playground.compare(member.pk, data["message"], preference_text=text,
+                                     alpha=alpha)
+    except PlatformError as exc:
+        return {"error": exc.message}
+    saved = actions.do_record_playground(member, message=data["message"], results=results,
+                                         unsaved_preference=text is not None,
+                                         save=data["save"], actor=request.user)
+    return {"results": results, "unsaved": text is not None, "saved": saved,
+            "ran_for": member}

@@ -1,0 +1,53 @@
+"""Strict JSON fields for the API: a value of the wrong JSON type is refused (400), never
+coerced (DRF's own fields turn ``42`` into ``"42"`` and ``"5"`` into ``5``).
+
+Bounds are checked on the value as sent, so what the OpenAPI schema says (``maxLength``,
+``pattern``, ``minimum``/``maximum``) is exactly what is accepted.
+"""
+
+from __future__ import annotations
+
+from django.core.validators import RegexValidator
+from rest_framework import serializers
+
+# JSON-schema patterns (also enforced here): PostgreSQL text cannot hold NUL.
+NO_NUL = r"^[^\x00]*$"
+NOT_BLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
+
+
+class StrictCharField(serializers.CharField):
+    default_error_messages = {"invalid": "Not a valid string."}
+
+    def __init__(self, *, pattern: str | None = None, pattern_message: str = "", **kw):
+        super().__init__(**kw)
+        if pattern is not None:
+            # RegexValidator: enforced, and drf-spectacular publishes it as the pattern
+            self.validators.append(RegexValidator(pattern, pattern_message or "Invalid text."))
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str):
+            self.fail("invalid")
+        if self.max_length is not None and len(data) > self.max_length:
+            self.fail("max_length", max_length=self.max_length)  # before any trimming
+        return super().to_internal_value(data)
+
+
+class StrictIntegerField(serializers.IntegerField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, int):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictFloatField(serializers.FloatField):
+    def to_internal_value(self, data):
+        if isinstance(data, bool) or not isinstance(data, (int, float)):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictBooleanField(serializers.BooleanField):
+    def to_internal_value(self, data):
+        if not isinstance(data, bool):
+            self.fail("invalid")
+        return data

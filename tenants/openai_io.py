@@ -1,0 +1,203 @@
+"""The /v1 (OpenAI-compatible) request fields, their validation, and the response shapes.
+
+Unknown fields are refused (400, ``param`` naming the field), as OpenAI does; OpenAI
+fields the platform does not implement are accepted only at their neutral value.
+Platform extras travel in one extension object, ``kvinject`` (``extra_body`` in the SDK).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.validators import MaxValueValidator
+from rest_framework import serializers
+
+from tenants.errors import ModelNotFound
+from tenants.serializers import PK_MAX
+
+EXTENSION = "kvinject"
+MAX_STOP = 4
+# OpenAI fields without an implementation here: accepted only with these values.
+NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
+           "parallel_tool_calls": (True, False)}
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not declare (OpenAI: "Unrecognized request argument")."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = [k for k in data if k not in self.fields and k not in NEUTRAL]
+            if unknown:
+                raise serializers.ValidationError(
+                    {unknown[0]: [f"Unrecognized request argument supplied: {unknown[0]}"]})
+            for name, allowed in NEUTRAL.items():
+                if name in data and data[name] is not None and data[name] not in allowed:
+                    raise serializers.ValidationError({name: ["Not supported by this server."]})
+        return super().to_internal_value(data)
+
+
+class ChatMessageSerializer(StrictSerializer):
+    role = serializers.ChoiceField(["system", "developer", "user", "assistant"])
+    content = serializers.JSONField(help_text="Text, or a list of {type: text, text} parts.")
+    name = serializers.CharField(required=False, max_length=64)
+
+    def validate_content(self, value: Any) -> str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, list) and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str)
+            for p in value
+        ):
+            return "\n".join(p["text"] for p in value)
+        raise serializers.ValidationError("Must be a string or a list of text parts.")
+
+
+class StreamOptionsSerializer(StrictSerializer):
+    include_usage = serializers.BooleanField(required=False, default=False)
+
+
+class ExtensionSerializer(StrictSerializer):
+    alpha = serializers.FloatField(required=False, min_value=0.0, max_value=1.0,
+                                   help_text="Injection strength override (values only).")
+    conversation = serializers.IntegerField(
+        required=False, min_value=1, max_value=PK_MAX,
+        help_text="Append this exchange to one of your conversations (default: a new one "
+                  "holding the request's messages and the reply).")
+
+
+class CompletionRequestSerializer(StrictSerializer):
+    model = serializers.CharField(min_length=1,
+                                  help_text="The served model's id or an alias (GET /v1/models).")
+    messages = ChatMessageSerializer(many=True, allow_empty=False, min_length=1)
+    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1)
+    max_completion_tokens = serializers.IntegerField(required=False, allow_null=True,
+                                                     min_value=1)
+    temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0,
+                                         max_value=2.0)
+    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+    seed = serializers.IntegerField(required=False, allow_null=True, min_value=0,
+                                    max_value=2**63 - 1)
+    stop = serializers.JSONField(required=False, allow_null=True,
+                                 help_text="A string or up to 4 strings.")
+    stream = serializers.BooleanField(required=False, default=False, allow_null=True)
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+    n = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1,
+                                 help_text="Only 1.")
+    user = serializers.CharField(required=False, allow_blank=True, max_length=256,
+                                 help_text="Your id for your end user (audited).")
+    kvinject = ExtensionSerializer(required=False, help_text="Platform extras.")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        limit = settings.CHAT_MAX_NEW_TOKENS  # read per request: the schema states it too
+        for name in ("max_tokens", "max_completion_tokens"):
+            self.fields[name].max_value = limit
+            self.fields[name].validators.append(MaxValueValidator(limit))
+
+    def validate_n(self, value):
+        if value not in (None, 1):
+            raise serializers.ValidationError("Only n=1 is supported.")
+        return value
+
+    def validate_top_p(self, value):
+        if value is not None and value <= 0:
+            raise serializers.ValidationError("Must be greater than 0.")
+        return value
+
+    def validate_stop(self, value):
+        stops = [value] if isinstance(value, str) else value
+        if stops is None:
+            return []
+        if not (isinstance(stops, list) and len(stops) <= MAX_STOP
+                and all(isinstance(s, str) and s for s in stops)):
+            raise serializers.ValidationError(
+                f"Must be a non-empty string or a list of up to {MAX_STOP} of them.")
+        return stops
+
+    def validate_messages(self, value):
+        for m in value:
+            if m["role"] == "developer":
+                m["role"] = "system"
+        if value[-1]["role"] != "user" or not value[-1]["content"].strip():
+            raise serializers.ValidationError("The last message must be a non-empty user message.")
+        if sum(len(m["content"]) for m in value) > settings.CHAT_MAX_MESSAGE_CHARS * 4:
+            raise serializers.ValidationError("The messages are too long.")
+        return value
+
+    def validate(self, attrs):
+        tokens = attrs.get("max_completion_tokens") or attrs.get("max_tokens")
+        if tokens is not None and tokens > settings.CHAT_MAX_NEW_TOKENS:
+            field = "max_completion_tokens" if attrs.get("max_completion_tokens") else "max_tokens"
+            raise serializers.ValidationError(
+                {field: [f"Limited to {settings.CHAT_MAX_NEW_TOKENS}."]})
+        return attrs
+
+
+def served_model(model_path: str) -> str:
+    """The id /v1 serves the model under (OPENAI_MODEL_ID, else the model dir's name)."""
+    return settings.OPENAI_MODEL_ID or Path(model_path).name
+
+
+def resolve_model(requested: str, model_path: str) -> str:
+    served = served_model(model_path)
+    if requested != served and requested not in settings.OPENAI_MODEL_ALIASES:
+        raise ModelNotFound(f"The model '{requested}' does not exist; this server serves "
+                            f"'{served}' (GET /v1/models).", param="model")
+    return served
+
+
+def chat_params(data: dict) -> dict[str, Any]:
+    """What the worker's chat task is asked (also the idempotency key's request hash)."""
+    ext = data.get(EXTENSION) or {}
+    return {
+        "max_new_tokens": (data.get("max_completion_tokens") or data.get("max_tokens")
+                           or settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
+        "temperature": data.get("temperature") or 0.0,
+        "top_p": data.get("top_p") or 1.0,
+        "seed": data.get("seed"),
+        "stop": data.get("stop") or [],
+        "alpha": ext.get("alpha"),
+        "user": data.get("user") or None,
+        "history": [{"role": m["role"], "content": m["content"]} for m in data["messages"][:-1]],
+    }
+
+
+def completion(body: dict[str, Any], model: str) -> dict[str, Any]:
+    """A chat answer (the worker's body) as an OpenAI ``chat.completion``."""
+    cache = body.get("cache") or {}
+    return {
+        "id": f"chatcmpl-{body['request_id']}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "system_fingerprint": f"fp_{(cache.get('fingerprint') or '')[:12]}",
+        "choices": [{
+            "index": 0,
+            "message": {"role": "assistant", "content": body["reply"], "refusal": None},
+            "finish_reason": finish_reason(cache),
+            "logprobs": None,
+        }],
+        "usage": usage(body.get("usage") or {}),
+        EXTENSION: {"conversation": body["conversation"], "request_id": body["request_id"],
+                    "cache": cache},
+    }
+
+
+def finish_reason(cache: dict[str, Any]) -> str:
+    return "length" if cache.get("finish_reason") == "length" else "stop"
+
+
+def usage(u: dict[str, Any]) -> dict[str, int]:
+    prompt, done = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+
+
+def model_list(model_path: str) -> dict[str, Any]:
+    served = served_model(model_path)
+    ids = [served, *(a for a in settings.OPENAI_MODEL_ALIASES if a != served)]
+    return {"object": "list", "data": [
+        {"id": i, "object": "model", "created": 0, "owned_by": "kvinject"} for i in ids]}

@@ -1,0 +1,68 @@
+"""What the Django app needs from the worker layer, without importing it.
+
+Layers point down (``injection`` <- ``tenants`` <- ``gpu_worker``/web): nothing under
+``tenants/`` imports ``gpu_worker`` (tests/tenants/test_layering.py checks it). The worker
+package plugs its implementations in when Django starts (``gpu_worker.apps``); tasks are
+enqueued by name through the Celery app, never by importing the task module.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from tenants.errors import WorkerUnavailable
+
+log = logging.getLogger(__name__)
+WARM_MEMBER_TASK = "gpu_worker.tasks.warm_member"
+
+_impl: dict[str, Callable[..., Any]] = {}
+
+
+def provide(name: str, fn: Callable[..., Any]) -> None:
+    """Install the implementation of port ``name`` ("run_chat", "deliver_invalidations")."""
+    _impl[name] = fn
+
+
+def run_chat(*args: Any, **kwargs: Any) -> dict[str, Any]:
+    """One chat turn end to end (``gpu_worker.client.run_chat``): its outcome (body, replayed)."""
+    fn = _impl.get("run_chat")
+    if fn is None:
+        raise WorkerUnavailable("This deployment has no chat backend installed.")
+    return fn(*args, **kwargs)
+
+
+def start_stream(*args: Any, **kwargs: Any) -> Any:
+    """Claim and dispatch a streamed chat turn (``gpu_worker.relay.start_chat``)."""
+    fn = _impl.get("start_stream")
+    if fn is None:
+        raise WorkerUnavailable("This deployment has no chat backend installed.")
+    return fn(*args, **kwargs)
+
+
+def stream_events(member: Any, started: Any) -> Any:
+    """Its async iterator of ("delta", text), then ("done", body) or ("error", exc)."""
+    return _impl["stream_events"](member, started)
+
+
+def deliver_invalidations(ids: Sequence[int]) -> None:
+    """Fast path after commit: delete L2 and broadcast to workers now (best effort).
+
+    The outbox rows are the durable record: whatever this misses (Redis down, no
+    implementation installed) the workers' outbox followers and sweeps deliver later.
+    """
+    fn = _impl.get("deliver_invalidations")
+    if fn is None:
+        return
+    try:
+        fn(list(ids))
+    except Exception:  # a commit has happened; the outbox retries, never fail the caller
+        log.exception("invalidation fast path failed; the outbox will deliver it")
+
+
+def enqueue_warm(member_id: int) -> None:
+    """Ask a GPU worker to precompute a member's K/V (by task name: no worker import)."""
+    from config.celery import app
+
+    app.send_task(WARM_MEMBER_TASK, args=(member_id,))

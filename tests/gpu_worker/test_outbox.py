@@ -1,0 +1,112 @@
+"""The invalidation outbox on real Postgres and Redis: written with the change, delivered
+until acknowledged, followed by txid so a late-committing transaction is never skipped."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+import redis
+import torch
+from django.db import connection, transaction
+
+from gpu_worker import kvstore, outbox
+from injection.base import CacheKey
+from injection.packed import PackedKV
+from tenants import actions
+from tenants.models import KVInvalidation
+
+pytestmark = pytest.mark.django_db(transaction=True)
+FAR = 10**12  # tenant/member ids no real row has: nothing of other tests is evicted
+
+
+@pytest.fixture
+def member():
+    tenant = actions.do_create_tenant("obx")
+    return actions.do_add_member(tenant, "obx-alice", preference="vegetarian")
+
+
+def put_l2_entry(member) -> CacheKey:
+    tier = kvstore.l2_tier()
+    key = CacheKey(str(member.tenant_id), str(member.pk), member.preference.content_hash, "fp")
+    assert tier.put(key, PackedKV(torch.zeros(2, 1, 3, 4), torch.ones(2, 1, 3, 4), [1, 2, 3]))
+    return key
+
+
+def rows_for(member):
+    return KVInvalidation.objects.filter(tenant_ref=member.tenant_id, member_ref=member.pk)
+
+
+def test_row_is_written_with_the_change_and_rolled_back_with_it(member):
+    before = rows_for(member).count()
+    with pytest.raises(RuntimeError), transaction.atomic():
+        actions.do_set_preference(member, text="vegan")
+        assert rows_for(member).count() > before  # same transaction
+        raise RuntimeError
+    assert rows_for(member).count() == before
+    actions.do_set_preference(member, text="vegan")
+    row = rows_for(member).latest("id")
+    assert row.txid > 0 and row.l2_done_at is not None  # Redis up: acknowledged at once
+
+
+def test_redis_down_keeps_the_row_pending_until_a_sweep_deletes_l2(member, settings,
+                                                                   monkeypatch):
+    key = put_l2_entry(member)
+    live = settings.REDIS_URL
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nothing listens there: an outage
+    actions.do_delete_preference(member)  # stored and audited
+    row = rows_for(member).latest("id")
+    assert row.l2_done_at is None
+    monkeypatch.setattr(outbox, "SWEEP_GRACE_SECONDS", 0.0)
+    with pytest.raises(redis.RedisError):  # the sweep cannot acknowledge it either
+        outbox.sweep()
+    row.refresh_from_db()
+    assert row.l2_done_at is None
+    settings.REDIS_URL = live
+    assert kvstore.l2_tier().get(key) is not None  # the old entry is still there ...
+    assert outbox.sweep() >= 1
+    assert kvstore.l2_tier().get(key) is None  # ... until Redis is back
+    row.refresh_from_db()
+    assert row.l2_done_at is not None
+    assert outbox.sweep() == 0  # acknowledged rows are not delivered again
+
+
+def test_follower_applies_each_committed_row_once_even_when_it_commits_late():
+    applied: list[tuple[str, str | None]] = []
+    follower = outbox.OutboxFollower(lambda t, u: applied.append((t, u)), interval=0)
+    follower.poll_once()  # sets the cursor
+    inserted, release = threading.Event(), threading.Event()
+
+    def slow_writer():
+        try:
+            with transaction.atomic():
+                actions.invalidate_on_commit(FAR, FAR + 1)
+                inserted.set()
+                release.wait(20)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=slow_writer)
+    thread.start()
+    assert inserted.wait(20)
+    actions.invalidate_on_commit(FAR, FAR + 2)  # a larger id, committed first
+    assert follower.poll_once() == 1
+    assert applied == [(str(FAR), str(FAR + 2))]
+    release.set()
+    thread.join(20)
+    late = KVInvalidation.objects.get(member_ref=FAR + 1)
+    assert late.pk < KVInvalidation.objects.get(member_ref=FAR + 2).pk  # a cursor on id skips it
+    assert follower.poll_once() == 1
+    assert applied[-1] == (str(FAR), str(FAR + 1))
+    assert follower.poll_once() == 0  # nothing twice
+
+
+def test_follower_skips_a_row_a_broadcast_already_applied_and_whole_tenant_rows():
+    applied: list[tuple[str, str | None]] = []
+    follower = outbox.OutboxFollower(lambda t, u: applied.append((t, u)), interval=0)
+    follower.poll_once()
+    actions.invalidate_on_commit(FAR, FAR + 3)
+    follower.announce(KVInvalidation.objects.get(member_ref=FAR + 3).pk)
+    actions.invalidate_on_commit(FAR + 4)  # member None: the whole tenant
+    assert follower.poll_once() == 1
+    assert applied == [(str(FAR + 4), None)]

@@ -1,0 +1,77 @@
+"""History that fits: whole turns, never opening with an assistant message, budget from the model."""
+
+from __future__ import annotations
+
+import pytest
+
+from injection.base import ExecutionRequest
+from injection.errors import ContextLengthExceeded
+from injection.executor import InjectionExecutor
+from injection.history import fit_history, whole_turns
+from injection.lru import TenantLRU
+from injection.metrics import Metrics
+
+
+def msg(role: str, text: str) -> dict[str, str]:
+    return {"role": role, "content": text}
+
+
+def words(messages) -> int:
+    """A stand-in token count: words of the conversation plus 2 per message."""
+    return sum(len(m["content"].split()) + 2 for m in messages)
+
+
+HISTORY = [msg("assistant", "orphan reply"),
+           msg("user", "one two"), msg("assistant", "three four five"),
+           msg("user", "six"), msg("assistant", "seven eight"),
+           msg("user", "nine ten eleven"), msg("assistant", "twelve")]
+TAIL = [msg("user", "new question here")]
+
+
+def test_whole_turns_drop_a_leading_assistant_message():
+    turns = whole_turns(HISTORY)
+    assert [t[0]["role"] for t in turns] == ["user"] * 3
+    assert [len(t) for t in turns] == [2, 2, 2]
+
+
+@pytest.mark.parametrize("limit", range(5, 40))
+def test_fit_keeps_the_most_recent_whole_turns_that_fit(limit):
+    if words(TAIL) > limit:
+        with pytest.raises(ContextLengthExceeded):
+            fit_history(words, HISTORY, TAIL, limit=limit)
+        return
+    kept = fit_history(words, HISTORY, TAIL, limit=limit)
+    assert kept[-1] == TAIL[0] and words(kept) <= limit
+    history = kept[:-1]
+    assert not history or history[0]["role"] == "user"
+    assert history == HISTORY[len(HISTORY) - len(history):]  # a suffix: newest kept
+    assert len(history) % 2 == 0  # whole turns only
+    turns = whole_turns(HISTORY)
+    if len(history) < 6:  # one more turn would not have fitted
+        more = turns[-(len(history) // 2 + 1):]
+        assert words([m for t in more for m in t] + TAIL) > limit
+
+
+def test_history_cap_bounds_the_history_tokens_alone():
+    kept = fit_history(words, HISTORY, TAIL, limit=None, history_cap=8)
+    assert kept == [*HISTORY[-2:], *TAIL]  # the newest turn costs 8, two turns cost 13
+    assert fit_history(words, HISTORY, TAIL, limit=None, history_cap=0) == TAIL
+    head = [msg("system", "be brief")]
+    assert fit_history(words, HISTORY, TAIL, limit=None, head=head)[:2] == [head[0], HISTORY[1]]
+
+
+def test_executor_trims_history_to_the_models_positions(adapter):
+    ex = InjectionExecutor(adapter, l1=TenantLRU(max_bytes=64 * 1024**2), l2=None,
+                           metrics=Metrics())
+    long = " ".join(["vegetables and rice"] * 60)  # a few hundred tokens per message
+    history = [m for i in range(12) for m in (msg("user", f"{i} {long}"), msg("assistant", long))]
+    req = ExecutionRequest("t", "u", [*history, msg("user", "And now?")], "I like tea.",
+                           max_new_tokens=64)
+    res = ex.execute(req)
+    assert 0 < res.history_messages < len(history) and res.history_messages % 2 == 0
+    assert res.prompt_tokens + res.kv_tokens + 64 <= adapter.max_positions
+    # a message that cannot fit even alone is a client error before any generation
+    too_long = ExecutionRequest("t", "u", [msg("user", long * 12)], "I like tea.",
+                                max_new_tokens=64)
+    with pytest.raises(ContextLengthExceeded):
+        ex.execute(too_long)
