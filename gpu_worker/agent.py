@@ -1,8 +1,12 @@
 """The worker agent: one background thread per worker node.
 
-Every tick it lets the :class:`~gpu_worker.limits.Watchdog` enforce time limits; every
+Every tick it lets the :class:`~gpu_worker.limits.Watchdog` enforce time limits, and every
 ``WORKER_HEARTBEAT_INTERVAL`` it refreshes the heartbeat (so web processes may route
-members here), prunes stale in-flight entries and recovers dead workers' tasks.
+members here). A second thread, the housekeeper, prunes stale in-flight entries, recovers
+dead workers' tasks and sweeps the invalidation outbox (L2 deletions Redis missed;
+gpu_worker.outbox) on the same interval. The two are apart so that slow housekeeping
+(a Postgres stall, a large recovery) never delays a heartbeat: a late heartbeat makes
+peers declare this worker dead and redeliver the task it is still running.
 """
 
 from __future__ import annotations
@@ -16,8 +20,9 @@ from typing import Any
 
 import redis
 from django.conf import settings
+from django.db import DatabaseError, close_old_connections
 
-from gpu_worker import registry
+from gpu_worker import outbox, registry
 from gpu_worker.limits import Watchdog
 
 log = logging.getLogger(__name__)
@@ -43,6 +48,7 @@ class WorkerAgent(threading.Thread):
                 **self.extra}
 
     def run(self) -> None:
+        threading.Thread(target=self._housekeeping, name="kvi-housekeeper", daemon=True).start()
         next_beat = 0.0
         while not self._halt.is_set():
             if self.watchdog is not None:
@@ -50,22 +56,51 @@ class WorkerAgent(threading.Thread):
             now = time.monotonic()
             if now >= next_beat or self._wake.is_set():
                 self._wake.clear()
-                self.beat()
+                self.heartbeat()
                 next_beat = now + settings.WORKER_HEARTBEAT_INTERVAL
             self._halt.wait(TICK_SECONDS)
 
     def beat(self) -> None:
+        """Heartbeat and housekeeping once, synchronously (at startup)."""
+        self.heartbeat()
+        self.housekeep()
+
+    def heartbeat(self) -> None:
         try:
-            client = registry.redis_client()
             if self.state == "serving":
-                registry.heartbeat(self.worker, self.info(), client)
-            self._prune_inflight(client)
-            registry.reap_dead(client, exclude=self.worker)
+                registry.heartbeat(self.worker, self.info())
             self.beats += 1
         except redis.RedisError as exc:
             log.warning("agent: Redis unavailable (%s); retrying", exc)
         except Exception:  # the agent must outlive any single failure
             log.exception("agent: heartbeat failed")
+
+    def _housekeeping(self) -> None:
+        while not self._halt.wait(settings.WORKER_HEARTBEAT_INTERVAL):
+            self.housekeep()
+
+    def housekeep(self) -> None:
+        try:
+            client = registry.redis_client()
+            self._prune_inflight(client)
+            registry.reap_dead(client, exclude=self.worker)
+        except redis.RedisError as exc:
+            log.warning("agent: Redis unavailable for recovery (%s); retrying", exc)
+        except Exception:
+            log.exception("agent: recovery failed")
+        self.sweep_outbox()
+
+    def sweep_outbox(self) -> None:
+        """L2 deletions the fast path could not do (Redis was down), until acknowledged."""
+        try:
+            close_old_connections()
+            outbox.sweep()
+        except redis.RedisError:
+            pass  # logged above by the heartbeat; rows stay pending
+        except DatabaseError as exc:
+            log.warning("agent: outbox unavailable (%s); retrying", exc)
+        except Exception:
+            log.exception("agent: outbox sweep failed")
 
     def drain(self) -> None:
         """Warm shutdown began: stop new routing here now (the running task finishes)."""

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-FAST_HEARTBEAT = {"WORKER_HEARTBEAT_INTERVAL": "0.5", "WORKER_HEARTBEAT_TTL": "3"}
+FAST_HEARTBEAT = {"WORKER_HEARTBEAT_INTERVAL": "0.5", "WORKER_HEARTBEAT_TTL": "4"}
 LONG_TOKENS = 1800  # a few seconds of generation on the demo model: time to kill mid-way
 
 

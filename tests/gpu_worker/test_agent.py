@@ -1,0 +1,65 @@
+"""The worker agent on real Redis: a stalled housekeeping pass never stops the heartbeat.
+
+A worker whose heartbeat lapses is declared dead by its peers, which redeliver the task
+it is still running (a duplicate run; past the delivery bound, a spurious poison failure).
+Housekeeping (outbox sweep on Postgres, recovery of dead peers) can be slow, so it runs
+on its own thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from gpu_worker import registry
+from gpu_worker.agent import WorkerAgent
+
+
+@pytest.fixture
+def agent(settings):
+    settings.WORKER_HEARTBEAT_INTERVAL = 0.1
+    settings.WORKER_HEARTBEAT_TTL = 0.5
+    name = f"agent-{uuid.uuid4().hex[:8]}"
+    a = WorkerAgent(name, "solo")
+    yield a
+    a._halt.set()
+    client = registry.redis_client()
+    client.delete(registry.hb_key(name), registry.inflight_key(name))
+    client.zrem(registry.WORKERS_KEY, name)
+
+
+def test_heartbeat_stays_fresh_while_housekeeping_is_stalled(agent):
+    stalled, release = threading.Event(), threading.Event()
+
+    def stuck_housekeeping() -> None:  # e.g. a Postgres lock wait in the outbox sweep
+        stalled.set()
+        release.wait(10)
+
+    agent.housekeep = stuck_housekeeping
+    agent.start()
+    try:
+        assert stalled.wait(5), "housekeeping never ran"
+        client = registry.redis_client()
+        beats = agent.beats
+        for _ in range(15):  # 1.5 s: three heartbeat TTLs
+            time.sleep(0.1)
+            assert client.exists(registry.hb_key(agent.worker)), "heartbeat lapsed"
+        assert agent.beats >= beats + 5
+        assert agent.worker in registry.live_workers()
+    finally:
+        release.set()
+
+
+def test_a_stopped_agent_is_no_longer_routable(agent):
+    agent.start()
+    client = registry.redis_client()
+    deadline = time.monotonic() + 5
+    while not client.exists(registry.hb_key(agent.worker)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert agent.worker in registry.live_workers()
+    agent.stop()
+    assert not agent.is_alive()
+    assert agent.worker not in registry.live_workers()
