@@ -14,6 +14,7 @@ Traps handled here (each covered by tests/injection/test_adapter.py):
 from __future__ import annotations
 
 import copy
+import time
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,7 @@ class ModelAdapter(PreferenceModel):
         ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``seed``; ``stop`` (strings
         the reply ends before), ``on_text`` and ``cancelled`` (see injection.stopping).
         """
+        started = time.perf_counter()
         watch_opts = {k: sampling.pop(k) for k in ("stop", "on_text", "cancelled")
                       if k in sampling}
         prompt_ids = self.renderer.encode(prompt, first=injected is None)
@@ -147,9 +149,11 @@ class ModelAdapter(PreferenceModel):
             del cache
         gen = ids[len(input_ids):]
         reason = watch.finish(gen, max_new_tokens, self._eos_ids())
+        first = watch.first_token_at
         return GenerationOutput(
             watch.text, gen, prompt_ids, kv_transfer_ms=timer.elapsed_ms(),
             kv_bytes_gpu=timer.peak_bytes, finish_reason=reason,
+            first_token_ms=(first - started) * 1000.0 if first is not None else 0.0,
         )
 
     def _eos_ids(self) -> set[int]:

@@ -59,6 +59,7 @@ class GenerationOutput(NamedTuple):
     kv_transfer_ms: float = 0.0  # injected K/V host->device + cache build
     kv_bytes_gpu: int = 0  # accelerator bytes peaked while building the cache (0 on CPU)
     finish_reason: str = "length"  # stop (stop string or end of sequence) | length | cancelled
+    first_token_ms: float = 0.0  # from the start of generate() to the first generated token
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ class ExecutionResult:
     kv_transfer_latency_ms: float = 0.0
     kv_fetch_latency_ms: float = 0.0  # L1/L2 lookup or compute time
     inference_latency_ms: float = 0.0
+    ttft_ms: float = 0.0  # request start (incl. the K/V lookup) to the first generated token
     stripped_count: int = 0
     injection_mode: str = "none"  # system | user_prefix | inline | none (see prompting)
     history_messages: int = 0  # history messages that fitted the context

@@ -162,7 +162,8 @@ class InjectionExecutor:
             fingerprint=self.adapter.fingerprint, kv_tokens=kv.num_tokens,
             kv_layers_count=kv.num_layers, kv_bytes_cpu=kv.nbytes,
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
-            kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms, stripped_count=stripped,
+            kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
+            ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
             injection_mode=parts.mode, history_messages=_history_len(messages),
             finish_reason=out.finish_reason,
         )
@@ -191,7 +192,8 @@ class InjectionExecutor:
         return ExecutionResult(
             text=text, tier=Tier.NONE, prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
-            inference_latency_ms=infer_ms, stripped_count=stripped, injection_mode=mode,
+            inference_latency_ms=infer_ms, ttft_ms=out.first_token_ms, stripped_count=stripped,
+            injection_mode=mode,
             history_messages=history, finish_reason=out.finish_reason,
         )
 

@@ -9,12 +9,14 @@ generated token. It decodes the generated ids so far and
   sending text that could still turn out to be the start of a stop string;
 * stops when ``cancelled()`` says so (checked every ``cancel_every`` tokens).
 
+``first_token_at`` is when the first token was generated (``time.perf_counter()``).
 ``finish_reason`` afterwards: ``"stop"`` (a stop string or end of sequence),
 ``"length"`` (``max_new_tokens`` reached) or ``"cancelled"``.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -64,9 +66,12 @@ class GenerationWatch(StoppingCriteria):
         self.sent = 0  # characters of ``text`` handed to on_text
         self.finish_reason: str | None = None
         self.steps = 0
+        self.first_token_at: float | None = None  # perf_counter() at the first token
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
         self.steps += 1
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
         done = self._update(input_ids[0, self.start:].tolist())
         if not done and self.cancelled is not None and self.steps % self.cancel_every == 0:
             done = bool(self.cancelled())

@@ -89,6 +89,9 @@ class CacheInfoSerializer(serializers.Serializer):
     kv_bytes_cpu = serializers.IntegerField()
     kv_fetch_latency_ms = serializers.FloatField()
     inference_latency_ms = serializers.FloatField()
+    ttft_ms = serializers.FloatField(
+        help_text="Time to first token on the worker: from the start of the request's "
+                  "execution (K/V lookup included) to the first generated token.")
 
 
 class ChatResponseSerializer(serializers.Serializer):

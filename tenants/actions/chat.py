@@ -83,7 +83,7 @@ def do_record_chat(
         "latency_ms": round(latency_ms, 1),
         "finish_reason": cache.get("finish_reason"),
     }
-    if cache.get("ttft_ms") is not None:  # streamed replies report their first token
+    if cache.get("ttft_ms") is not None:  # the engine's time to first token
         data["ttft_ms"] = round(float(cache["ttft_ms"]), 1)
     if end_user:
         data["end_user"] = end_user

@@ -60,6 +60,9 @@ def test_chat_round_trip_through_real_worker(live_server, gpu_worker, alice):
     row = audits.order_by("id").first()
     assert row.data["request_id"] == body["request_id"]
     assert row.data["cache_tier"] == body["cache"]["tier"]
+    assert 0 < body["cache"]["ttft_ms"] <= body["cache"]["kv_fetch_latency_ms"] + body["cache"][
+        "inference_latency_ms"]
+    assert row.data["ttft_ms"] == round(body["cache"]["ttft_ms"], 1)  # -> usage TTFT p50/p95
     assert "message" not in row.data  # text only stored when the tenant opts in
     assert Message.objects.filter(conversation_id=body["conversation"]).count() == 4
 

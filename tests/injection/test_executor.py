@@ -227,6 +227,8 @@ def test_result_metrics(model, chat_messages, preference):
     assert res.kv_bytes_gpu_peak == 0  # CPU: no accelerator memory
     assert res.kv_transfer_latency_ms > 0 and res.kv_fetch_latency_ms > 0
     assert res.inference_latency_ms > 0 and res.completion_tokens == 5
+    # first token: after the K/V lookup, before the whole generation is done
+    assert res.kv_fetch_latency_ms < res.ttft_ms < res.kv_fetch_latency_ms + res.inference_latency_ms
     assert res.prompt_tokens == model.count_tokens(parts.prompt)
     info = res.cache_info()
     assert info["tier"] == "compute" and "text" not in info
