@@ -44,6 +44,23 @@ def _take(relay_id: str) -> AsyncIterator[bytes] | None:
         return _jobs.pop(relay_id, None)
 
 
+def event_stream(request, relay_id: str, body: AsyncIterator[bytes]):
+    """A ``text/event-stream`` response of ``body``: handed over to :class:`StreamRelay`
+    under ASGI (sent from the event loop once Django's request is done), else streamed by
+    Django. ``relay_id`` must be unique (a request or task id)."""
+    from django.http import HttpResponse, StreamingHttpResponse
+
+    if can_hand_over(request):
+        hand_over(relay_id, body)
+        response = HttpResponse(content_type="text/event-stream")
+        response[MARKER.decode()] = relay_id
+    else:
+        response = StreamingHttpResponse(body, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
+    return response
+
+
 class StreamRelay:
     def __init__(self, app: Callable) -> None:
         self.app = app

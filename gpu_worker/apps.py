@@ -13,4 +13,5 @@ class GpuWorkerConfig(AppConfig):
         ports.provide("run_chat", client.run_chat)
         ports.provide("start_stream", relay.start_chat)
         ports.provide("stream_events", relay.events)
+        ports.provide("task_events", relay.task_events)
         ports.provide("deliver_invalidations", outbox.deliver_now)

@@ -3,16 +3,20 @@
 Nothing is stored and nothing of the text is logged. ``personalised`` with the saved
 preference goes through the member's cache like a chat; an unsaved edit
 (``preference_text`` given) is computed with ``user=None``: never cached under the
-member's key, so their next real chat still uses their saved preference.
+member's key, so their next real chat still uses their saved preference. With a
+``stream_id`` the pieces go to that Redis stream as they are generated (gpu_worker.streams),
+and a reader that went away stops the generation.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
 from django.conf import settings
 
+from gpu_worker import streams
 from gpu_worker.chat_service import build_request, load_member
 from gpu_worker.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest
@@ -41,14 +45,25 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
 
 
 def reply(member_id: int, message: str, variant: str, preference_text: str | None = None,
-          alpha: float | None = None, max_new_tokens: int | None = None) -> dict[str, Any]:
+          alpha: float | None = None, max_new_tokens: int | None = None,
+          stream_id: str | None = None) -> dict[str, Any]:
     if variant not in VARIANTS:
         raise InvalidInput(f"variant must be one of {', '.join(VARIANTS)}")
     started = time.monotonic()
     member = load_member(member_id)
     tokens = int(max_new_tokens or settings.CHAT_DEFAULT_MAX_NEW_TOKENS)
-    result = get_executor().execute(
-        _request(member, message, variant, preference_text, alpha, tokens))
+    req = _request(member, message, variant, preference_text, alpha, tokens)
+    pub = streams.publisher(stream_id) if stream_id else None
+    if pub is not None:
+        req = dataclasses.replace(req, on_text=pub.piece, cancelled=pub.cancelled)
+    try:
+        result = get_executor().execute(req)
+    except BaseException:
+        if pub is not None:
+            pub.end("error")
+        raise
+    if pub is not None:
+        pub.end("cancelled" if result.finish_reason == "cancelled" else "done")
     return {
         "variant": variant, "reply": result.text, "tier": result.tier.value,
         "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
@@ -56,6 +71,7 @@ def reply(member_id: int, message: str, variant: str, preference_text: str | Non
         "latency_ms": round((time.monotonic() - started) * 1000, 1),
         "kv_fetch_ms": round(result.kv_fetch_latency_ms, 1),
         "inference_ms": round(result.inference_latency_ms, 1),
+        "ttft_ms": round(result.ttft_ms, 1), "finish_reason": result.finish_reason,
         "alpha_effective": result.alpha_effective, "injection_mode": result.injection_mode,
         "unsaved_preference": preference_text is not None and variant == "personalised",
     }

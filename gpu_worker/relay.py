@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any, NamedTuple
 
 import redis
@@ -64,7 +64,8 @@ async def events(member, started: Started) -> AsyncIterator[tuple[str, Any]]:
     outcome = "error"
     deadline = time.monotonic() + settings.CHAT_RESULT_TIMEOUT
     try:
-        async for piece in _pieces(conn, started, deadline):
+        async for piece in _pieces(conn, started.request_id, started.dispatched.result.ready,
+                                   deadline):
             relayed.append(piece)
             yield "delta", piece
         try:
@@ -87,9 +88,37 @@ async def events(member, started: Started) -> AsyncIterator[tuple[str, Any]]:
         await conn.aclose()
 
 
-async def _pieces(conn, started: Started, deadline: float) -> AsyncIterator[str]:
+async def task_events(task_id: str, timeout: float,
+                      wait: Callable[[str, float], dict[str, Any]]) -> AsyncIterator[tuple[str, Any]]:
+    """Any streamed task (the admin playground): ("delta", text)..., then ("done", ``wait``'s
+    outcome for the task). A reader that goes away sets the task's cancel flag."""
+    from celery.result import AsyncResult
+
+    from config.celery import app
+
+    ready = AsyncResult(task_id, app=app).ready
+    conn = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=POLL_MS / 1000 + 2,
+                                 socket_connect_timeout=1)
+    deadline = time.monotonic() + timeout
+    try:
+        async for piece in _pieces(conn, task_id, ready, deadline):
+            yield "delta", piece
+        left = max(1.0, deadline - time.monotonic())
+        yield "done", await sync_to_async(wait, thread_sensitive=False)(task_id, left)
+    except (asyncio.CancelledError, GeneratorExit):
+        try:
+            await conn.set(streams.cancel_key(task_id), "1", ex=streams.CANCEL_TTL)
+        except redis.RedisError as exc:
+            log.warning("could not flag %s cancelled: %s", task_id, exc)
+        raise
+    finally:
+        await conn.aclose()
+
+
+async def _pieces(conn, request_id: str, ready: Callable[[], bool],
+                  deadline: float) -> AsyncIterator[str]:
     """The worker's pieces in order, until its end mark, a gap, a fault or the deadline."""
-    key, last, sent = streams.stream_key(started.request_id), "0-0", 0
+    key, last, sent = streams.stream_key(request_id), "0-0", 0
     while time.monotonic() < deadline:
         try:
             reply = await conn.xread({key: last}, count=256, block=POLL_MS)
@@ -97,7 +126,7 @@ async def _pieces(conn, started: Started, deadline: float) -> AsyncIterator[str]
             log.warning("stream %s unreadable (%s); waiting for the result", key, exc)
             return
         if not reply:
-            if await sync_to_async(started.dispatched.result.ready, thread_sensitive=False)():
+            if await sync_to_async(ready, thread_sensitive=False)():
                 return  # finished, but its end mark never came
             continue
         for entry_id, fields in reply[0][1]:

@@ -12,9 +12,9 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
-from django.http import HttpResponse, HttpResponseBase, StreamingHttpResponse
+from django.http import HttpResponseBase
 
-from config.streaming import MARKER, can_hand_over, hand_over
+from config.streaming import event_stream
 from tenants.errors import openai_body
 from tenants.openai_io import EXTENSION, finish_reason, usage
 
@@ -58,13 +58,4 @@ def sse_response(request, events: AsyncIterator, model: str, request_id: str,
                  include_usage: bool) -> HttpResponseBase:
     """Under ASGI the stream is handed over to ``config.streaming.StreamRelay`` (sent from
     the event loop after Django's request, and its thread, are done); else Django streams."""
-    body = sse(events, model, request_id, include_usage)
-    if can_hand_over(request):
-        hand_over(request_id, body)
-        response = HttpResponse(content_type="text/event-stream")
-        response[MARKER.decode()] = request_id
-    else:
-        response = StreamingHttpResponse(body, content_type="text/event-stream")
-    response["Cache-Control"] = "no-cache"
-    response["X-Accel-Buffering"] = "no"  # nginx: pass events through as they come
-    return response
+    return event_stream(request, request_id, sse(events, model, request_id, include_usage))

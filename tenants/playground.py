@@ -1,16 +1,22 @@
 """Web side of the admin playground: ask the GPU workers for both replies, by task name.
 
-Two tasks (personalised, plain) are enqueued at once, so two workers answer in parallel;
-the page shows both when both are done (not streamed). Nothing here imports
-``gpu_worker``: the task is sent by name (``tenants.ports`` rule).
+Two tasks (personalised, plain) are enqueued at once, so two workers answer in parallel.
+:func:`compare` waits for both (the page without JavaScript); :func:`start` enqueues them
+streaming (each task publishes its pieces under its own id), :func:`events` relays one of
+them as server-sent events and :func:`collect` gathers both results. Nothing here
+imports ``gpu_worker``: tasks are sent by name and relayed through ``tenants.ports``.
 """
 
 from __future__ import annotations
 
+import json
+import uuid
+from collections.abc import AsyncIterator
 from typing import Any
 
 from django.conf import settings
 
+from tenants import ports
 from tenants.errors import WorkerUnavailable
 from tenants.faults import outage
 
@@ -19,14 +25,15 @@ VARIANTS = ("personalised", "plain")
 
 
 def _send(member_id: int, message: str, variant: str, preference_text: str | None,
-          alpha: float | None):
+          alpha: float | None, task_id: str | None = None):
     from config.celery import app
 
-    return app.send_task(PLAYGROUND_TASK, args=(member_id, message, variant),
-                         kwargs={"preference_text": preference_text, "alpha": alpha})
+    kwargs = {"preference_text": preference_text, "alpha": alpha, "stream": bool(task_id)}
+    return app.send_task(PLAYGROUND_TASK, args=(member_id, message, variant), kwargs=kwargs,
+                         task_id=task_id)
 
 
-def _wait(async_result, timeout: float) -> dict[str, Any]:
+def _wait(async_result, timeout: float, forget: bool = True) -> dict[str, Any]:
     try:
         return async_result.get(timeout=timeout, propagate=True)
     except Exception as exc:  # shown next to the other reply; the page never crashes
@@ -38,7 +45,8 @@ def _wait(async_result, timeout: float) -> dict[str, Any]:
         return {"error": text}
     finally:
         try:
-            async_result.forget()
+            if forget:
+                async_result.forget()
         except Exception:  # noqa: S110 (cleanup only; Redis may be down)
             pass
 
@@ -53,3 +61,45 @@ def compare(member_id: int, message: str, *, preference_text: str | None = None,
     except Exception as exc:  # broker down
         raise WorkerUnavailable("The task queue is unavailable.", retry_after=5) from exc
     return {variant: _wait(result, timeout) for variant, result in pending.items()}
+
+
+def start(member_id: int, message: str, *, preference_text: str | None = None,
+          alpha: float | None = None) -> dict[str, str]:
+    """Enqueue both replies streaming; returns ``{variant: task id}`` (random ids)."""
+    ids = {variant: uuid.uuid4().hex for variant in VARIANTS}
+    try:
+        for variant, task_id in ids.items():
+            _send(member_id, message, variant, preference_text, alpha, task_id)
+    except Exception as exc:  # broker down
+        raise WorkerUnavailable("The task queue is unavailable.", retry_after=5) from exc
+    return ids
+
+
+def result(task_id: str, timeout: float, forget: bool = False) -> dict[str, Any]:
+    """One task's reply, or ``{"error": ...}`` (never raises); kept in the result backend
+    for :func:`collect` unless ``forget``."""
+    from celery.result import AsyncResult
+
+    from config.celery import app
+
+    return _wait(AsyncResult(task_id, app=app), timeout, forget)
+
+
+def collect(task_ids: dict[str, str], timeout: float) -> dict[str, dict]:
+    """Both results (then forgotten); a reply still running after ``timeout`` is an error."""
+    return {variant: result(task_id, timeout, forget=True)
+            for variant, task_id in task_ids.items()}
+
+
+async def events(task_id: str) -> AsyncIterator[bytes]:
+    """One reply as server-sent events: ``delta`` (JSON text) pieces, then ``done`` (the
+    reply's result, authoritative: it replaces what the pieces showed)."""
+    def sse(event: str, data: Any) -> bytes:
+        return f"event: {event}\ndata: {json.dumps(data)}\n\n".encode()
+
+    relay = ports.task_events(task_id, settings.CHAT_RESULT_TIMEOUT, result)
+    try:
+        async for kind, value in relay:
+            yield sse(kind, value)
+    finally:
+        await relay.aclose()

@@ -46,6 +46,11 @@ def stream_events(member: Any, started: Any) -> Any:
     return _impl["stream_events"](member, started)
 
 
+def task_events(task_id: str, timeout: float, wait: Callable[[str, float], dict]) -> Any:
+    """A streamed task's async iterator of ("delta", text), then ("done", ``wait(id, s)``)."""
+    return _impl["task_events"](task_id, timeout, wait)
+
+
 def deliver_invalidations(ids: Sequence[int]) -> None:
     """Fast path after commit: delete L2 and broadcast to workers now (best effort).
 

@@ -30,7 +30,7 @@ def do_record_playground(member: Member, *, message: str, results: dict[str, dic
         "unsaved_preference": unsaved_preference,
         "saved_to_history": conversation.pk if conversation else None,
         **{variant: {k: r.get(k) for k in ("tier", "prompt_tokens", "kv_tokens",
-                                           "completion_tokens", "latency_ms", "error")}
+                                           "completion_tokens", "latency_ms", "ttft_ms", "error")}
            for variant, r in results.items()},
     }
     if member.tenant.audit_message_text:

@@ -1,14 +1,26 @@
 """/admin/playground/: a tenant admin (or superuser) compares one of their members' reply
-with and without the member's personalisation, optionally with an unsaved preference."""
+with and without the member's personalisation, optionally with an unsaved preference.
+
+Without JavaScript the form posts and the page shows both replies when both are done. With
+it, the page streams: ``start/`` validates the same form and enqueues both replies (the
+run is kept in the admin's session, bound to it), ``stream/<run>/<variant>/`` relays one
+reply as server-sent events, and ``record/<run>/`` (sent when both are done, or as a beacon
+when the page is left earlier) audits the use and saves the exchange if asked.
+"""
 
 from __future__ import annotations
+
+import uuid
 
 from django import forms
 from django.contrib import admin
 from django.core.exceptions import PermissionDenied
-from django.http import Http404
+from django.http import Http404, JsonResponse
 from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.views.decorators.http import require_GET, require_POST
 
+from config.streaming import event_stream
 from tenants import actions, playground
 from tenants.actions import PREFERENCE_MAX_CHARS
 from tenants.admin.scoping import admin_scope, scope_queryset
@@ -16,6 +28,9 @@ from tenants.errors import PlatformError
 from tenants.models import Member, Preference
 
 MESSAGE_MAX_CHARS = 4000
+SESSION_KEY = "kvi_playground"
+KEEP_RUNS = 4  # streamed runs remembered per admin session
+RECORD_WAIT_SECONDS = 5.0  # a reply not done by then is recorded as not answered
 
 
 class PlaygroundForm(forms.Form):
@@ -93,3 +108,62 @@ def _run(request, data: dict) -> dict:
                                          save=data["save"], actor=request.user)
     return {"results": results, "unsaved": text is not None, "saved": saved,
             "ran_for": member}
+
+
+@require_POST
+def playground_start(request):
+    """Validate the form and enqueue both replies streaming; JSON for the page's script."""
+    members = _members(request)
+    form = PlaygroundForm(members, request.POST)
+    if not form.is_valid():
+        return JsonResponse({"errors": form.errors.get_json_data()}, status=400)
+    data = form.cleaned_data
+    member = data["member"]
+    text, alpha = _override(member, data["preference"], data["alpha"])
+    try:
+        tasks = playground.start(member.pk, data["message"], preference_text=text, alpha=alpha)
+    except PlatformError as exc:
+        return JsonResponse({"error": exc.message}, status=exc.status)
+    run = uuid.uuid4().hex
+    runs = dict(list(request.session.get(SESSION_KEY, {}).items())[-(KEEP_RUNS - 1):])
+    runs[run] = {"member": member.pk, "message": data["message"], "tasks": tasks,
+                 "unsaved": text is not None, "save": data["save"]}
+    request.session[SESSION_KEY] = runs
+    return JsonResponse({
+        "run": run, "member": str(member), "unsaved": text is not None,
+        "streams": {v: reverse("admin-playground-stream", args=(run, v)) for v in tasks},
+        "record": reverse("admin-playground-record", args=(run,)),
+    })
+
+
+def _run_state(request, run: str, members) -> tuple[dict, Member]:
+    """This session's run ``run`` and its member, still in the admin's scope; else 404."""
+    state = request.session.get(SESSION_KEY, {}).get(run)
+    member = members.filter(pk=state["member"]).first() if state else None
+    if member is None:
+        raise Http404("No such playground run.")
+    return state, member
+
+
+@require_GET
+def playground_stream(request, run: str, variant: str):
+    state, _ = _run_state(request, run, _members(request))
+    task_id = state["tasks"].get(variant)
+    if task_id is None:
+        raise Http404("No such reply.")
+    return event_stream(request, task_id, playground.events(task_id))
+
+
+@require_POST
+def playground_record(request, run: str):
+    """Audit the run (once) and save its exchange if asked; the run is then forgotten."""
+    state, member = _run_state(request, run, _members(request))
+    runs = request.session[SESSION_KEY]
+    runs.pop(run)
+    request.session[SESSION_KEY] = runs
+    request.session.save()  # before the wait: a second record finds nothing
+    results = playground.collect(state["tasks"], RECORD_WAIT_SECONDS)
+    saved = actions.do_record_playground(member, message=state["message"], results=results,
+                                         unsaved_preference=state["unsaved"],
+                                         save=state["save"], actor=request.user)
+    return JsonResponse({"recorded": True, "saved": saved})

@@ -40,9 +40,13 @@ def download_csv(page, selector: str) -> list[dict]:
 
 
 def compare(page, message: str) -> dict[str, str]:
+    """Both replies stream in side by side; the run is audited once both are done."""
     page.fill("#id_message", message)
     page.click("#kvi-playground-run")
-    page.wait_for_selector("#kvi-personalised .kvi-tier", timeout=120_000)
+    page.wait_for_selector("#kvi-playground-live[data-state=streaming]", timeout=30_000)
+    page.wait_for_selector("#kvi-playground-live[data-state=recorded]", timeout=120_000)
+    for v in ("personalised", "plain"):
+        assert float(page.inner_text(f"#kvi-{v} .kvi-ttft").split()[0]) > 0
     return {v: page.inner_text(f"#kvi-{v} .kvi-tier") for v in ("personalised", "plain")}
 
 

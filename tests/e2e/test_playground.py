@@ -4,7 +4,10 @@ cached, an audit row per use, and history written only when asked."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+import requests
 
 from tenants.models import AuditEvent, AuditLog, Conversation, Message
 from tests.tenants.conftest import admin_client, make_world
@@ -81,3 +84,81 @@ def test_history_is_written_only_when_asked(gpu_worker, acme):
     assert contents == [("user", "Dinner idea?"), ("assistant", reply)]
     row = AuditLog.objects.get(event_type=AuditEvent.PLAYGROUND_USED)
     assert row.data["saved_to_history"] == conv.pk
+
+
+def _events(response) -> tuple[list[str], dict]:
+    """(delta texts, done body) of one server-sent-event reply."""
+    assert response["Content-Type"] == "text/event-stream"
+    deltas, done = [], None
+    for block in b"".join(response).decode().split("\n\n"):
+        if not block.strip():
+            continue
+        fields = dict(line.split(": ", 1) for line in block.splitlines())
+        value = json.loads(fields["data"])
+        if fields["event"] == "delta":
+            deltas.append(value)
+        else:
+            assert fields["event"] == "done" and done is None
+            done = value
+    return deltas, done
+
+
+def test_streamed_run_relays_both_replies_and_is_recorded_once(gpu_worker, acme):
+    client = admin_client("acme-admin", "pw-admin-123")
+    bad = client.post("/admin/playground/start/", {"member": acme.user.pk, "message": ""})
+    assert bad.status_code == 400 and "message" in bad.json()["errors"]
+    start = client.post("/admin/playground/start/", {
+        "member": acme.user.pk, "message": "What should I cook?",
+        "preference": acme.user.preference.text})
+    assert start.status_code == 200, start.content
+    run = start.json()
+    assert run["member"] == "acme/acme-user" and run["unsaved"] is False
+    # another tenant's admin cannot read or record this run (it lives in acme's session)
+    globex = make_world("globex", "globex-secret loves durian")
+    intruder = admin_client("globex-admin", "pw-admin-123")
+    assert intruder.get(run["streams"]["personalised"]).status_code == 404
+    assert intruder.post(run["record"]).status_code == 404
+
+    done = {}
+    for variant, url in run["streams"].items():
+        deltas, done[variant] = _events(client.get(url))
+        assert "error" not in done[variant], (done[variant], gpu_worker.log_tail())
+        assert deltas and "".join(deltas) == done[variant]["reply"]  # pieces, then the whole
+        assert done[variant]["ttft_ms"] > 0
+    assert done["personalised"]["tier"] in ("compute", "l2") and done["plain"]["tier"] == "none"
+    assert done["personalised"]["kv_tokens"] > 0
+
+    assert client.post(run["record"]).json() == {"recorded": True, "saved": None}
+    assert client.post(run["record"]).status_code == 404  # recorded once, then forgotten
+    row = AuditLog.objects.get(event_type=AuditEvent.PLAYGROUND_USED)
+    assert row.tenant == acme.tenant and row.actor.username == "acme-admin"
+    assert row.data["personalised"]["tier"] == done["personalised"]["tier"]
+    assert row.data["plain"]["ttft_ms"] == done["plain"]["ttft_ms"]
+    assert not AuditLog.objects.filter(tenant=globex.tenant,
+                                       event_type=AuditEvent.PLAYGROUND_USED).exists()
+
+
+def test_streamed_run_under_uvicorn_sends_pieces_before_the_result(asgi_server, gpu_worker, acme):
+    """As deployed: the admin's stream is relayed from the event loop (config.streaming)."""
+    base = asgi_server.url
+    browser = requests.Session()
+    browser.get(f"{base}/admin/login/", timeout=10)
+    login = browser.post(f"{base}/admin/login/?next=/admin/", timeout=10, data={
+        "username": "acme-admin", "password": "pw-admin-123",
+        "csrfmiddlewaretoken": browser.cookies["csrftoken"]})
+    assert login.status_code == 200 and "sessionid" in browser.cookies
+    csrf = {"csrfmiddlewaretoken": browser.cookies["csrftoken"]}
+    start = browser.post(f"{base}/admin/playground/start/", timeout=10, data={
+        **csrf, "member": acme.user.pk, "message": "Tell me a story.",
+        "preference": acme.user.preference.text})
+    assert start.status_code == 200, start.text
+    run = start.json()
+    for variant, url in run["streams"].items():
+        with browser.get(base + url, stream=True, timeout=120) as response:
+            assert response.headers["content-type"].startswith("text/event-stream")
+            kinds = [line[len(b"event: "):].decode() for line in response.iter_lines()
+                     if line.startswith(b"event: ")]
+        assert kinds[0] == "delta" and kinds[-1] == "done" and kinds.count("done") == 1, variant
+    assert browser.post(base + run["record"], data=csrf, timeout=30).json()["recorded"] is True
+    assert AuditLog.objects.filter(event_type=AuditEvent.PLAYGROUND_USED,
+                                   tenant=acme.tenant).count() == 1
