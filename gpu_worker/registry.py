@@ -153,13 +153,27 @@ def drain_queue(source: str, dest: str = SHARED_QUEUE,
     return moved
 
 
+def claim_inflight(worker: str, client: redis.Redis | None = None) -> dict[bytes, bytes]:
+    """Take ``worker``'s in-flight list (read and deleted in one transaction): of several
+    reapers of the same dead worker, exactly one gets its entries."""
+    with (client or redis_client()).pipeline(transaction=True) as p:
+        p.hgetall(inflight_key(worker))
+        p.delete(inflight_key(worker))
+        entries, _ = p.execute()
+    return entries
+
+
 def restore_inflight(worker: str, client: redis.Redis | None = None,
                      dest: str = SHARED_QUEUE) -> list[str]:
-    """Put ``worker``'s unacknowledged tasks back on the shared queue; returns their ids."""
+    """Put ``worker``'s unacknowledged tasks back on the shared queue; returns their ids.
+
+    The list is claimed first: a reaper that read it while another was restoring would
+    otherwise restore a task again after a live worker took it back (a restored message
+    keeps its delivery tag, so the new holder's unacked entry has the dead one's name).
+    """
     from config.celery import app
 
-    client = client or redis_client()
-    entries = client.hgetall(inflight_key(worker))
+    entries = claim_inflight(worker, client or redis_client())
     restored = []
     if entries:
         with app.connection_for_write() as conn:
@@ -168,7 +182,6 @@ def restore_inflight(worker: str, client: redis.Redis | None = None,
                 tag = json.loads(body).get("tag")
                 if tag and _restore_to_shared(channel, tag, dest):
                     restored.append(_text(task_id))
-    client.delete(inflight_key(worker))
     return restored
 
 

@@ -77,3 +77,36 @@ def test_a_dead_consumers_unacked_message_is_restored_once(name):
         redelivered.ack()
         again.close()
     assert client.llen(name) == 0
+
+
+def test_reapers_of_one_dead_worker_restore_its_task_once_even_after_it_is_taken_again(name):
+    """CI saw a task restored twice: a second reaper read the dead worker's list, the first
+    restored the task, a live worker took it (same delivery tag), and the second restored
+    it from under that worker. The list is now claimed atomically by one reaper."""
+    from config.celery import app
+
+    queue = Queue(name, Exchange(name, type="direct"), routing_key=name)
+    client = registry.redis_client()
+    with app.connection_for_write() as conn:
+        conn.Producer().publish({"n": 2}, exchange=queue.exchange, routing_key=name,
+                                declare=[queue], serializer="json")
+        dead = conn.SimpleQueue(queue, no_ack=False)
+        msg = dead.get(timeout=5)
+        tag = str(msg.delivery_tag)
+        registry.record_inflight(name, "task-2", tag)
+
+        first = registry.claim_inflight(name)
+        assert registry.claim_inflight(name) == {}  # the other reaper gets nothing
+        assert list(first) == [b"task-2"]
+        assert registry.restore_inflight(name, dest=name) == []
+        with conn.channel() as ch:
+            assert registry._restore_to_shared(ch, tag, name) is True  # the first reaper
+        live = conn.SimpleQueue(queue, no_ack=False)
+        again = live.get(timeout=5)  # a live worker holds it, under the same tag
+        assert str(again.delivery_tag) == tag and client.hexists("unacked", tag)
+        assert registry.restore_inflight(name, dest=name) == []  # a late reaper: nothing
+        assert client.hexists("unacked", tag) and client.llen(name) == 0
+        again.ack()
+        live.close()
+        dead.close()
+    assert client.llen(name) == 0
