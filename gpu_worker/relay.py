@@ -107,7 +107,8 @@ async def task_events(task_id: str, timeout: float,
         yield "done", await sync_to_async(wait, thread_sensitive=False)(task_id, left)
     except (asyncio.CancelledError, GeneratorExit):
         try:
-            await conn.set(streams.cancel_key(task_id), "1", ex=streams.CANCEL_TTL)
+            await conn.set(streams.cancel_key(task_id), streams.cancel_token(task_id),
+                           ex=streams.CANCEL_TTL)
         except redis.RedisError as exc:
             log.warning("could not flag %s cancelled: %s", task_id, exc)
         raise
@@ -131,6 +132,10 @@ async def _pieces(conn, request_id: str, ready: Callable[[], bool],
             continue
         for entry_id, fields in reply[0][1]:
             last = entry_id
+            if not streams.verify(request_id, fields):  # not the worker's: use nothing more
+                metrics.STREAMS.labels("forged").inc()
+                log.warning("stream %s: an entry failed authentication; relaying stops", key)
+                return
             if b"end" in fields:
                 return
             if int(fields[b"o"]) != sent:  # a lost piece: the result supplies the rest
@@ -160,7 +165,8 @@ def _rest(reply: str, relayed: str) -> str:
 async def _cancel(conn, member, request_id: str) -> None:
     """The client left: tell the worker to stop, and never store the reply."""
     try:
-        await conn.set(streams.cancel_key(request_id), "1", ex=streams.CANCEL_TTL)
+        await conn.set(streams.cancel_key(request_id), streams.cancel_token(request_id),
+                       ex=streams.CANCEL_TTL)
     except redis.RedisError as exc:
         log.warning("could not flag %s cancelled: %s", request_id, exc)
     await sync_to_async(actions.do_abandon_chat, thread_sensitive=False)(

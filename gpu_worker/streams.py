@@ -11,10 +11,17 @@
 Request ids are random 128-bit values made by the web per request, never chosen by a
 client, so a stream can only be read by the web process that dispatched it. The stream
 is a fast path: the task's result (and the reply stored in Postgres) stays authoritative.
+
+Both are authenticated like the L2 cache: every entry carries ``m``, an HMAC (key derived
+from ``KV_SIGNING_SECRET`` and the request id) over its fields, checked before the reader
+uses it (:func:`verify`); the cancel flag's value is such a MAC too. Whoever can write to
+Redis without the secret can neither put text in a reply's stream nor stop a generation.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import time
 
@@ -34,6 +41,30 @@ def stream_key(request_id: str) -> str:
 
 def cancel_key(request_id: str) -> str:
     return f"kvi:cancel:{request_id}"
+
+
+def _mac(request_id: str, *parts: bytes) -> bytes:
+    key = hmac.new(settings.KV_SIGNING_SECRET.encode(), b"kvi-stream\0" + request_id.encode(),
+                   hashlib.sha256).digest()
+    return hmac.new(key, b"\0".join(parts), hashlib.sha256).hexdigest()[:32].encode()
+
+
+def sign(request_id: str, fields: dict) -> dict:
+    """``fields`` (``o``/``t`` or ``end``) with their MAC ``m``."""
+    parts = [f"{k}={v}".encode() for k, v in sorted(fields.items())]
+    return {**fields, "m": _mac(request_id, *parts)}
+
+
+def verify(request_id: str, fields: dict[bytes, bytes]) -> bool:
+    """Is this entry (as read back from Redis) the worker's?"""
+    tag = fields.get(b"m")
+    parts = [k + b"=" + v for k, v in sorted(fields.items()) if k != b"m"]
+    return tag is not None and hmac.compare_digest(tag, _mac(request_id, *parts))
+
+
+def cancel_token(request_id: str) -> bytes:
+    """The value of a genuine cancel flag for ``request_id``."""
+    return _mac(request_id, b"cancel")
 
 
 class Publisher:
@@ -70,16 +101,18 @@ class Publisher:
         if self._polls % self.cancel_every:
             return False
         try:
-            return bool(self.client.exists(cancel_key(self.request_id)))
+            flag = self.client.get(cancel_key(self.request_id))
         except redis.RedisError:
             return False  # cannot tell: keep generating, the result is stored as usual
+        return flag is not None and hmac.compare_digest(flag, cancel_token(self.request_id))
 
     def _add(self, fields: dict) -> None:
         if self.broken:
             return
         try:
             pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(self.key, fields, maxlen=MAX_ENTRIES, approximate=True)
+            pipe.xadd(self.key, sign(self.request_id, fields), maxlen=MAX_ENTRIES,
+                      approximate=True)
             pipe.expire(self.key, STREAM_TTL)
             pipe.execute()
         except redis.RedisError as exc:  # the final result still carries the whole reply
