@@ -58,14 +58,18 @@ def test_redis_down_keeps_the_row_pending_until_a_sweep_deletes_l2(member, setti
     row = rows_for(member).latest("id")
     assert row.l2_done_at is None
     monkeypatch.setattr(outbox, "SWEEP_GRACE_SECONDS", 0.0)
-    with pytest.raises(redis.RedisError):  # the sweep cannot acknowledge it either
-        outbox.sweep()
-    row.refresh_from_db()
-    assert row.l2_done_at is None
-    settings.REDIS_URL = live
-    assert kvstore.l2_tier().get(key) is not None  # the old entry is still there ...
-    assert outbox.sweep() >= 1
-    assert kvstore.l2_tier().get(key) is None  # ... until Redis is back
+    with transaction.atomic():
+        # the row locked here: the session's live workers' sweeps skip it (SKIP LOCKED),
+        # so only this test's sweeps may deliver it
+        KVInvalidation.objects.select_for_update().get(pk=row.pk)
+        with pytest.raises(redis.RedisError):  # the sweep cannot acknowledge it either
+            outbox.sweep()
+        row.refresh_from_db()
+        assert row.l2_done_at is None
+        settings.REDIS_URL = live
+        assert kvstore.l2_tier().get(key) is not None  # the old entry is still there ...
+        assert outbox.sweep() >= 1
+        assert kvstore.l2_tier().get(key) is None  # ... until Redis is back
     row.refresh_from_db()
     assert row.l2_done_at is not None
     assert outbox.sweep() == 0  # acknowledged rows are not delivered again
