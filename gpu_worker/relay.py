@@ -58,8 +58,7 @@ async def events(member, started: Started) -> AsyncIterator[tuple[str, Any]]:
         yield "delta", started.replay["reply"]
         yield "done", started.replay
         return
-    conn = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=POLL_MS / 1000 + 2,
-                                 socket_connect_timeout=1)
+    conn = _connect()
     relayed: list[str] = []
     outcome = "error"
     deadline = time.monotonic() + settings.CHAT_RESULT_TIMEOUT
@@ -97,8 +96,7 @@ async def task_events(task_id: str, timeout: float,
     from config.celery import app
 
     ready = AsyncResult(task_id, app=app).ready
-    conn = aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=POLL_MS / 1000 + 2,
-                                 socket_connect_timeout=1)
+    conn = _connect()
     deadline = time.monotonic() + timeout
     try:
         async for piece in _pieces(conn, task_id, ready, deadline):
@@ -106,11 +104,7 @@ async def task_events(task_id: str, timeout: float,
         left = max(1.0, deadline - time.monotonic())
         yield "done", await sync_to_async(wait, thread_sensitive=False)(task_id, left)
     except (asyncio.CancelledError, GeneratorExit):
-        try:
-            await conn.set(streams.cancel_key(task_id), streams.cancel_token(task_id),
-                           ex=streams.CANCEL_TTL)
-        except redis.RedisError as exc:
-            log.warning("could not flag %s cancelled: %s", task_id, exc)
+        await _flag_cancelled(conn, task_id)
         raise
     finally:
         await conn.aclose()
@@ -162,12 +156,22 @@ def _rest(reply: str, relayed: str) -> str:
     return ""
 
 
-async def _cancel(conn, member, request_id: str) -> None:
-    """The client left: tell the worker to stop, and never store the reply."""
+def _connect() -> aredis.Redis:
+    return aredis.Redis.from_url(settings.REDIS_URL, socket_timeout=POLL_MS / 1000 + 2,
+                                 socket_connect_timeout=1)
+
+
+async def _flag_cancelled(conn, request_id: str) -> None:
+    """Tell the worker to stop (its stopping criterion polls the signed flag)."""
     try:
         await conn.set(streams.cancel_key(request_id), streams.cancel_token(request_id),
                        ex=streams.CANCEL_TTL)
     except redis.RedisError as exc:
         log.warning("could not flag %s cancelled: %s", request_id, exc)
+
+
+async def _cancel(conn, member, request_id: str) -> None:
+    """The client left: tell the worker to stop, and never store the reply."""
+    await _flag_cancelled(conn, request_id)
     await sync_to_async(actions.do_abandon_chat, thread_sensitive=False)(
         member, request_id, "client_disconnected")
