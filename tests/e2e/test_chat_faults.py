@@ -18,8 +18,8 @@ import pytest
 from tenants import actions
 from tenants.models import AuditEvent, AuditLog, ChatExchange, Message
 from tests.e2e.conftest import FAST_HEARTBEAT, LONG_TOKENS, member_with_preference
-from tests.throwaway import ThrowawayRedis, WebServer, wait_until
-from tests.workers import WorkerProcess
+from tests.throwaway import ThrowawayRedis, WebServer
+from tests.workers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 RESULT_TIMEOUT = 40  # the web's wait (and each claim's deadline): a retry generates LONG_TOKENS on a loaded 2-core machine
@@ -46,7 +46,7 @@ def site(worker_base_env, tmp_path_factory):
 
 def start_worker(site) -> WorkerProcess:
     worker = WorkerProcess("cf1", site["env"], site["logs"])
-    wait_until(lambda: pings(site["redis"].url, worker), 120, "worker ready", interval=0.5)
+    wait_for(lambda: pings(site["redis"].url, worker), 120, "worker ready", interval=0.5)
     return worker
 
 
@@ -83,7 +83,7 @@ def started_attempt(site, member, key: str) -> str:
         row = ChatExchange.objects.filter(member=member, key=key).first()
         return row and site["redis"].client().exists(registry.deliveries_key(row.request_id))
 
-    wait_until(running, 60, f"{key} running on the worker")
+    wait_for(running, 60, f"{key} running on the worker")
     return ChatExchange.objects.get(member=member, key=key).request_id
 
 
@@ -134,7 +134,7 @@ def test_redis_dies_while_the_web_waits_for_a_slow_worker(site):
         assert status == 503 and ready["checks"]["redis"]["ok"] is False
     finally:
         os.kill(worker.pid, signal.SIGCONT)
-    wait_until(lambda: refused_in_log(worker, request_id), 120, "worker refusal")
+    wait_for(lambda: refused_in_log(worker, request_id), 120, "worker refusal")
     assert stored(member) == ([], 0)  # no ghost: the late reply was not stored
     restart_redis(site)
     assert_retries_answer_exactly_once(site, auth, member, "story-redis")
@@ -153,7 +153,7 @@ def test_redis_dies_while_the_web_waits(site):
         assert stored(member) == ([body["reply"]], 1)
     else:
         assert_unavailable(answer[0], "story-race")
-        wait_until(lambda: refused_in_log(site["worker"], request_id), 120, "worker refusal")
+        wait_for(lambda: refused_in_log(site["worker"], request_id), 120, "worker refusal")
         assert stored(member) == ([], 0)
     restart_redis(site)
     reply = assert_retries_answer_exactly_once(site, auth, member, "story-race")
@@ -162,7 +162,7 @@ def test_redis_dies_while_the_web_waits(site):
 
 def restart_redis(site) -> None:
     site["redis"].start()  # back on its port, empty (no persistence)
-    wait_until(lambda: pings(site["redis"].url, site["worker"]), 120, "worker reconnected",
+    wait_for(lambda: pings(site["redis"].url, site["worker"]), 120, "worker reconnected",
                interval=0.5)
 
 
@@ -176,7 +176,7 @@ def test_the_only_worker_is_killed_and_its_task_restored_after_the_503(site):
     assert_unavailable(answer[0], "story-kill")
 
     site["worker"] = start_worker(site)  # same hostname: restores the unacked task
-    wait_until(lambda: refused_in_log(site["worker"], request_id), 120, "restored task refused")
+    wait_for(lambda: refused_in_log(site["worker"], request_id), 120, "restored task refused")
     assert stored(member) == ([], 0)  # the restored task was not run to a ghost reply
     assert AuditLog.objects.filter(event_type=AuditEvent.CHAT_ABANDONED,
                                    data__request_id=request_id).count() == 1

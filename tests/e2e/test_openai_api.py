@@ -9,17 +9,9 @@ import urllib.request
 import openai
 import pytest
 
-from tenants import actions
 from tenants.models import AuditEvent, AuditLog, Conversation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
-
-
-@pytest.fixture
-def member_key():
-    tenant = actions.do_create_tenant("acme", "Acme")
-    member = actions.do_add_member(tenant, "alice", preference="I am vegetarian.")
-    return member, actions.do_create_api_token(member)
 
 
 @pytest.fixture

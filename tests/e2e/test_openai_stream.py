@@ -12,19 +12,11 @@ import urllib.request
 import openai
 import pytest
 
-from tenants import actions
 from tenants.models import AuditEvent, AuditLog, ChatExchange, Conversation, Message
 from tests.e2e.conftest import ASGI_METRICS_TOKEN, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 LONG = 1800
-
-
-@pytest.fixture
-def member_key():
-    tenant = actions.do_create_tenant("acme", "Acme")
-    member = actions.do_add_member(tenant, "alice", preference="I am vegetarian.")
-    return member, actions.do_create_api_token(member)
 
 
 @pytest.fixture

@@ -7,15 +7,14 @@ stopping the demo still stops that (new) postmaster and the Redis it runs.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -23,27 +22,16 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.workers import ROOT
+from tests import workers
+from tests.workers import ROOT, free_port
 
 pytestmark = pytest.mark.e2e
 DROP = ("REDIS_URL", "DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND",
         "KVI_TEST_REDIS_DB", "EMBEDDED_REDIS_PORT")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+# each probe is a chat or a process scan against the running demo: poll gently
+wait_for = functools.partial(workers.wait_for, interval=0.25)
 
 
 def alive(pid: int) -> bool:
