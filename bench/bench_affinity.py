@@ -20,7 +20,6 @@ import argparse
 import logging
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -42,6 +41,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
+from servers import celery_worker, stop  # noqa: E402
 
 from config.celery import app  # noqa: E402
 from gpu_worker import client, control, host, kvstore, registry  # noqa: E402
@@ -89,10 +89,7 @@ def start_workers(model: Path, l1_bytes: int) -> list[subprocess.Popen]:
                KV_L1_TENANT_QUOTA_BYTES=str(l1_bytes), WORKER_HEARTBEAT_INTERVAL="1",
                WORKER_HEARTBEAT_TTL="5", OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     log = open(Path(os.environ["VAR_DIR"]) / "workers.log", "ab")
-    procs = [subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "gpu", "--pool", "solo",
-         "--hostname", f"{name}@bench", "--without-gossip", "--without-mingle", "-l", "WARNING"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT) for name in ("b1", "b2")]
+    procs = [celery_worker(name, env, log) for name in ("b1", "b2")]
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         if all(f"{n}@bench" in registry.live_workers() for n in ("b1", "b2")):
@@ -100,18 +97,8 @@ def start_workers(model: Path, l1_bytes: int) -> list[subprocess.Popen]:
         if any(p.poll() is not None for p in procs):
             break
         time.sleep(0.5)
-    stop_workers(procs)
+    stop(procs)
     raise SystemExit(f"workers did not start; see {log.name}")
-
-
-def stop_workers(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def reset_caches() -> None:
@@ -164,7 +151,7 @@ def scenario(model: Path, members: list, l1_bytes: int, rounds: int) -> dict:
             out[mode] = run(members, rounds, random.Random(7))
         return out
     finally:
-        stop_workers(procs)
+        stop(procs)
 
 
 def main() -> None:

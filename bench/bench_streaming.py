@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
 import socket
 import statistics
 import subprocess
@@ -45,6 +44,7 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
+from servers import celery_worker, stop  # noqa: E402
 
 from gpu_worker import host, registry  # noqa: E402
 from tenants import actions  # noqa: E402
@@ -67,13 +67,10 @@ def start(model: Path) -> tuple[list[subprocess.Popen], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    procs = [subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
-             for cmd in (
-                 [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "gpu",
-                  "--pool", "solo", "--hostname", "s1@bench", "--without-gossip",
-                  "--without-mingle", "-l", "WARNING"],
-                 [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host",
-                  "127.0.0.1", "--port", str(port), "--log-level", "warning"])]
+    procs = [celery_worker("s1", env, log), subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)]
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
@@ -88,16 +85,6 @@ def start(model: Path) -> tuple[list[subprocess.Popen], str]:
         time.sleep(0.5)
     stop(procs)
     raise SystemExit(f"servers did not start; see {log.name}")
-
-
-def stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        p.send_signal(signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            p.kill()
 
 
 def via_http(base: str, key: str, stream: bool) -> tuple[float, float]:
