@@ -26,6 +26,7 @@ _EXPORTS = {
     "InjectionError": "errors", "InvalidRequest": "errors", "ModelLoadError": "errors",
     "ModelOOMError": "errors",
     "InjectionExecutor": "executor", "content_hash": "base",
+    "BatchEngine": "batch",
     "TenantLRU": "lru",
     "METRICS": "metrics", "Metrics": "metrics",
     "strip_retrieve_fact_calls": "output_filter",
@@ -45,7 +46,7 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
-    "CacheKey", "CacheKeySigner", "ExecutionRequest", "ExecutionResult", "GenerationOutput",
+    "BatchEngine", "CacheKey", "CacheKeySigner", "ExecutionRequest", "ExecutionResult", "GenerationOutput",
     "InjectionError", "InjectionExecutor", "InvalidRequest", "KVStore", "METRICS", "Metrics",
     "ModelAdapter", "ModelLoadError", "ModelOOMError", "PackedKV", "PreferenceModel",
     "RedisKVTier", "TenantLRU", "Tier", "build_executor", "content_hash", "load_adapter",
@@ -70,12 +71,20 @@ def build_executor(
     l2_enabled: bool = True,
     key_generation: str = "0",
     metrics: Metrics | None = None,
+    batch_max: int = 0,
+    batch_kv_budget_bytes: int = 0,
+    batch_join_wait_ms: float = 0.0,
+    conversation_max_bytes: int = 128 * MiB,
 ) -> InjectionExecutor:
     """An executor with a TenantLRU L1 and, given a Redis client, an HMAC-signed L2.
 
     L2 is used only when ``l2_enabled`` and ``redis_client`` is given; it then
     needs ``signing_secret`` (fail closed: no unsigned Redis cache).
     ``key_generation`` must match the one maintenance tools sign with.
+    ``batch_max`` >= 1 puts a :class:`BatchEngine` in front of the model (continuous
+    batching of up to that many rows, conversation K/V reuse up to
+    ``conversation_max_bytes`` per conversation); 0 generates one request at a time.
+    Models whose cache has sliding-window or hybrid layers always use the latter.
     """
     from injection.executor import InjectionExecutor
     from injection.lru import TenantLRU
@@ -92,4 +101,11 @@ def build_executor(
             raise ValueError("an L2 Redis tier needs a signing_secret")
         signer = CacheKeySigner(signing_secret, key_generation=key_generation)
         l2 = RedisKVTier(redis_client, signer, ttl_seconds=l2_ttl_seconds)
-    return InjectionExecutor(adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics)
+    engine = None
+    if batch_max >= 1 and getattr(adapter, "supports_batching", False):
+        from injection.batch import BatchEngine
+
+        engine = BatchEngine(adapter, max_batch=batch_max, kv_budget_bytes=batch_kv_budget_bytes,
+                             join_wait_ms=batch_join_wait_ms)
+    return InjectionExecutor(adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics,
+                             engine=engine, conversation_max_bytes=conversation_max_bytes)

@@ -100,6 +100,8 @@ class ModelAdapter(PreferenceModel):
         self.renderer = ChatRenderer(tokenizer)
         # a config makes DynamicCache pick sliding/hybrid layers; plain layers need none
         self._cache_config = model.config if _has_special_layers(text_cfg) else None
+        # the batch engine pads, merges and slices plain full-attention layers only
+        self.supports_batching = self._cache_config is None
 
     # -- PreferenceModel -----------------------------------------------------------
     def compute_kv(self, text: str) -> PackedKV:

@@ -60,6 +60,7 @@ class GenerationOutput(NamedTuple):
     kv_bytes_gpu: int = 0  # accelerator bytes peaked while building the cache (0 on CPU)
     finish_reason: str = "length"  # stop (stop string or end of sequence) | length | cancelled
     first_token_ms: float = 0.0  # from the start of generate() to the first generated token
+    sequence_kv: Any = None  # PackedKV of the whole sequence, when asked (conversation reuse)
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,7 @@ class ExecutionRequest:
     on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     cancelled: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
     history_token_budget: int | None = None  # cap on history tokens (None: context only)
+    reuse_conversation: bool = True  # continue the conversation's cached K/V when possible
 
 
 @dataclass
@@ -112,6 +114,7 @@ class ExecutionResult:
     injection_mode: str = "none"  # system | user_prefix | inline | none (see prompting)
     history_messages: int = 0  # history messages that fitted the context
     finish_reason: str = "length"  # stop | length | cancelled (see injection.stopping)
+    reused_tokens: int = 0  # leading tokens whose K/V came from the conversation's last turn
     extra: dict[str, Any] = field(default_factory=dict)
 
     def cache_info(self) -> dict[str, Any]:

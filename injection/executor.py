@@ -19,12 +19,14 @@ import torch
 
 from injection.base import (
     ALPHA_CAP,
+    CacheKey,
     ExecutionRequest,
     ExecutionResult,
     KVStore,
     PreferenceModel,
     Tier,
 )
+from injection.conversation import ConversationReuse
 from injection.errors import InvalidRequest, ModelOOMError
 from injection.history import fit_history
 from injection.kvsource import PreferenceKVSource, content_hash, user_or_none
@@ -48,6 +50,10 @@ class InjectionExecutor:
         alpha_cap: effective alpha is ``min(request.alpha, alpha_cap)``.
         min_alpha: effective alpha at or below this means no injection at all.
         metrics: counters sink (default: the process-wide ``METRICS``).
+        engine: a ``BatchEngine`` over ``adapter``: generation joins its running batch
+            (None: one ``adapter.generate`` per request).
+        conversation_max_bytes: with an engine, keep each conversation's sequence K/V up
+            to this size in L1 for its next turn (0: no conversation reuse).
     """
 
     def __init__(
@@ -59,6 +65,8 @@ class InjectionExecutor:
         alpha_cap: float = ALPHA_CAP,
         min_alpha: float = 0.1,
         metrics: Metrics | None = None,
+        engine: Any = None,
+        conversation_max_bytes: int = 0,
     ) -> None:
         if not 0.0 <= min_alpha < alpha_cap:
             raise ValueError("need 0 <= min_alpha < alpha_cap")
@@ -66,6 +74,10 @@ class InjectionExecutor:
         self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
         self.metrics = metrics if metrics is not None else METRICS
         self.kv_source = PreferenceKVSource(adapter, l1, l2, self.metrics)
+        self.engine = engine
+        self.conversations = ConversationReuse(
+            l1, self.metrics, max_bytes=conversation_max_bytes if engine is not None else 0
+        )
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -117,6 +129,8 @@ class InjectionExecutor:
 
     def close(self) -> None:
         """Finish pending L2 writes and stop tier threads (worker shutdown)."""
+        if self.engine is not None:
+            self.engine.close()
         for store in (self.l2, self.l1):
             close = getattr(store, "close", None)
             if callable(close):
@@ -148,25 +162,78 @@ class InjectionExecutor:
             return self._plain(parts.prompt, req, sampling, mode=parts.mode,
                                history=_history_len(messages))
         t0 = time.perf_counter()
-        kv, tier, chash = self._get_preference_kv(req.tenant, req.user, parts.segment)
-        fetch_ms = (time.perf_counter() - t0) * 1000.0
-        assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
-        t1 = time.perf_counter()
-        out = self.adapter.generate(parts.prompt, kv, alpha, req.max_new_tokens, **sampling)
-        infer_ms = (time.perf_counter() - t1) * 1000.0
+        chash = content_hash(parts.segment)
+        turn = self._continue(req, parts.segment, parts.prompt, chash, alpha, sampling)
+        if turn is not None:
+            out, reused = turn
+            kv = None
+            tier, fetch_ms = Tier.L1, 0.0
+        else:
+            kv, tier, chash = self._get_preference_kv(req.tenant, req.user, parts.segment)
+            fetch_ms = (time.perf_counter() - t0) * 1000.0
+            assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
+            out, reused = self._generate(req, parts.prompt, kv, alpha, chash, sampling), 0
+        infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = self._strip(out.text)
         self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
+        seg = kv if kv is not None else out.sequence_kv
         return ExecutionResult(
             text=text, tier=tier, prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), alpha_effective=alpha, content_hash=chash,
-            fingerprint=self.adapter.fingerprint, kv_tokens=kv.num_tokens,
-            kv_layers_count=kv.num_layers, kv_bytes_cpu=kv.nbytes,
+            fingerprint=self.adapter.fingerprint, kv_tokens=self._segment_tokens(kv, parts),
+            kv_layers_count=seg.num_layers if seg is not None else 0,
+            kv_bytes_cpu=kv.nbytes if kv is not None else 0,
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
             kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
             ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
             injection_mode=parts.mode, history_messages=_history_len(messages),
-            finish_reason=out.finish_reason,
+            finish_reason=out.finish_reason, reused_tokens=reused,
         )
+
+    def _segment_tokens(self, kv: PackedKV | None, parts: Any) -> int:
+        if kv is not None:
+            return kv.num_tokens
+        return len(self.adapter.renderer.encode(parts.segment, first=True))
+
+    # -- generation: one adapter call, or a row of the batch engine ----------------------
+    def _generate(self, req: ExecutionRequest, prompt: str, kv: PackedKV | None, alpha: float,
+                  chash: str, sampling: dict[str, Any]) -> Any:
+        """Generate after ``kv`` (or from scratch); with an engine, keep the sequence K/V."""
+        if self.engine is None:
+            return self.adapter.generate(prompt, kv, alpha, req.max_new_tokens, **sampling)
+        key = self._conversation_key(req, chash, alpha if kv is not None else 0.0)
+        out = self.engine.generate(prompt, kv, alpha, req.max_new_tokens,
+                                   keep_kv=key is not None, **sampling)
+        if key is not None:
+            self.conversations.keep(key, out.sequence_kv)
+        return out
+
+    def _continue(self, req: ExecutionRequest, segment: str, prompt: str, chash: str,
+                  alpha: float, sampling: dict[str, Any]) -> tuple[Any, int] | None:
+        """The turn on the conversation's cached K/V (common prefix), or None on a miss."""
+        key = self._conversation_key(req, chash, alpha if segment else 0.0)
+        if key is None:
+            return None
+        renderer = self.adapter.renderer
+        head = renderer.encode(segment, first=True) if segment else []
+        prompt_ids = renderer.encode(prompt, first=not segment)
+        full = head + prompt_ids
+        cached = self.conversations.lookup(key, full, min_tokens=len(head))
+        if cached is None:
+            return None
+        out = self.engine.run(cached, 1.0, full[cached.num_tokens:], req.max_new_tokens,
+                              keep_kv=True, prompt_ids=prompt_ids, **sampling)
+        self.conversations.keep(key, out.sequence_kv)
+        return out, cached.num_tokens
+
+    def _conversation_key(self, req: ExecutionRequest, chash: str,
+                          alpha: float) -> CacheKey | None:
+        """This member's conversation slot (its opening message as sent identifies it)."""
+        user = user_or_none(req.user)
+        if not (self.conversations.enabled and req.reuse_conversation and user):
+            return None
+        return self.conversations.key(req.tenant, user, list(req.messages), chash, alpha,
+                                      self.adapter.fingerprint)
 
     def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
         """History trimmed in whole turns to the model's context (and the request's cap)."""
@@ -184,17 +251,19 @@ class InjectionExecutor:
         self, prompt: str, req: ExecutionRequest, sampling: dict[str, Any], *, mode: str,
         history: int,
     ) -> ExecutionResult:
-        """No injection and no K/V work at all (tier NONE)."""
+        """No injection and no preference K/V (tier NONE); the conversation's may be reused."""
         t0 = time.perf_counter()
-        out = self.adapter.generate(prompt, None, 1.0, req.max_new_tokens, **sampling)
+        turn = self._continue(req, "", prompt, "", 0.0, sampling)
+        out, reused = turn if turn is not None else (
+            self._generate(req, prompt, None, 1.0, "", sampling), 0)
         infer_ms = (time.perf_counter() - t0) * 1000.0
         text, stripped = self._strip(out.text)
         return ExecutionResult(
             text=text, tier=Tier.NONE, prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
             inference_latency_ms=infer_ms, ttft_ms=out.first_token_ms, stripped_count=stripped,
-            injection_mode=mode,
-            history_messages=history, finish_reason=out.finish_reason,
+            injection_mode=mode, history_messages=history, finish_reason=out.finish_reason,
+            reused_tokens=reused,
         )
 
     def _strip(self, text: str) -> tuple[str, int]:

@@ -69,15 +69,21 @@ class GenerationWatch(StoppingCriteria):
         self.first_token_at: float | None = None  # perf_counter() at the first token
 
     def __call__(self, input_ids: torch.LongTensor, scores: Any, **kwargs: Any) -> torch.BoolTensor:
+        done = self.observe(input_ids[0, self.start:].tolist())
+        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+
+    def observe(self, generated: list[int]) -> bool:
+        """One step of a generation whose generated ids so far are ``generated``; True when
+        it must stop (a stop string, or cancelled). The batch engine calls this per row."""
         self.steps += 1
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
-        done = self._update(input_ids[0, self.start:].tolist())
+        done = self._update(generated)
         if not done and self.cancelled is not None and self.steps % self.cancel_every == 0:
             done = bool(self.cancelled())
             if done:
                 self.finish_reason = "cancelled"
-        return torch.full((input_ids.shape[0],), done, dtype=torch.bool, device=input_ids.device)
+        return done
 
     def _update(self, ids: list[int]) -> bool:
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
