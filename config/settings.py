@@ -163,6 +163,16 @@ KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 1.0)  # measured: docs/BENCHMARKS.md, p
 KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
 KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)
 KV_L1_TENANT_QUOTA_BYTES = env_int("KV_L1_TENANT_QUOTA_BYTES", 512 * 1024**2)
+# Conversation K/V reuse: a turn's whole-sequence K/V stays in L1 (same quotas) for the
+# next turn, up to this size per conversation (0: off). Needs the batch engine.
+KV_CONVERSATION_MAX_BYTES = env_int("KV_CONVERSATION_MAX_BYTES", 128 * 1024**2)
+# Continuous batching (injection.batch): rows decoded together per worker process; the
+# threads pool runs this many tasks at once (0: one generate() per task, no batch engine).
+WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
+# Bound on the batch's padded K/V bytes (0: none); waiting rows join when it fits.
+WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024**3)
+# An idle engine waits this long for a burst before its first prefill (0: start at once).
+WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)
 KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
 
@@ -226,6 +236,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # instead of finishing unacked and running twice.
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# --pool threads: one task thread per batch slot, all feeding the process's batch engine
+CELERY_WORKER_CONCURRENCY = max(1, WORKER_BATCH_MAX)
 # Enforced by Celery under prefork; under solo/threads (the GPU pools) by
 # gpu_worker.limits (soft: SoftTimeLimitExceeded in the task; hard: the worker exits).
 CELERY_TASK_SOFT_TIME_LIMIT = CHAT_SOFT_TIME_LIMIT
@@ -247,7 +259,8 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 WORKER_QUEUE_PREFIX = os.environ.get("WORKER_QUEUE_PREFIX", "gpu.w.")  # + worker hostname
 WORKER_AFFINITY_ENABLED = env_bool("WORKER_AFFINITY_ENABLED", True)
 WORKER_AFFINITY_TTL = env_int("WORKER_AFFINITY_TTL", 3600)  # member -> worker, seconds
-# Route to the member's worker while its running + queued tasks stay below this.
+# Route to the member's worker while its running + queued tasks stay below its batch
+# slots (WORKER_BATCH_MAX, from its heartbeat) - 1 + this.
 WORKER_AFFINITY_MAX_BACKLOG = env_int("WORKER_AFFINITY_MAX_BACKLOG", 2)
 WORKER_HEARTBEAT_INTERVAL = env_float("WORKER_HEARTBEAT_INTERVAL", 5.0)
 WORKER_HEARTBEAT_TTL = env_float("WORKER_HEARTBEAT_TTL", 20.0)  # dead after this silence

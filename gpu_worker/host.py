@@ -108,8 +108,13 @@ def _build_executor():
         l1_tenant_quota_bytes=settings.KV_L1_TENANT_QUOTA_BYTES,
         l2_ttl_seconds=settings.KV_L2_TTL_SECONDS,
         l2_enabled=settings.KV_L2_ENABLED,
+        batch_max=settings.WORKER_BATCH_MAX,
+        batch_kv_budget_bytes=settings.WORKER_BATCH_KV_BUDGET_BYTES,
+        batch_join_wait_ms=settings.WORKER_BATCH_JOIN_WAIT_MS,
+        conversation_max_bytes=settings.KV_CONVERSATION_MAX_BYTES,
     )
-    log.info("model ready: fingerprint=%s device=%s", adapter.fingerprint[:16], adapter.device)
+    log.info("model ready: fingerprint=%s device=%s batch=%s", adapter.fingerprint[:16],
+             adapter.device, executor.engine.max_batch if executor.engine else 1)
     return executor
 
 
@@ -160,3 +165,11 @@ def sync_key_generation() -> None:
         return  # keep the current signer; L2 itself degrades to misses
     if generation != ex.l2.signer.key_generation:
         set_key_generation(generation)
+
+
+def batch_slots() -> int:
+    """Requests this process generates at once (its heartbeat advertises them to routing)."""
+    ex = _executor
+    if ex is not None and ex.engine is not None:
+        return ex.engine.max_batch
+    return max(1, settings.WORKER_BATCH_MAX) if ex is None else 1

@@ -2,8 +2,10 @@
 
 After serving a member a worker records ``kviw:aff:<member> -> worker``. A request goes
 to that worker's own queue while the worker is alive (fresh heartbeat, not draining)
-and its backlog (running + queued tasks) is below ``WORKER_AFFINITY_MAX_BACKLOG``;
-otherwise to the shared ``gpu`` queue, where any worker serves it from L2 or recompute.
+and its backlog (running + queued tasks) is below its batch slots (``slots`` in its
+heartbeat: the tasks it runs at once) - 1 + ``WORKER_AFFINITY_MAX_BACKLOG``; otherwise to
+the shared ``gpu`` queue, where any worker serves it from L2 or recompute. A batching
+worker with free slots thus keeps its members even while it is busy.
 Any Redis fault routes to the shared queue: routing is an optimisation, never a gate.
 """
 
@@ -49,9 +51,11 @@ def choose_queue(member_id: int | str, client: redis.Redis | None = None) -> Rou
         return Route(shared, "redis_error")
     if hb is None:
         return Route(shared, "worker_gone", worker)
-    if json.loads(hb).get("state") != "serving":
+    info = json.loads(hb)
+    if info.get("state") != "serving":
         return Route(shared, "draining", worker)
-    if int(queued) + int(inflight) >= settings.WORKER_AFFINITY_MAX_BACKLOG:
+    slots = max(1, int(info.get("slots") or 1))
+    if int(queued) + int(inflight) >= slots - 1 + settings.WORKER_AFFINITY_MAX_BACKLOG:
         return Route(shared, "busy", worker)
     return Route(queue, "affinity", worker)
 

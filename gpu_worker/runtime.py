@@ -37,6 +37,7 @@ class _State:
     follower: outbox.OutboxFollower | None = None
     watchdog: Watchdog | None = None
     metrics_port: int | None = None
+    slots: int = 1  # tasks this worker runs at once (threads pool: its concurrency)
 
 
 STATE = _State()
@@ -51,9 +52,10 @@ def pool_name(pool_cls: Any) -> str:
 
 
 # -- lifecycle ---------------------------------------------------------------------------
-def setup_node(worker: str, pool: str, queues: Any) -> None:
+def setup_node(worker: str, pool: str, queues: Any, concurrency: int | None = None) -> None:
     """Main process, before consuming: own queue, and recover a previous incarnation's tasks."""
     STATE.worker, STATE.pool = worker, pool
+    STATE.slots = 1 if pool == "solo" else max(1, int(concurrency or 1))
     queues.select_add(registry.worker_queue(worker))
     try:
         restored = registry.restore_inflight(worker)
@@ -88,7 +90,8 @@ def start_serving_process() -> None:
 def start_agent() -> None:
     """Main process, once the worker is ready: heartbeats, watchdog, reaper."""
     if STATE.agent is None and STATE.worker:
-        info = {"metrics_port": STATE.metrics_port}
+        # routing sends a member's work here while it has free batch slots
+        info = {"metrics_port": STATE.metrics_port, "slots": STATE.slots}
         STATE.agent = WorkerAgent(STATE.worker, STATE.pool, STATE.watchdog, info)
         STATE.agent.beat()  # routable as soon as ready
         STATE.agent.start()

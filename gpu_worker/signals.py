@@ -38,7 +38,8 @@ log = logging.getLogger(__name__)
 
 @celeryd_after_setup.connect
 def _after_setup(sender=None, instance=None, **_):
-    runtime.setup_node(str(sender), runtime.pool_name(instance.pool_cls), instance.app.amqp.queues)
+    runtime.setup_node(str(sender), runtime.pool_name(instance.pool_cls), instance.app.amqp.queues,
+                       concurrency=getattr(instance, "concurrency", None))
 
 
 @worker_process_init.connect

@@ -49,6 +49,21 @@ def test_routes_by_affinity_only_while_the_worker_is_live_idle_and_serving(
     assert choose_queue(member) == ("gpu", "disabled", None)
 
 
+def test_a_batching_worker_keeps_its_members_while_it_has_free_slots(worker, member, settings):
+    settings.WORKER_AFFINITY_MAX_BACKLOG = 2
+    registry.record_affinity(member, worker)
+    registry.heartbeat(worker, {"state": "serving", "slots": 4})
+    for i in range(4):  # 4 running on 4 slots: one more may queue (backlog 2 - 1)
+        registry.record_inflight(worker, f"t{i}", str(i))
+    assert choose_queue(member).reason == "affinity"
+    registry.redis_client().lpush(registry.worker_queue(worker), "queued-task")
+    assert choose_queue(member).reason == "busy"
+    registry.heartbeat(worker, {"state": "serving", "slots": 8})  # same load, more slots
+    assert choose_queue(member).reason == "affinity"
+    registry.heartbeat(worker, {"state": "serving"})  # no slots advertised: one at a time
+    assert choose_queue(member).reason == "busy"
+
+
 def test_redis_down_routes_to_the_shared_queue(member, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     assert choose_queue(member) == ("gpu", "redis_error", None)

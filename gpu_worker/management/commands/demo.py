@@ -101,11 +101,12 @@ class Command(BaseCommand):
         env = dict(os.environ)  # carries DATABASE_URL/REDIS_URL resolved by settings
         env.setdefault("PYTHONUNBUFFERED", "1")
         py = sys.executable
-        # --pool solo: the GPU configuration (one process, the model loaded once in it,
-        # time limits enforced by gpu_worker.limits); it also consumes gpu.w.gpu-demo@<host>.
+        # --pool threads: the GPU configuration (one process, the model loaded once in it;
+        # WORKER_BATCH_MAX task threads feed its batch engine; time limits enforced by
+        # gpu_worker.limits); it also consumes gpu.w.gpu-demo@<host>.
         children = [
             Child("worker", [py, "-m", "celery", "-A", "config", "worker", "-Q", "gpu",
-                             "--pool", "solo", "--loglevel", "WARNING",
+                             "--pool", "threads", "--loglevel", "WARNING",
                              "--hostname", "gpu-demo@%h"], env),
             # ASGI (uvicorn): streamed replies are relayed without a thread per stream
             Child("web", [py, "-m", "uvicorn", "config.asgi:application", "--host",
