@@ -79,8 +79,9 @@ def _worker_row(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]
     row = {k: reply.get(k) for k in ("worker", "pid", "pool", "model_loaded", "key_generation")}
     row["l1"] = {f: l1.get(f, 0) for f in _L1_FIELDS}
     row["l1"]["hit_rate"] = hit_rate(row["l1"]["hits"], row["l1"]["misses"])
-    if only is None:
+    if only is None:  # engine-wide figures (not per tenant): the whole view only
         row["requests"] = ((stats.get("metrics") or {}).get("counters") or {}).get("requests", 0)
+        row["batch"] = stats.get("batch")
     return row
 
 

@@ -17,10 +17,12 @@ per-request ``past_key_values``, so the injected prefix cannot ride on it.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import logging
 import threading
 import time
+import weakref
 from collections import deque
 from typing import Any
 
@@ -38,6 +40,14 @@ __all__ = ["BatchEngine", "RowJob"]
 
 log = logging.getLogger(__name__)
 _WATCH_KEYS = ("stop", "on_text", "cancelled")
+_LIVE: weakref.WeakSet[BatchEngine] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    """Stop scheduler threads before the interpreter tears torch down under them."""
+    for engine in list(_LIVE):
+        engine.close(timeout=1.0)
 
 
 class BatchEngine:
@@ -67,6 +77,7 @@ class BatchEngine:
         self._oom_cap = self.max_batch
         self.counters = {"steps": 0, "rows": 0, "peak_batch": 0, "oom_shrinks": 0,
                          "batched_steps": 0}
+        _LIVE.add(self)
 
     # -- callers ----------------------------------------------------------------------
     def generate(self, prompt: str, injected: PackedKV | None, alpha: float,
@@ -196,7 +207,9 @@ class BatchEngine:
                                     position_ids=positions, cache_position=cache_position,
                                     past_key_values=self._batch.cache, use_cache=True)
                 logits = out.logits[:, -1]
-                picks = [(r, r.sampler(logits[i])) for i, r in enumerate(rows)]
+                best = logits.argmax(dim=-1).tolist()  # one device sync for all greedy rows
+                picks = [(r, best[i] if r.sampler.greedy else r.sampler(logits[i]))
+                         for i, r in enumerate(rows)]
         except torch.cuda.OutOfMemoryError:
             self._decode_oom()
             return

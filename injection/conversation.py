@@ -24,11 +24,12 @@ import hashlib
 import logging
 from typing import Any
 
-from injection.base import CacheKey, KVStore
+from injection.base import CacheKey, ExecutionRequest, KVStore
+from injection.kvsource import user_or_none
 from injection.metrics import Metrics
 from injection.packed import PackedKV
 
-__all__ = ["ConversationReuse", "common_prefix"]
+__all__ = ["ConversationReuse", "TurnGenerator", "common_prefix"]
 
 log = logging.getLogger(__name__)
 
@@ -103,3 +104,49 @@ class ConversationReuse:
         if kv is not None and not (kv.keys.is_cpu and kv.values.is_cpu):
             return None
         return kv
+
+
+class TurnGenerator:
+    """How a turn is generated: one ``adapter.generate``, or a row of the batch engine that
+    keeps the sequence K/V and continues the conversation's when it can."""
+
+    def __init__(self, adapter: Any, engine: Any, reuse: ConversationReuse) -> None:
+        self.adapter, self.engine, self.reuse = adapter, engine, reuse
+
+    def generate(self, req: ExecutionRequest, prompt: str, kv: PackedKV | None, alpha: float,
+                  chash: str, sampling: dict[str, Any]) -> Any:
+        """Generate after ``kv`` (or from scratch); with an engine, keep the sequence K/V."""
+        if self.engine is None:
+            return self.adapter.generate(prompt, kv, alpha, req.max_new_tokens, **sampling)
+        key = self._key(req, chash, alpha if kv is not None else 0.0)
+        out = self.engine.generate(prompt, kv, alpha, req.max_new_tokens,
+                                   keep_kv=key is not None, **sampling)
+        if key is not None:
+            self.reuse.keep(key, out.sequence_kv)
+        return out
+
+    def continue_turn(self, req: ExecutionRequest, segment: str, prompt: str, chash: str,
+                      alpha: float, sampling: dict[str, Any]) -> tuple[Any, int] | None:
+        """The turn on the conversation's cached K/V (common prefix), or None on a miss."""
+        key = self._key(req, chash, alpha if segment else 0.0)
+        if key is None:
+            return None
+        renderer = self.adapter.renderer
+        head = renderer.encode(segment, first=True) if segment else []
+        prompt_ids = renderer.encode(prompt, first=not segment)
+        full = head + prompt_ids
+        cached = self.reuse.lookup(key, full, min_tokens=len(head))
+        if cached is None:
+            return None
+        out = self.engine.run(cached, 1.0, full[cached.num_tokens:], req.max_new_tokens,
+                              keep_kv=True, prompt_ids=prompt_ids, **sampling)
+        self.reuse.keep(key, out.sequence_kv)
+        return out, cached.num_tokens
+
+    def _key(self, req: ExecutionRequest, chash: str, alpha: float) -> CacheKey | None:
+        """This member's conversation slot (its opening message as sent identifies it)."""
+        user = user_or_none(req.user)
+        if not (self.reuse.enabled and req.reuse_conversation and user):
+            return None
+        return self.reuse.key(req.tenant, user, list(req.messages), chash, alpha,
+                              self.adapter.fingerprint)

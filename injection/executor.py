@@ -19,14 +19,13 @@ import torch
 
 from injection.base import (
     ALPHA_CAP,
-    CacheKey,
     ExecutionRequest,
     ExecutionResult,
     KVStore,
     PreferenceModel,
     Tier,
 )
-from injection.conversation import ConversationReuse
+from injection.conversation import ConversationReuse, TurnGenerator
 from injection.errors import InvalidRequest, ModelOOMError
 from injection.history import fit_history
 from injection.kvsource import PreferenceKVSource, content_hash, user_or_none
@@ -78,6 +77,7 @@ class InjectionExecutor:
         self.conversations = ConversationReuse(
             l1, self.metrics, max_bytes=conversation_max_bytes if engine is not None else 0
         )
+        self.turns = TurnGenerator(adapter, engine, self.conversations)
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -124,6 +124,7 @@ class InjectionExecutor:
         return {
             "metrics": self.metrics.snapshot(),
             "fingerprint": self.adapter.fingerprint,
+            "batch": self.engine.stats() if self.engine is not None else None,
             **self.kv_source.tier_stats(),
         }
 
@@ -163,7 +164,7 @@ class InjectionExecutor:
                                history=_history_len(messages))
         t0 = time.perf_counter()
         chash = content_hash(parts.segment)
-        turn = self._continue(req, parts.segment, parts.prompt, chash, alpha, sampling)
+        turn = self.turns.continue_turn(req, parts.segment, parts.prompt, chash, alpha, sampling)
         if turn is not None:
             out, reused = turn
             kv = None
@@ -172,7 +173,7 @@ class InjectionExecutor:
             kv, tier, chash = self._get_preference_kv(req.tenant, req.user, parts.segment)
             fetch_ms = (time.perf_counter() - t0) * 1000.0
             assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
-            out, reused = self._generate(req, parts.prompt, kv, alpha, chash, sampling), 0
+            out, reused = self.turns.generate(req, parts.prompt, kv, alpha, chash, sampling), 0
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = self._strip(out.text)
         self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
@@ -195,46 +196,6 @@ class InjectionExecutor:
             return kv.num_tokens
         return len(self.adapter.renderer.encode(parts.segment, first=True))
 
-    # -- generation: one adapter call, or a row of the batch engine ----------------------
-    def _generate(self, req: ExecutionRequest, prompt: str, kv: PackedKV | None, alpha: float,
-                  chash: str, sampling: dict[str, Any]) -> Any:
-        """Generate after ``kv`` (or from scratch); with an engine, keep the sequence K/V."""
-        if self.engine is None:
-            return self.adapter.generate(prompt, kv, alpha, req.max_new_tokens, **sampling)
-        key = self._conversation_key(req, chash, alpha if kv is not None else 0.0)
-        out = self.engine.generate(prompt, kv, alpha, req.max_new_tokens,
-                                   keep_kv=key is not None, **sampling)
-        if key is not None:
-            self.conversations.keep(key, out.sequence_kv)
-        return out
-
-    def _continue(self, req: ExecutionRequest, segment: str, prompt: str, chash: str,
-                  alpha: float, sampling: dict[str, Any]) -> tuple[Any, int] | None:
-        """The turn on the conversation's cached K/V (common prefix), or None on a miss."""
-        key = self._conversation_key(req, chash, alpha if segment else 0.0)
-        if key is None:
-            return None
-        renderer = self.adapter.renderer
-        head = renderer.encode(segment, first=True) if segment else []
-        prompt_ids = renderer.encode(prompt, first=not segment)
-        full = head + prompt_ids
-        cached = self.conversations.lookup(key, full, min_tokens=len(head))
-        if cached is None:
-            return None
-        out = self.engine.run(cached, 1.0, full[cached.num_tokens:], req.max_new_tokens,
-                              keep_kv=True, prompt_ids=prompt_ids, **sampling)
-        self.conversations.keep(key, out.sequence_kv)
-        return out, cached.num_tokens
-
-    def _conversation_key(self, req: ExecutionRequest, chash: str,
-                          alpha: float) -> CacheKey | None:
-        """This member's conversation slot (its opening message as sent identifies it)."""
-        user = user_or_none(req.user)
-        if not (self.conversations.enabled and req.reuse_conversation and user):
-            return None
-        return self.conversations.key(req.tenant, user, list(req.messages), chash, alpha,
-                                      self.adapter.fingerprint)
-
     def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
         """History trimmed in whole turns to the model's context (and the request's cap)."""
         messages = [dict(m) for m in req.messages]
@@ -253,9 +214,9 @@ class InjectionExecutor:
     ) -> ExecutionResult:
         """No injection and no preference K/V (tier NONE); the conversation's may be reused."""
         t0 = time.perf_counter()
-        turn = self._continue(req, "", prompt, "", 0.0, sampling)
+        turn = self.turns.continue_turn(req, "", prompt, "", 0.0, sampling)
         out, reused = turn if turn is not None else (
-            self._generate(req, prompt, None, 1.0, "", sampling), 0)
+            self.turns.generate(req, prompt, None, 1.0, "", sampling), 0)
         infer_ms = (time.perf_counter() - t0) * 1000.0
         text, stripped = self._strip(out.text)
         return ExecutionResult(

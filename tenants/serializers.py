@@ -92,6 +92,10 @@ class CacheInfoSerializer(serializers.Serializer):
     ttft_ms = serializers.FloatField(
         help_text="Time to first token on the worker: from the start of the request's "
                   "execution (K/V lookup included) to the first generated token.")
+    reused_tokens = serializers.IntegerField(
+        required=False,
+        help_text="Leading tokens (system turn, history) whose K/V was continued from the "
+                  "conversation's previous turn on this worker instead of prefilled.")
 
 
 class ChatResponseSerializer(serializers.Serializer):

@@ -1,7 +1,8 @@
 """Scale-out fixtures: groups of real `celery worker` processes with fast heartbeats.
 
-``start_workers("r1", "r2", **env)`` starts real workers in parallel against the test
-database and Redis (env overrides, e.g. WORKER_MAX_DELIVERIES) and waits until each
+``start_workers("r1", "r2", pool=..., **env)`` starts real workers in parallel against the
+test database and Redis (``pool`` "solo" or "threads": the batching GPU configuration;
+env overrides, e.g. WORKER_MAX_DELIVERIES) and waits until each
 answers a ping and heartbeats. ``only_these_consume(workers)`` makes every other live
 worker of the session (e.g. the chat test's ``w1``) stop consuming the shared queue for
 the duration, so a test knows exactly which processes can take a task.
@@ -32,9 +33,10 @@ def start_workers(scaleout_env, tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("scaleout-logs")
     started: list[WorkerProcess] = []
 
-    def start(*names: str, **env_overrides) -> list[WorkerProcess]:
+    def start(*names: str, pool: str = "solo", **env_overrides) -> list[WorkerProcess]:
         env = {**scaleout_env, **{k: str(v) for k, v in env_overrides.items()}}
-        workers = [WorkerProcess(n, env, log_dir) for n in names]
+        extra = ["--concurrency", env.get("WORKER_BATCH_MAX", "8")] if pool == "threads" else []
+        workers = [WorkerProcess(n, env, log_dir, pool=pool, extra=extra) for n in names]
         started.extend(workers)
         for w in workers:
             w.wait_ready()

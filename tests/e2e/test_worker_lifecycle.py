@@ -1,5 +1,7 @@
 """Worker faults with real processes: SIGKILL mid-generation, poison tasks, warm shutdown.
 
+The workers run the GPU configuration: the threads pool feeding the batch engine.
+
 Workers here allow 2 deliveries per task (WORKER_MAX_DELIVERIES=2). Tasks are sent to a
 chosen worker's own queue, so the test knows which process runs them; other workers of
 the session stop consuming the shared queue for the module.
@@ -30,7 +32,8 @@ MAX_DELIVERIES = 2
 @pytest.fixture(scope="module")
 def crew(start_workers):
     """Three workers; the tests kill or stop them, and start more, in order."""
-    workers = start_workers("k1", "k2", "k3", WORKER_MAX_DELIVERIES=MAX_DELIVERIES)
+    workers = start_workers("k1", "k2", "k3", pool="threads", WORKER_BATCH_MAX=4,
+                            WORKER_MAX_DELIVERIES=MAX_DELIVERIES)
     with only_these_consume(workers):
         yield {w.name: w for w in workers}
 
@@ -79,7 +82,8 @@ def test_poison_task_fails_with_a_clear_error_after_bounded_deliveries(crew, sta
     second.kill()
 
     # a fresh worker recovers the task and refuses its third delivery
-    (fresh,) = start_workers("k4", WORKER_MAX_DELIVERIES=MAX_DELIVERIES)
+    (fresh,) = start_workers("k4", pool="threads", WORKER_BATCH_MAX=4,
+                             WORKER_MAX_DELIVERIES=MAX_DELIVERIES)
     crew["k4"] = fresh
     with pytest.raises(GenerationFailed, match="abandoned after 2 deliveries"):
         client.wait_chat(sent, timeout=120)

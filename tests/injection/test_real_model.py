@@ -57,3 +57,47 @@ def test_alpha_one_reproduces_the_system_message_token_for_token(smollm, pref, q
     injected = smollm.generate(parts.prompt, smollm.compute_kv(parts.segment), 1.0, 32)
     prompted = smollm.generate(smollm.plain_prompt(pref, msgs), None, 1.0, 32)
     assert injected.token_ids == prompted.token_ids, (injected.text, prompted.text)
+
+
+def test_batched_replies_on_smollm2_are_the_replies_alone_and_follow_the_preference(smollm):
+    """The worker's path (batch engine + conversation reuse) on the real model: three
+    members' rows decoded together, one joining mid-batch, each reply token for token the
+    system-message reply; the next turn continues the cached K/V and answers the same."""
+    import threading
+    import time
+
+    from injection import build_executor
+
+    ex = build_executor(smollm, batch_max=4, metrics=Metrics())
+    cases = [("I was born in Nairobi.", "Where was I born?"),
+             ("I am vegetarian and I do not like spicy food.", "Suggest a dinner recipe."),
+             ("Always answer in French.", "How are you today?")]
+    want = [smollm.generate(smollm.plain_prompt(p, [{"role": "user", "content": q}]), None,
+                            1.0, 24) for p, q in cases]
+    got: list = [None] * len(cases)
+
+    def ask(i):
+        if i == 2:  # joins while the others decode
+            while ex.engine.counters["steps"] < 3:
+                time.sleep(0.001)
+        p, q = cases[i]
+        got[i] = ex.execute(ExecutionRequest("t", f"u{i}", [{"role": "user", "content": q}], p,
+                                             max_new_tokens=24))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(cases))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    try:
+        assert [g.text for g in got] == [w.text for w in want]
+        assert "Nairobi" in got[0].text
+        assert ex.engine.counters["peak_batch"] == 3
+        p, q = cases[1]
+        history = [{"role": "user", "content": q}, {"role": "assistant", "content": got[1].text}]
+        msgs = [*history, {"role": "user", "content": "And a dessert?"}]
+        nxt = ex.execute(ExecutionRequest("t", "u1", msgs, p, max_new_tokens=16))
+        ref = smollm.generate(smollm.plain_prompt(p, msgs), None, 1.0, 16)
+        assert nxt.reused_tokens > got[1].kv_tokens and nxt.text == ref.text
+    finally:
+        ex.close()

@@ -96,6 +96,12 @@ class Command(CliCommandMixin, BaseCommand):
             l1 = row["l1"]
             w(f"  worker {row['worker']} pid {row['pid']} ({row['pool']}): L1 {l1['entries']} "
               f"entries {_mb(l1['bytes'])}, hit rate {_pct(l1['hit_rate'])}")
+            batch = row.get("batch")
+            if batch:
+                w(f"    batch engine: {batch['active']} running, {batch['waiting']} waiting, "
+                  f"max {batch['max_batch']}, peak {batch['peak_batch']}, "
+                  f"{batch['batched_steps']}/{batch['steps']} steps batched, "
+                  f"{batch['oom_shrinks']} OOM shrinks")
         w(f"{'tenant':<20} {'L1 entries':>10} {'L1 MB':>8} {'L1 hit':>7} "
           f"{'L2 entries':>10} {'L2 MB':>8} {'L2 hit':>7} {'L2 rejects':>10}")
         rows = list(r["tenants"].items()) + ([("(all)", r["totals"])] if "totals" in r else [])

@@ -1,0 +1,65 @@
+"""A threads-pool worker batches concurrent chats (each reply as if alone) and continues a
+conversation's K/V on its next turn: real Celery, Postgres, Redis and the demo model."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.e2e.conftest import member_with_preference, only_these_consume, send_chat, worker_stats
+from tests.workers import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+TOKENS = 48
+
+
+@pytest.fixture(scope="module")
+def batching_worker(start_workers):
+    (w,) = start_workers("batch1", pool="threads", WORKER_BATCH_MAX=4)
+    return w
+
+
+@pytest.fixture(scope="module")
+def alone(demo_model_path):
+    """The same engine in this process, one request at a time: the reference replies."""
+    from injection import build_executor, load_adapter
+
+    return build_executor(load_adapter(str(demo_model_path), device="cpu", dtype="fp32"))
+
+
+def _expected(alone, member, pref: str, message: str) -> str:
+    from injection.base import ExecutionRequest
+
+    req = ExecutionRequest(str(member.tenant_id), str(member.pk),
+                           [{"role": "user", "content": message}], pref,
+                           instructions=member.tenant.instructions, max_new_tokens=TOKENS)
+    return alone.execute(req).text
+
+
+def test_concurrent_chats_share_batches_and_each_reply_is_the_one_alone(batching_worker, alone):
+    prefs = ["I am vegetarian.", "I love long hikes in the mountains every weekend.",
+             "Answer like a pirate.", "I cannot eat gluten or nuts, and I dislike onions."]
+    members = [member_with_preference(f"batch-t{i % 2}", f"b{i}", p) for i, p in enumerate(prefs)]
+    with only_these_consume([batching_worker]):
+        sent = [send_chat(m, "What should I cook?", max_new_tokens=TOKENS) for m in members]
+        replies = [s.result.get(timeout=120) for s in sent]
+        stats = worker_stats(batching_worker.hostname)["stats"]["batch"]
+        assert stats["max_batch"] == 4 and stats["peak_batch"] >= 2
+        assert stats["batched_steps"] > 0
+        for m, p, r in zip(members, prefs, replies, strict=True):
+            assert r["worker"] == batching_worker.hostname
+            assert r["reply"] == _expected(alone, m, p, "What should I cook?")
+
+        # the next turn continues the first turn's K/V on the same worker
+        nxt = send_chat(members[0], "And for dessert?", max_new_tokens=8,
+                        conversation=replies[0]["conversation"])
+        second = nxt.result.get(timeout=120)
+        assert nxt.route.reason == "affinity"
+        assert second["cache"]["reused_tokens"] > replies[0]["cache"]["kv_tokens"]
+        assert second["cache"]["tier"] == "l1" and second["cache"]["history_messages"] == 2
+
+
+def test_the_heartbeat_advertises_the_batch_slots(batching_worker):
+    from gpu_worker import registry
+
+    info = wait_for(lambda: registry.live_workers().get(batching_worker.hostname), 30, "beat")
+    assert info["slots"] == 4 and info["pool"] == "threads"
