@@ -66,9 +66,10 @@ class WorkerAgent(threading.Thread):
         self.housekeep()
 
     def heartbeat(self) -> None:
+        """Alive, with the state: a draining worker still beats (its running tasks are
+        not a dead worker's to restore); routing sends nothing new to it."""
         try:
-            if self.state == "serving":
-                registry.heartbeat(self.worker, self.info())
+            registry.heartbeat(self.worker, self.info())
             self.beats += 1
         except redis.RedisError as exc:
             log.warning("agent: Redis unavailable (%s); retrying", exc)
@@ -103,12 +104,13 @@ class WorkerAgent(threading.Thread):
             log.exception("agent: outbox sweep failed")
 
     def drain(self) -> None:
-        """Warm shutdown began: stop new routing here now (the running task finishes)."""
+        """Warm shutdown began: stop new routing here now (the running tasks finish).
+
+        The heartbeat stays, saying "draining": dropping it would make peers reap this
+        worker and restore tasks it is still finishing, which then run twice (with the
+        threads pool a batch of them). It goes at :meth:`stop`, or expires if we die."""
         self.state = "draining"
-        try:
-            registry.drop_heartbeat(self.worker)
-        except redis.RedisError as exc:
-            log.warning("agent: could not drop heartbeat: %s", exc)
+        self.heartbeat()
 
     def stop(self) -> None:
         """Leave: no heartbeat, queued messages back to the shared queue."""

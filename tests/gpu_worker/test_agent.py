@@ -63,3 +63,24 @@ def test_a_stopped_agent_is_no_longer_routable(agent):
     agent.stop()
     assert not agent.is_alive()
     assert agent.worker not in registry.live_workers()
+
+
+def test_a_draining_worker_is_not_routable_but_not_reaped_either(agent):
+    """Warm shutdown: the tasks still running (a whole batch, with the threads pool) are
+    its own to finish; a peer must not restore them while it does."""
+    member = f"m-{uuid.uuid4().hex[:8]}"
+    registry.record_inflight(agent.worker, "t-running", "1")
+    registry.record_affinity(member, agent.worker)
+    agent.start()
+    agent.drain()
+    try:
+        time.sleep(1.0)  # two heartbeat TTLs
+        info = registry.live_workers().get(agent.worker)
+        assert info is not None and info["state"] == "draining"
+        from gpu_worker.routing import choose_queue
+
+        assert choose_queue(member).reason == "draining"
+        assert agent.worker not in registry.reap_dead(registry.redis_client())
+        assert registry.redis_client().hexists(registry.inflight_key(agent.worker), "t-running")
+    finally:
+        registry.redis_client().delete(registry.affinity_key(member))
