@@ -2,7 +2,7 @@
 
 Each case (bench/personalisation_cases.py: facts, diets, constraints, language, style)
 is answered greedily under every condition, in one run, through the real engine
-(``InjectionExecutor`` with an in-process L1):
+(``InjectionExecutor`` with an in-process L1 and the worker's batch engine):
 
 * ``no preference``: the conversation alone (the template's own default system turn);
 * ``system message``: the preference as the system message, in the prompt (baseline);
@@ -37,6 +37,7 @@ from personalisation_cases import CASES  # noqa: E402
 
 from injection import InjectionExecutor, TenantLRU, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest  # noqa: E402
+from injection.batch import BatchEngine  # noqa: E402
 from injection.metrics import Metrics  # noqa: E402
 from injection.packed import PackedKV  # noqa: E402
 
@@ -72,8 +73,10 @@ class Runner:
 
     def __init__(self, adapter) -> None:
         self.adapter = adapter
+        # the worker's path: generation as a row of the batch engine
         self.ex = InjectionExecutor(adapter, l1=TenantLRU(max_bytes=2 * 1024**3), l2=None,
-                                    alpha_cap=1.0, min_alpha=0.0, metrics=Metrics())
+                                    alpha_cap=1.0, min_alpha=0.0, metrics=Metrics(),
+                                    engine=BatchEngine(adapter, max_batch=8))
         self.raw_kv: dict[str, PackedKV] = {}
 
     def run(self, i: int, case, cond: dict, n: int) -> str:

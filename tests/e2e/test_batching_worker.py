@@ -15,15 +15,18 @@ TOKENS = 48
 @pytest.fixture(scope="module")
 def batching_worker(start_workers):
     (w,) = start_workers("batch1", pool="threads", WORKER_BATCH_MAX=4)
-    return w
+    yield w
+    w.stop()  # later modules count on knowing which workers consume the shared queue
 
 
 @pytest.fixture(scope="module")
 def alone(demo_model_path):
     """The same engine in this process, one request at a time: the reference replies."""
     from injection import build_executor, load_adapter
+    from injection.metrics import Metrics
 
-    return build_executor(load_adapter(str(demo_model_path), device="cpu", dtype="fp32"))
+    return build_executor(load_adapter(str(demo_model_path), device="cpu", dtype="fp32"),
+                          metrics=Metrics())  # not this process's global counters
 
 
 def _expected(alone, member, pref: str, message: str) -> str:
