@@ -121,7 +121,8 @@ def conversation(adapter, turns: list[int], members: int) -> dict:
             assert a.text == b.text, (t, a.text, b.text)  # reuse changes no reply
             context = a.prompt_tokens + a.kv_tokens
             for name, v in (("full prefill", a.ttft_ms), ("reuse", b.ttft_ms),
-                            ("context", context), ("prefilled", context - b.reused_tokens)):
+                            ("context", context),
+                            ("prefilled", context - max(b.reused_tokens, b.kv_tokens))):
                 out.setdefault((name, t), []).append(v)
     reuse.close()
     full.close()

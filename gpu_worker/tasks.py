@@ -62,7 +62,9 @@ def chat(
             raise
     worker = worker_id(self)
     tier = result["cache"]["tier"]
-    _remember(member_id, worker, tier)
+    # this worker's L1 now holds the member's K/V: the preference's, or (even without a
+    # preference) the conversation's, kept for its next turn
+    _remember(member_id, worker, "conversation" if _keeps_conversations() else tier)
     log.info(
         "chat request_id=%s tier=%s tokens=%s+%s latency=%.0fms",
         request_id, tier, result["usage"]["prompt_tokens"],
@@ -102,6 +104,11 @@ def playground_reply(self, member_id: int, message: str, variant: str,
     log.info("playground member=%s variant=%s tier=%s tokens=%s+%s", member_id, variant,
              out["tier"], out["prompt_tokens"], out["completion_tokens"])
     return out
+
+
+def _keeps_conversations() -> bool:
+    ex = host.current_executor()
+    return ex is not None and ex.conversations.enabled
 
 
 def _remember(member_id: int, worker: str, tier: str) -> None:

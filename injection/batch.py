@@ -68,6 +68,7 @@ class BatchEngine:
         self.adapter, self.max_batch = adapter, int(max_batch)
         self.kv_budget_bytes, self.join_wait = int(kv_budget_bytes), join_wait_ms / 1000.0
         self.bytes_per_token = _bytes_per_token(adapter)
+        self._eos = adapter._eos_ids()
         self._waiting: deque[RowJob] = deque()
         self._rows: list[RowJob] = []
         self._batch = BatchCache()
@@ -219,7 +220,7 @@ class BatchEngine:
 
     def _advance(self, picks: list[tuple[RowJob, int]]) -> None:
         """Append each row's token; finished rows leave the batch (their caller wakes)."""
-        eos = self.adapter._eos_ids()
+        eos = self._eos
         for job, token in picks:
             job.gen.append(token)
             stop = job.watch.observe(job.gen) or token in eos
@@ -231,7 +232,7 @@ class BatchEngine:
         self._drop([r for r in self._rows if r.done.is_set()])
 
     def _complete(self, job: RowJob) -> None:
-        reason = job.watch.finish(job.gen, job.max_new_tokens, self.adapter._eos_ids())
+        reason = job.watch.finish(job.gen, job.max_new_tokens, self._eos)
         seq = None
         if job.keep_kv and reason != "cancelled":
             seq = self._batch.row_kv(self._rows.index(job), job.input_ids + job.gen)

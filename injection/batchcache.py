@@ -12,6 +12,8 @@ through ``DynamicCache.update`` as transformers always does.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import torch.nn.functional as F
 from transformers import DynamicCache
@@ -71,10 +73,13 @@ class BatchCache:
             layer.values = layer.values.index_select(0, index)[:, :, trim:]
         self.pads = [p - trim for p in pads]
 
-    def step_inputs(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def step_inputs(self, device: torch.device) -> tuple[Any, Any, torch.Tensor]:
         """``attention_mask [B, T+1]``, ``position_ids [B, 1]`` and ``cache_position [1]``
-        for one decoding step that appends a column to every row."""
+        for one decoding step that appends a column to every row. Without padding (one
+        row, or rows of one length) mask and positions are implied: both are None."""
         width = self.width
+        if not any(self.pads):
+            return None, None, torch.tensor([width], device=device)
         pads = torch.tensor(self.pads, device=device)
         cols = torch.arange(width + 1, device=device)
         mask = (cols.unsqueeze(0) >= pads.unsqueeze(1)).long()
