@@ -196,7 +196,7 @@ class BatchEngine:
         self._rows.append(job)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
-        self._advance([(job, job.sampler(logits))])
+        self._advance([(job, logits)])
 
     def _decode(self) -> None:
         rows, adapter = self._rows, self.adapter
@@ -209,7 +209,7 @@ class BatchEngine:
                                     past_key_values=self._batch.cache, use_cache=True)
                 logits = out.logits[:, -1]
                 best = logits.argmax(dim=-1).tolist()  # one device sync for all greedy rows
-                picks = [(r, best[i] if r.sampler.greedy else r.sampler(logits[i]))
+                picks = [(r, best[i] if r.sampler.greedy else logits[i])
                          for i, r in enumerate(rows)]
         except torch.cuda.OutOfMemoryError:
             self._decode_oom()
@@ -218,18 +218,25 @@ class BatchEngine:
         self.counters["batched_steps"] += int(len(rows) > 1)
         self._advance(picks)
 
-    def _advance(self, picks: list[tuple[RowJob, int]]) -> None:
-        """Append each row's token; finished rows leave the batch (their caller wakes)."""
-        eos = self._eos
-        for job, token in picks:
-            job.gen.append(token)
-            stop = job.watch.observe(job.gen) or token in eos
-            if job.abandoned:
-                job.watch.finish_reason = "cancelled"
-                stop = True
-            if stop or len(job.gen) >= job.max_new_tokens:
-                self._complete(job)
+    def _advance(self, picks: list[tuple[RowJob, Any]]) -> None:
+        """Append each row's token (or sample it from its logits); finished rows leave the
+        batch (their caller wakes). A row whose sampling or callbacks raise fails alone."""
+        for job, pick in picks:
+            try:
+                self._append(job, pick if isinstance(pick, int) else job.sampler(pick))
+            except Exception as exc:  # e.g. non-finite logits, a failing stream callback
+                log.warning("batch row failed (%s); its neighbours go on", type(exc).__name__)
+                job.finish(error=exc)
         self._drop([r for r in self._rows if r.done.is_set()])
+
+    def _append(self, job: RowJob, token: int) -> None:
+        job.gen.append(token)
+        stop = job.watch.observe(job.gen) or token in self._eos
+        if job.abandoned:
+            job.watch.finish_reason = "cancelled"
+            stop = True
+        if stop or len(job.gen) >= job.max_new_tokens:
+            self._complete(job)
 
     def _complete(self, job: RowJob) -> None:
         reason = job.watch.finish(job.gen, job.max_new_tokens, self._eos)

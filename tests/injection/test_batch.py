@@ -213,3 +213,16 @@ def test_a_caller_interrupted_while_waiting_abandons_its_row(adapter, engine):
     while engine.stats()["active"] and time.monotonic() < deadline:
         time.sleep(0.01)
     assert engine.stats()["active"] == 0  # the abandoned row left the batch
+
+
+def test_a_row_whose_stream_callback_raises_fails_alone(adapter, engine):
+    prompt, kv = _row(adapter, PREFS[0], "What should I cook tonight?")
+    alone = adapter.generate(prompt, kv, 1.0, 16)
+
+    def broken(_text):
+        raise ConnectionError("the stream's Redis went away")
+
+    outs = _in_threads([lambda: engine.generate(prompt, kv, 1.0, 16, on_text=broken),
+                        lambda: engine.generate(prompt, kv, 1.0, 16)])
+    assert isinstance(outs[0], ConnectionError)
+    assert outs[1].token_ids == alone.token_ids
