@@ -69,6 +69,9 @@ class BatchEngine:
         self.kv_budget_bytes, self.join_wait = int(kv_budget_bytes), join_wait_ms / 1000.0
         self.bytes_per_token = _bytes_per_token(adapter)
         self._eos = adapter._eos_ids()
+        # honoured like generate() does (greedy too); other processors are not used
+        self._penalty = float(getattr(adapter.model.generation_config, "repetition_penalty",
+                                      None) or 1.0)
         self._waiting: deque[RowJob] = deque()
         self._rows: list[RowJob] = []
         self._batch = BatchCache()
@@ -182,7 +185,7 @@ class BatchEngine:
     def _prefill(self, job: RowJob) -> None:
         """Run the row's new tokens on its own prefix K/V (batch 1), take its first token."""
         adapter = self.adapter
-        job.reset(adapter.tokenizer, adapter.device)
+        job.reset(adapter.tokenizer, adapter.device, self._penalty)
         with torch.inference_mode():
             with KVTimer(adapter.device) as timer:
                 cache = (adapter.build_cache(job.prefix, job.alpha) if job.prefix is not None
@@ -223,7 +226,10 @@ class BatchEngine:
         batch (their caller wakes). A row whose sampling or callbacks raise fails alone."""
         for job, pick in picks:
             try:
-                self._append(job, pick if isinstance(pick, int) else job.sampler(pick))
+                if not isinstance(pick, int):
+                    seen = job.input_ids + job.gen if job.sampler.penalty != 1.0 else None
+                    pick = job.sampler(pick, seen)
+                self._append(job, pick)
             except Exception as exc:  # e.g. non-finite logits, a failing stream callback
                 log.warning("batch row failed (%s); its neighbours go on", type(exc).__name__)
                 job.finish(error=exc)

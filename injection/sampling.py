@@ -15,8 +15,9 @@ class RowSampler:
     """Chooses one row's next token from its logits (``[V]``)."""
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 *, device: torch.device | str = "cpu") -> None:
+                 *, device: torch.device | str = "cpu", repetition_penalty: float = 1.0) -> None:
         self.temperature, self.top_p = float(temperature or 0.0), float(top_p or 1.0)
+        self.penalty = float(repetition_penalty or 1.0)  # the model's generation_config's
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)
@@ -24,10 +25,14 @@ class RowSampler:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """Plain argmax of the logits (the engine batches these rows' argmax)."""
+        return self.temperature <= 0.0 and self.penalty == 1.0
 
-    def __call__(self, logits: torch.Tensor) -> int:
-        if self.greedy:
+    def __call__(self, logits: torch.Tensor, seen: list[int] | None = None) -> int:
+        """The next token; ``seen`` (input + generated ids) feeds the repetition penalty."""
+        if self.penalty != 1.0 and seen:
+            logits = _penalise(logits, seen, self.penalty)
+        if self.temperature <= 0.0:
             return int(torch.argmax(logits))
         scores = logits.float() / self.temperature
         if self.top_p < 1.0:
@@ -44,4 +49,13 @@ def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     drop[0] = False
     out = scores.clone()
     out[order[drop]] = float("-inf")
+    return out
+
+
+def _penalise(logits: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
+    """transformers' repetition penalty: seen tokens' scores divided (if > 0) or multiplied."""
+    ids = torch.tensor(sorted(set(seen)), device=logits.device)
+    picked = logits[ids]
+    out = logits.clone()
+    out[ids] = torch.where(picked < 0, picked * penalty, picked / penalty)
     return out

@@ -226,3 +226,24 @@ def test_a_row_whose_stream_callback_raises_fails_alone(adapter, engine):
                         lambda: engine.generate(prompt, kv, 1.0, 16)])
     assert isinstance(outs[0], ConnectionError)
     assert outs[1].token_ids == alone.token_ids
+
+
+def test_the_models_repetition_penalty_is_applied_as_generate_applies_it(adapter):
+    """A generation_config with a repetition penalty (greedy too): rows in a batch equal
+    generate() alone, and differ from the unpenalised reply."""
+    prompt, kv = _row(adapter, PREFS[0], "What should I cook tonight?")
+    plain = adapter.generate(prompt, kv, 1.0, 24)
+    gc = adapter.model.generation_config
+    saved = gc.repetition_penalty
+    gc.repetition_penalty = 1.5
+    try:
+        want = adapter.generate(prompt, kv, 1.0, 24)
+        eng = BatchEngine(adapter, max_batch=4)
+        try:
+            outs = _in_threads([lambda: eng.generate(prompt, kv, 1.0, 24) for _ in range(2)])
+        finally:
+            eng.close()
+    finally:
+        gc.repetition_penalty = saved
+    assert want.token_ids != plain.token_ids
+    assert [o.token_ids for o in outs] == [want.token_ids, want.token_ids]
