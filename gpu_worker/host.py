@@ -165,11 +165,3 @@ def sync_key_generation() -> None:
         return  # keep the current signer; L2 itself degrades to misses
     if generation != ex.l2.signer.key_generation:
         set_key_generation(generation)
-
-
-def batch_slots() -> int:
-    """Requests this process generates at once (its heartbeat advertises them to routing)."""
-    ex = _executor
-    if ex is not None and ex.engine is not None:
-        return ex.engine.max_batch
-    return max(1, settings.WORKER_BATCH_MAX) if ex is None else 1

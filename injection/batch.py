@@ -88,14 +88,14 @@ class BatchEngine:
                  max_new_tokens: int, **sampling: Any) -> GenerationOutput:
         """``ModelAdapter.generate`` through the batch: blocks until this row finishes."""
         prompt_ids = self.adapter.renderer.encode(prompt, first=injected is None)
-        if not prompt_ids:
-            raise InvalidRequest("prompt is empty")
         return self.run(injected, alpha, prompt_ids, max_new_tokens, **sampling)
 
     def run(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
             max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
             **sampling: Any) -> GenerationOutput:
         """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``."""
+        if not new_ids:
+            raise InvalidRequest("prompt is empty")
         if prefix is not None:
             self.adapter._check_compatible(prefix)
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
@@ -174,13 +174,10 @@ class BatchEngine:
             return None
         job = self._waiting[0]
         if self._rows and self.kv_budget_bytes:
-            widest = max(job.reserve_tokens(), *(self._reserve(r) for r in self._rows))
+            widest = max(job.reserve_tokens(), *(r.reserve_tokens() for r in self._rows))
             if (len(self._rows) + 1) * widest * self.bytes_per_token > self.kv_budget_bytes:
                 return None
         return self._waiting.popleft()
-
-    def _reserve(self, row: RowJob) -> int:
-        return len(row.input_ids) + row.max_new_tokens
 
     def _prefill(self, job: RowJob) -> None:
         """Run the row's new tokens on its own prefix K/V (batch 1), take its first token."""

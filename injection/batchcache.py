@@ -40,9 +40,6 @@ class BatchCache:
         """Columns per row (padding included): the cache's sequence length."""
         return 0 if self.cache is None else self.cache.get_seq_length()
 
-    def lengths(self) -> list[int]:
-        return [self.width - p for p in self.pads]
-
     def add(self, row_cache: DynamicCache) -> None:
         """Append a prefilled batch-1 cache as the last row (padding whichever is shorter)."""
         n = row_cache.get_seq_length()

@@ -32,6 +32,7 @@ class RowJob:
     watch_opts: dict[str, Any]
     keep_kv: bool = False
     started: float = field(default_factory=time.perf_counter)
+    input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --
     gen: list[int] = field(default_factory=list)
     watch: GenerationWatch | None = None
@@ -44,9 +45,10 @@ class RowJob:
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
 
-    @property
-    def input_ids(self) -> list[int]:
-        return [*(self.prefix.token_ids if self.prefix is not None else ()), *self.new_ids]
+    def __post_init__(self) -> None:
+        # the whole input, once (the admission check and the repetition penalty read it)
+        self.input_ids = [*(self.prefix.token_ids if self.prefix is not None else ()),
+                          *self.new_ids]
 
     def reset(self, tokenizer: Any, device: Any, repetition_penalty: float = 1.0) -> None:
         """Fresh generation state (also when a row is put back after an OOM)."""

@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any
+from typing import Any, NamedTuple
 
 from injection.base import CacheKey, ExecutionRequest, KVStore
 from injection.kvsource import user_or_none
 from injection.metrics import Metrics
 from injection.packed import PackedKV
 
-__all__ = ["ConversationReuse", "TurnGenerator", "common_prefix"]
+__all__ = ["ConversationReuse", "TurnGenerator", "TurnPlan", "common_prefix"]
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +106,17 @@ class ConversationReuse:
         return kv
 
 
+class TurnPlan(NamedTuple):
+    """What a turn will run on, decided before any preference K/V is fetched."""
+
+    key: CacheKey | None  # the conversation's slot (None: no reuse for this request)
+    prompt: str
+    prompt_ids: list[int] | None  # encoded once, when the engine runs the turn
+    cached: PackedKV | None  # the conversation's K/V to continue (None: a miss)
+    rest: list[int]  # with ``cached``: the tokens after it, to prefill
+    head: int = 0  # tokens of the injected segment (counted when the conversation is looked up)
+
+
 class TurnGenerator:
     """How a turn is generated: one ``adapter.generate``, or a row of the batch engine that
     keeps the sequence K/V and continues the conversation's when it can."""
@@ -113,35 +124,38 @@ class TurnGenerator:
     def __init__(self, adapter: Any, engine: Any, reuse: ConversationReuse) -> None:
         self.adapter, self.engine, self.reuse = adapter, engine, reuse
 
-    def generate(self, req: ExecutionRequest, prompt: str, kv: PackedKV | None, alpha: float,
-                  chash: str, sampling: dict[str, Any]) -> Any:
-        """Generate after ``kv`` (or from scratch); with an engine, keep the sequence K/V."""
-        if self.engine is None:
-            return self.adapter.generate(prompt, kv, alpha, req.max_new_tokens, **sampling)
-        key = self._key(req, chash, alpha if kv is not None else 0.0)
-        out = self.engine.generate(prompt, kv, alpha, req.max_new_tokens,
-                                   keep_kv=key is not None, **sampling)
-        if key is not None:
-            self.reuse.keep(key, out.sequence_kv)
-        return out
-
-    def continue_turn(self, req: ExecutionRequest, segment: str, prompt: str, chash: str,
-                      alpha: float, sampling: dict[str, Any]) -> tuple[Any, int] | None:
-        """The turn on the conversation's cached K/V (common prefix), or None on a miss."""
+    def plan(self, req: ExecutionRequest, segment: str, prompt: str, chash: str,
+             alpha: float) -> TurnPlan:
+        """Encode the turn once and look its conversation up (``cached``: a hit)."""
         key = self._key(req, chash, alpha if segment else 0.0)
-        if key is None:
-            return None
+        if self.engine is None:
+            return TurnPlan(key, prompt, None, None, [])
         renderer = self.adapter.renderer
-        head = renderer.encode(segment, first=True) if segment else []
         prompt_ids = renderer.encode(prompt, first=not segment)
+        if key is None:
+            return TurnPlan(key, prompt, prompt_ids, None, [])
+        head = renderer.encode(segment, first=True) if segment else []
         full = head + prompt_ids
         cached = self.reuse.lookup(key, full, min_tokens=len(head))
-        if cached is None:
-            return None
-        out = self.engine.run(cached, 1.0, full[cached.num_tokens:], req.max_new_tokens,
-                              keep_kv=True, prompt_ids=prompt_ids, **sampling)
-        self.reuse.keep(key, out.sequence_kv)
-        return out, cached.num_tokens
+        rest = full[cached.num_tokens:] if cached is not None else []
+        return TurnPlan(key, prompt, prompt_ids, cached, rest, len(head))
+
+    def run(self, plan: TurnPlan, req: ExecutionRequest, kv: PackedKV | None, alpha: float,
+            sampling: dict[str, Any]) -> Any:
+        """Generate: on the conversation's K/V (a hit), else after ``kv`` (or from scratch);
+        with an engine the sequence K/V is kept for the next turn."""
+        if self.engine is None:
+            return self.adapter.generate(plan.prompt, kv, alpha, req.max_new_tokens, **sampling)
+        keep = plan.key is not None
+        if plan.cached is not None:
+            out = self.engine.run(plan.cached, 1.0, plan.rest, req.max_new_tokens, keep_kv=True,
+                                  prompt_ids=plan.prompt_ids, **sampling)
+        else:
+            out = self.engine.run(kv, alpha, plan.prompt_ids, req.max_new_tokens, keep_kv=keep,
+                                  **sampling)
+        if keep:
+            self.reuse.keep(plan.key, out.sequence_kv)
+        return out
 
     def _key(self, req: ExecutionRequest, chash: str, alpha: float) -> CacheKey | None:
         """This member's conversation slot (its opening message as sent identifies it)."""

@@ -164,37 +164,30 @@ class InjectionExecutor:
                                history=_history_len(messages))
         t0 = time.perf_counter()
         chash = content_hash(parts.segment)
-        turn = self.turns.continue_turn(req, parts.segment, parts.prompt, chash, alpha, sampling)
-        if turn is not None:
-            out, reused = turn
-            kv = None
-            tier, fetch_ms = Tier.L1, 0.0
-        else:
+        plan = self.turns.plan(req, parts.segment, parts.prompt, chash, alpha)
+        kv, tier, fetch_ms = None, Tier.L1, 0.0  # a hit: the conversation's K/V holds it
+        if plan.cached is None:
             kv, tier, chash = self._get_preference_kv(req.tenant, req.user, parts.segment)
             fetch_ms = (time.perf_counter() - t0) * 1000.0
             assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
-            out, reused = self.turns.generate(req, parts.prompt, kv, alpha, chash, sampling), 0
+        out = self.turns.run(plan, req, kv, alpha, sampling)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = self._strip(out.text)
         self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
-        seg = kv if kv is not None else out.sequence_kv
+        segment = kv if kv is not None else plan.cached
+        reused = 0 if kv is not None else plan.cached.num_tokens
         return ExecutionResult(
             text=text, tier=tier, prompt_tokens=len(out.prompt_token_ids),
             completion_tokens=len(out.token_ids), alpha_effective=alpha, content_hash=chash,
-            fingerprint=self.adapter.fingerprint, kv_tokens=self._segment_tokens(kv, parts),
-            kv_layers_count=seg.num_layers if seg is not None else 0,
-            kv_bytes_cpu=kv.nbytes if kv is not None else 0,
+            fingerprint=self.adapter.fingerprint,
+            kv_tokens=kv.num_tokens if kv is not None else plan.head,
+            kv_layers_count=segment.num_layers, kv_bytes_cpu=kv.nbytes if kv is not None else 0,
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
             kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
             ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
             injection_mode=parts.mode, history_messages=_history_len(messages),
             finish_reason=out.finish_reason, reused_tokens=reused,
         )
-
-    def _segment_tokens(self, kv: PackedKV | None, parts: Any) -> int:
-        if kv is not None:
-            return kv.num_tokens
-        return len(self.adapter.renderer.encode(parts.segment, first=True))
 
     def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
         """History trimmed in whole turns to the model's context (and the request's cap)."""
@@ -214,9 +207,9 @@ class InjectionExecutor:
     ) -> ExecutionResult:
         """No injection and no preference K/V (tier NONE); the conversation's may be reused."""
         t0 = time.perf_counter()
-        turn = self.turns.continue_turn(req, "", prompt, "", 0.0, sampling)
-        out, reused = turn if turn is not None else (
-            self.turns.generate(req, prompt, None, 1.0, "", sampling), 0)
+        plan = self.turns.plan(req, "", prompt, "", 0.0)
+        out = self.turns.run(plan, req, None, 1.0, sampling)
+        reused = plan.cached.num_tokens if plan.cached is not None else 0
         infer_ms = (time.perf_counter() - t0) * 1000.0
         text, stripped = self._strip(out.text)
         return ExecutionResult(
