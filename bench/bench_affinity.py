@@ -44,7 +44,10 @@ from mdsection import machine, table, write_section  # noqa: E402
 from servers import celery_worker, stop  # noqa: E402
 
 from config.celery import app  # noqa: E402
-from gpu_worker import client, control, host, kvstore, registry  # noqa: E402
+from gpu_worker.channels import control, kvstore  # noqa: E402
+from gpu_worker.client import dispatch as client  # noqa: E402
+from gpu_worker.routing import registry  # noqa: E402
+from gpu_worker.serving import host  # noqa: E402
 from tenants import actions  # noqa: E402
 
 WINDOW = 4
@@ -59,7 +62,7 @@ def model_dir() -> Path:
 
 
 def preferences(n: int) -> list[str]:
-    from injection.demo_model import CORPUS_PATH
+    from injection.model.demo_model import CORPUS_PATH
 
     words = Path(CORPUS_PATH).read_text().split()
     return [" ".join(words[i * 37 % len(words):][:40]) + f" (member {i})" for i in range(n)]

@@ -29,11 +29,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from mdsection import machine, table, write_section  # noqa: E402
 
-from injection import codec  # noqa: E402
 from injection.base import CacheKey  # noqa: E402
-from injection.packed import PackedKV  # noqa: E402
-from injection.redis_tier import RedisKVTier  # noqa: E402
-from injection.signing import CacheKeySigner  # noqa: E402
+from injection.kvcache import codec  # noqa: E402
+from injection.kvcache.packed import PackedKV  # noqa: E402
+from injection.kvcache.redis_tier import RedisKVTier  # noqa: E402
+from injection.kvcache.signing import CacheKeySigner  # noqa: E402
 
 L, H, D = 32, 8, 128
 SIGNER = CacheKeySigner("bench-codec-secret-0123456789", namespace="kvibench")

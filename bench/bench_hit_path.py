@@ -35,8 +35,8 @@ from mdsection import machine, table, write_section  # noqa: E402  (bench/ is sy
 from config import embedded  # noqa: E402
 from injection import build_executor, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest, Tier  # noqa: E402
-from injection.demo_model import CORPUS_PATH, build_demo_model  # noqa: E402
 from injection.metrics import Metrics  # noqa: E402
+from injection.model.demo_model import CORPUS_PATH, build_demo_model  # noqa: E402
 
 LENGTHS = (32, 128, 512)
 REPEATS = int(os.environ.get("REPEATS", "20"))

@@ -37,9 +37,9 @@ from personalisation_cases import CASES  # noqa: E402
 
 from injection import InjectionExecutor, TenantLRU, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest  # noqa: E402
-from injection.batch import BatchEngine  # noqa: E402
+from injection.engine.batch import BatchEngine  # noqa: E402
+from injection.kvcache.packed import PackedKV  # noqa: E402
 from injection.metrics import Metrics  # noqa: E402
-from injection.packed import PackedKV  # noqa: E402
 
 ALPHAS = (0.3, 0.5, 0.7, 0.85, 1.0)
 MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", "48"))
@@ -55,7 +55,7 @@ def default_alpha() -> float:
 def model_path() -> Path:
     if os.environ.get("MODEL_PATH"):
         return Path(os.environ["MODEL_PATH"])
-    from injection.gguf_import import prepare_model
+    from injection.model.gguf_import import prepare_model
 
     return prepare_model(ROOT / "var" / "models" / "smollm2-135m-instruct")
 

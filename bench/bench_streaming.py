@@ -46,7 +46,8 @@ from django.core.management import call_command  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
 from servers import celery_worker, stop  # noqa: E402
 
-from gpu_worker import host, registry  # noqa: E402
+from gpu_worker.routing import registry  # noqa: E402
+from gpu_worker.serving import host  # noqa: E402
 from tenants import actions  # noqa: E402
 
 TOKENS = 64

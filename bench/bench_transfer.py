@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from mdsection import machine, table, write_section  # noqa: E402
 
 from injection.base import CacheKey  # noqa: E402
-from injection.lru import TenantLRU  # noqa: E402
-from injection.packed import PackedKV  # noqa: E402
+from injection.kvcache.lru import TenantLRU  # noqa: E402
+from injection.kvcache.packed import PackedKV  # noqa: E402
 
 L, H, D = 32, 8, 128
 KEY = CacheKey("bench-tenant", "bench-user", "0" * 64, "bench-fp")

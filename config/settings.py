@@ -166,7 +166,7 @@ KV_L1_TENANT_QUOTA_BYTES = env_int("KV_L1_TENANT_QUOTA_BYTES", 512 * 1024**2)
 # Conversation K/V reuse: a turn's whole-sequence K/V stays in L1 (same quotas) for the
 # next turn, up to this size per conversation (0: off). Needs the batch engine.
 KV_CONVERSATION_MAX_BYTES = env_int("KV_CONVERSATION_MAX_BYTES", 128 * 1024**2)
-# Continuous batching (injection.batch): rows decoded together per worker process; the
+# Continuous batching (injection.engine.batch): rows decoded together per worker process; the
 # threads pool runs this many tasks at once (0: one generate() per task, no batch engine).
 WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
 # Bound on the batch's padded K/V bytes (0: none); waiting rows join when it fits.
@@ -205,8 +205,8 @@ LOGGING = {
     "disable_existing_loggers": False,
     "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
     "filters": {
-        "task_results": {"()": "gpu_worker.logpolicy.RedactTaskResults"},
-        "message_bodies": {"()": "gpu_worker.logpolicy.RedactMessageBodies"},
+        "task_results": {"()": "gpu_worker.ops.logpolicy.RedactTaskResults"},
+        "message_bodies": {"()": "gpu_worker.ops.logpolicy.RedactMessageBodies"},
     },
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "loggers": {
@@ -222,7 +222,7 @@ CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 CELERY_TASK_DEFAULT_QUEUE = "gpu"
 # Explicit routes: every GPU task names the shared queue; the web side may override it
-# per call with a worker's own queue (K/V-aware routing, gpu_worker.routing).
+# per call with a worker's own queue (K/V-aware routing, gpu_worker.routing.affinity).
 CELERY_TASK_ROUTES = {
     "gpu_worker.tasks.chat": {"queue": "gpu"},
     "gpu_worker.tasks.warm_member": {"queue": "gpu"},
@@ -239,7 +239,7 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # --pool threads: one task thread per batch slot, all feeding the process's batch engine
 CELERY_WORKER_CONCURRENCY = max(1, WORKER_BATCH_MAX)
 # Enforced by Celery under prefork; under solo/threads (the GPU pools) by
-# gpu_worker.limits (soft: SoftTimeLimitExceeded in the task; hard: the worker exits).
+# gpu_worker.serving.limits (soft: SoftTimeLimitExceeded in the task; hard: the worker exits).
 CELERY_TASK_SOFT_TIME_LIMIT = CHAT_SOFT_TIME_LIMIT
 CELERY_TASK_TIME_LIMIT = CHAT_HARD_TIME_LIMIT
 CELERY_RESULT_EXPIRES = 3600
@@ -272,10 +272,10 @@ WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)  # 0: no worker metrics 
 WORKER_METRICS_ADDR = os.environ.get("WORKER_METRICS_ADDR", "0.0.0.0")
 # Bearer token for the web's /metrics; unset: open in DEBUG, refused otherwise.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
-# Durable invalidation outbox (gpu_worker.outbox): how often each serving worker process
+# Durable invalidation outbox (gpu_worker.channels.outbox): how often each serving worker process
 # reads it, and how long delivered rows are kept.
 KV_OUTBOX_POLL_SECONDS = env_float("KV_OUTBOX_POLL_SECONDS", 1.0)
 KV_OUTBOX_RETENTION_SECONDS = env_int("KV_OUTBOX_RETENTION_SECONDS", 24 * 3600)
-# Worker shutdown waits this long for queued L2 writes to land (gpu_worker.host).
+# Worker shutdown waits this long for queued L2 writes to land (gpu_worker.serving.host).
 WORKER_L2_FLUSH_TIMEOUT = env_float("WORKER_L2_FLUSH_TIMEOUT", 5.0)
 KVCACHE_CONTROL_TIMEOUT = env_float("KVCACHE_CONTROL_TIMEOUT", 5.0)  # worker replies

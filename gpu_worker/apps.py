@@ -6,7 +6,10 @@ class GpuWorkerConfig(AppConfig):
     label = "gpu_worker"
 
     def ready(self) -> None:
-        from gpu_worker import client, outbox, relay, signals  # noqa: F401  (signals: hooks)
+        from gpu_worker.channels import outbox
+        from gpu_worker.client import dispatch as client
+        from gpu_worker.client import relay
+        from gpu_worker.serving import signals  # noqa: F401  (signals: hooks)
         from tenants import ports
 
         # tenants never imports this package: it calls these through its ports.

@@ -2,7 +2,7 @@
 
 Both tasks run on the GPU workers (queue ``gpu``, or a worker's own ``gpu.w.<host>``
 when routed by K/V affinity), acknowledge late, are redelivered if their worker dies,
-and fail as poison after ``WORKER_MAX_DELIVERIES`` deliveries (gpu_worker.runtime).
+and fail as poison after ``WORKER_MAX_DELIVERIES`` deliveries (gpu_worker.serving.runtime).
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
-from gpu_worker import chat_service, host, playground, registry
-from gpu_worker.logpolicy import PrivateArgsTask
-from gpu_worker.runtime import serving, worker_id
+from gpu_worker.ops.logpolicy import PrivateArgsTask
+from gpu_worker.routing import registry
+from gpu_worker.serving import chat_service, host, playground
+from gpu_worker.serving.runtime import serving, worker_id
 from tenants.actions import claim_is_live
 from tenants.errors import ChatAbandoned
 
@@ -96,7 +97,7 @@ def playground_reply(self, member_id: int, message: str, variant: str,
                      preference_text: str | None = None, alpha: float | None = None,
                      max_new_tokens: int | None = None, stream: bool = False) -> dict[str, Any]:
     """One admin-playground reply (personalised or plain); stores nothing, logs no text.
-    ``stream``: publish the pieces on the task id's stream (gpu_worker.streams)."""
+    ``stream``: publish the pieces on the task id's stream (gpu_worker.channels.streams)."""
     with serving(self):
         host.sync_key_generation()
         out = playground.reply(member_id, message, variant, preference_text, alpha,

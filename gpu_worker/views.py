@@ -9,7 +9,7 @@ from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpu_worker.metrics import web_registry
+from gpu_worker.ops.metrics import web_registry
 
 
 def _allowed(request: HttpRequest) -> bool:

@@ -14,25 +14,25 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
     from injection.base import PreferenceModel
-    from injection.executor import InjectionExecutor
+    from injection.engine.executor import InjectionExecutor
     from injection.metrics import Metrics
 
-# Public names, imported on first use (PEP 562): ``import injection.signing`` (the web
+# Public names, imported on first use (PEP 562): ``import injection.kvcache.signing`` (the web
 # process invalidating L2) must not load transformers and the model adapter.
 _EXPORTS = {
-    "ModelAdapter": "adapter", "load_adapter": "adapter",
+    "ModelAdapter": "model.adapter", "load_adapter": "model.adapter",
     "CacheKey": "base", "ExecutionRequest": "base", "ExecutionResult": "base",
     "GenerationOutput": "base", "KVStore": "base", "PreferenceModel": "base", "Tier": "base",
     "InjectionError": "errors", "InvalidRequest": "errors", "ModelLoadError": "errors",
     "ModelOOMError": "errors",
-    "InjectionExecutor": "executor", "content_hash": "base",
-    "BatchEngine": "batch",
-    "TenantLRU": "lru",
+    "InjectionExecutor": "engine.executor", "content_hash": "base",
+    "BatchEngine": "engine.batch",
+    "TenantLRU": "kvcache.lru",
     "METRICS": "metrics", "Metrics": "metrics",
-    "strip_retrieve_fact_calls": "output_filter",
-    "PackedKV": "packed",
-    "RedisKVTier": "redis_tier",
-    "CacheKeySigner": "signing",
+    "strip_retrieve_fact_calls": "prompting.output_filter",
+    "PackedKV": "kvcache.packed",
+    "RedisKVTier": "kvcache.redis_tier",
+    "CacheKeySigner": "kvcache.signing",
 }
 
 
@@ -86,10 +86,10 @@ def build_executor(
     ``conversation_max_bytes`` per conversation); 0 generates one request at a time.
     Models whose cache has sliding-window or hybrid layers always use the latter.
     """
-    from injection.executor import InjectionExecutor
-    from injection.lru import TenantLRU
-    from injection.redis_tier import RedisKVTier
-    from injection.signing import CacheKeySigner
+    from injection.engine.executor import InjectionExecutor
+    from injection.kvcache.lru import TenantLRU
+    from injection.kvcache.redis_tier import RedisKVTier
+    from injection.kvcache.signing import CacheKeySigner
 
     l1 = TenantLRU(
         max_bytes=l1_max_bytes, max_entries=l1_max_entries,
@@ -103,7 +103,7 @@ def build_executor(
         l2 = RedisKVTier(redis_client, signer, ttl_seconds=l2_ttl_seconds)
     engine = None
     if batch_max >= 1 and getattr(adapter, "supports_batching", False):
-        from injection.batch import BatchEngine
+        from injection.engine.batch import BatchEngine
 
         engine = BatchEngine(adapter, max_batch=batch_max, kv_budget_bytes=batch_kv_budget_bytes,
                              join_wait_ms=batch_join_wait_ms)

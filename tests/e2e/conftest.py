@@ -63,7 +63,7 @@ def worker_pair(start_workers):
 def only_these_consume(workers):
     """Other live workers stop consuming the shared queue until the block ends."""
     from config.celery import app
-    from gpu_worker import registry
+    from gpu_worker.routing import registry
 
     keep = {w.hostname for w in workers}
     others = [n for n in registry.live_workers() if n not in keep]
@@ -80,7 +80,7 @@ def only_these_consume(workers):
 
 
 def heartbeat(worker: str):
-    from gpu_worker import registry
+    from gpu_worker.routing import registry
 
     return registry.live_workers().get(worker)
 
@@ -106,8 +106,8 @@ def member_with_preference(slug: str, username: str, text: str):
 def send_chat(member, message: str = "What should I cook?", *, queue: str | None = None,
               max_new_tokens: int = 4, conversation: int | None = None):
     """Claim and dispatch a chat turn like the API does (routing unless ``queue`` is given)."""
-    from gpu_worker import client
-    from gpu_worker.routing import Route
+    from gpu_worker.client import dispatch as client
+    from gpu_worker.routing.affinity import Route
     from gpu_worker.tasks import chat
 
     params = {"max_new_tokens": max_new_tokens}
@@ -122,14 +122,14 @@ def send_chat(member, message: str = "What should I cook?", *, queue: str | None
 
 
 def chat_now(member, message: str = "What should I cook?", **kw) -> dict:
-    from gpu_worker import client
+    from gpu_worker.client import dispatch as client
 
     return client.wait_chat(send_chat(member, message, **kw), timeout=120)
 
 
 def worker_stats(hostname: str) -> dict:
     """The live stats reply of one worker process (control-channel request)."""
-    from gpu_worker import control
+    from gpu_worker.channels import control
 
     for reply in control.request("stats", timeout=5):
         if reply.get("worker") == hostname:
@@ -143,7 +143,7 @@ def l1_entries(hostname: str, tenant_id) -> int:
 
 
 def l2_entries(tenant_id) -> int:
-    from gpu_worker import kvstore
+    from gpu_worker.channels import kvstore
 
     stats = kvstore.l2_tier().stats(scan=True, tenants=[str(tenant_id)])
     return stats["per_tenant"][str(tenant_id)]["entries"]

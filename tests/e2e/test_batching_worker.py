@@ -62,7 +62,7 @@ def test_concurrent_chats_share_batches_and_each_reply_is_the_one_alone(batching
 
 
 def test_the_heartbeat_advertises_the_batch_slots(batching_worker):
-    from gpu_worker import registry
+    from gpu_worker.routing import registry
 
     info = wait_for(lambda: registry.live_workers().get(batching_worker.hostname), 30, "beat")
     assert info["slots"] == 4 and info["pool"] == "threads"

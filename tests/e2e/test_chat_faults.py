@@ -77,7 +77,7 @@ def chat_in_background(site, auth, key) -> tuple[threading.Thread, list]:
 
 def started_attempt(site, member, key: str) -> str:
     """The request id of the attempt for ``key``, once the worker has started it."""
-    from gpu_worker import registry
+    from gpu_worker.routing import registry
 
     def running():
         row = ChatExchange.objects.filter(member=member, key=key).first()

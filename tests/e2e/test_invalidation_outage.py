@@ -16,7 +16,7 @@ from urllib.parse import urlparse
 import pytest
 import redis
 
-from gpu_worker import control
+from gpu_worker.channels import control
 from tenants import actions
 from tenants.models import KVInvalidation
 from tests.e2e.conftest import chat_now, l2_entries, member_with_preference, wait_for

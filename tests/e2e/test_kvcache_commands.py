@@ -10,7 +10,8 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from gpu_worker import control, kvstore, registry
+from gpu_worker.channels import control, kvstore
+from gpu_worker.routing import registry
 from tenants import actions
 from tenants.models import AuditEvent, AuditLog
 from tests.e2e.conftest import chat_now, l2_entries, only_these_consume, wait_for

@@ -12,7 +12,7 @@ import uuid
 import pytest
 from django.conf import settings
 
-from gpu_worker import client as chat_client
+from gpu_worker.client import dispatch as chat_client
 from tenants import actions, errors
 from tenants.models import Message
 from tests.e2e.conftest import LONG_TOKENS

@@ -119,7 +119,8 @@ def test_a_lost_piece_is_made_good_from_the_stored_reply(gpu_worker, member_key)
     from django.conf import settings
     from prometheus_client import REGISTRY
 
-    from gpu_worker import relay, streams
+    from gpu_worker.channels import streams
+    from gpu_worker.client import relay
 
     member, _ = member_key
     gaps = lambda: REGISTRY.get_sample_value("kvi_chat_streams_total", {"outcome": "gap"}) or 0  # noqa: E731

@@ -13,7 +13,8 @@ import signal
 
 import pytest
 
-from gpu_worker import client, registry
+from gpu_worker.client import dispatch as client
+from gpu_worker.routing import registry
 from tenants.errors import GenerationFailed
 from tenants.models import AuditEvent, AuditLog, Message
 from tests.e2e.conftest import (

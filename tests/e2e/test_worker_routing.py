@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from gpu_worker import kvstore, registry
+from gpu_worker.channels import kvstore
+from gpu_worker.routing import registry
 from gpu_worker.tasks import warm_member
 from tests.e2e.conftest import (
     LONG_TOKENS,

@@ -14,8 +14,8 @@ import uuid
 
 import pytest
 
-from gpu_worker import registry
-from gpu_worker.agent import WorkerAgent
+from gpu_worker.routing import registry
+from gpu_worker.routing.agent import WorkerAgent
 
 
 @pytest.fixture
@@ -77,7 +77,7 @@ def test_a_draining_worker_is_not_routable_but_not_reaped_either(agent):
         time.sleep(1.0)  # two heartbeat TTLs
         info = registry.live_workers().get(agent.worker)
         assert info is not None and info["state"] == "draining"
-        from gpu_worker.routing import choose_queue
+        from gpu_worker.routing.affinity import choose_queue
 
         assert choose_queue(member).reason == "draining"
         assert agent.worker not in registry.reap_dead(registry.redis_client())

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from gpu_worker import control
+from gpu_worker.channels import control
 
 
 @pytest.fixture

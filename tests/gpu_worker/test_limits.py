@@ -7,7 +7,7 @@ import time
 
 from celery.exceptions import SoftTimeLimitExceeded
 
-from gpu_worker.limits import Watchdog
+from gpu_worker.serving.limits import Watchdog
 
 
 def _run_ticking(wd: Watchdog, thread: threading.Thread, timeout: float = 10.0) -> None:

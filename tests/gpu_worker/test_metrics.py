@@ -6,7 +6,8 @@ import pytest
 from django.test import RequestFactory
 from prometheus_client import CollectorRegistry, generate_latest
 
-from gpu_worker import host, metrics
+from gpu_worker.ops import metrics
+from gpu_worker.serving import host
 from gpu_worker.views import metrics_view
 
 

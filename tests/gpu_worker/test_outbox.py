@@ -10,9 +10,9 @@ import redis
 import torch
 from django.db import connection, transaction
 
-from gpu_worker import kvstore, outbox
+from gpu_worker.channels import kvstore, outbox
 from injection.base import CacheKey
-from injection.packed import PackedKV
+from injection.kvcache.packed import PackedKV
 from tenants import actions
 from tenants.models import KVInvalidation
 

@@ -14,8 +14,8 @@ from django.core.management.base import CommandError
 from django.test import override_settings
 
 from config import settings as base_settings
-from gpu_worker import host
-from injection import gguf_import as gi
+from gpu_worker.serving import host
+from injection.model import gguf_import as gi
 from tests.injection.test_gguf_import import TINY, unreachable_index
 
 
@@ -75,7 +75,7 @@ def test_command_bad_wheel_is_a_command_error(tmp_path):
 
 
 def test_command_is_idempotent(tmp_path):
-    from injection.demo_model import build_demo_model
+    from injection.model.demo_model import build_demo_model
 
     path = build_demo_model(tmp_path / "m", **TINY)
     (path / gi.MARKER).write_text(json.dumps({

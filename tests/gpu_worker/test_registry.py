@@ -8,7 +8,7 @@ import uuid
 import pytest
 from kombu import Exchange, Queue
 
-from gpu_worker import registry
+from gpu_worker.routing import registry
 
 
 @pytest.fixture

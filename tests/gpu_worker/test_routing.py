@@ -6,8 +6,8 @@ import uuid
 
 import pytest
 
-from gpu_worker import registry
-from gpu_worker.routing import choose_queue
+from gpu_worker.routing import registry
+from gpu_worker.routing.affinity import choose_queue
 
 
 @pytest.fixture

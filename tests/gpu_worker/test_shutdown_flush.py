@@ -11,7 +11,8 @@ import pytest
 import redis
 from celery.signals import worker_shutdown
 
-from gpu_worker import host, kvstore
+from gpu_worker.channels import kvstore
+from gpu_worker.serving import host
 
 PAUSE_MS = 1500
 
@@ -44,7 +45,7 @@ def test_worker_shutdown_signal_waits_for_queued_l2_writes(settings, demo_model_
 @pytest.mark.e2e
 @pytest.mark.django_db(transaction=True)
 def test_real_worker_flushes_l2_writes_on_sigterm(worker_factory):
-    from gpu_worker import registry
+    from gpu_worker.routing import registry
     from tests.e2e.conftest import chat_now, member_with_preference
 
     worker = worker_factory("wshut")

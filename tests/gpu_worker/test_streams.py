@@ -15,7 +15,9 @@ import pytest
 import redis.asyncio as aredis
 from django.conf import settings
 
-from gpu_worker import registry, relay, streams
+from gpu_worker.channels import streams
+from gpu_worker.client import relay
+from gpu_worker.routing import registry
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import os
 import sys
 import time
 
-from gpu_worker.supervisor import Child, Supervisor
+from gpu_worker.ops.supervisor import Child, Supervisor
 
 
 def run_until(sup: Supervisor, done, timeout: float = 15.0) -> None:

@@ -14,7 +14,7 @@ import sys
 import django
 django.setup()
 import tenants.api, tenants.admin, gpu_worker.tasks
-from gpu_worker import kvstore
+from gpu_worker.channels import kvstore
 result = kvstore.invalidate(1, 2)  # real L2 evict + control-channel publish
 assert result["l2_deleted"] == 0, result
 heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)

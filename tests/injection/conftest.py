@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from injection.adapter import ModelAdapter, load_adapter
-from injection.demo_model import build_demo_model
+from injection.model.adapter import ModelAdapter, load_adapter
+from injection.model.demo_model import build_demo_model
 
 
 @pytest.fixture(scope="session")

@@ -6,9 +6,9 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM, Cache, DynamicCache
 
-from injection.adapter import load_adapter, resolve_dtype
 from injection.errors import InvalidRequest
-from injection.packed import PackedKV
+from injection.kvcache.packed import PackedKV
+from injection.model.adapter import load_adapter, resolve_dtype
 
 PROMPTS = ["What should I cook tonight?", "Plan a rainy day in Lisbon for me."]
 
@@ -167,7 +167,7 @@ def test_fingerprint_stable_and_sensitive(demo_model_path, mqa_model_path, adapt
     assert load_adapter(str(mqa_model_path)).fingerprint != adapter.fingerprint
     with torch.no_grad():
         again.model.model.layers[0].mlp.up_proj.weight[0, 0] += 1.0
-    from injection.fingerprint import model_fingerprint
+    from injection.model.fingerprint import model_fingerprint
 
     changed = model_fingerprint(again.model, again.tokenizer, again.dtype)
     assert changed != adapter.fingerprint  # the strided sample starts at element 0

@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from injection.batch import BatchEngine
+from injection.engine.batch import BatchEngine
 from injection.errors import ModelOOMError
 
 PREFS = [

@@ -8,11 +8,11 @@ import struct
 import pytest
 import torch
 
-from injection import codec
 from injection.base import CacheKey
-from injection.codec import HEADER, CorruptEntry, decode, encode
-from injection.packed import PackedKV
-from injection.signing import CacheKeySigner
+from injection.kvcache import codec
+from injection.kvcache.codec import HEADER, CorruptEntry, decode, encode
+from injection.kvcache.packed import PackedKV
+from injection.kvcache.signing import CacheKeySigner
 
 SIGNER = CacheKeySigner("codec-test-secret-0123456789")
 KEY = CacheKey("acme", "u1", "ab" * 32, "fp1")

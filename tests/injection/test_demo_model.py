@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
 
-from injection.demo_model import build_demo_model
+from injection.model.demo_model import build_demo_model
 
 ROOT = Path(__file__).resolve().parents[2]
 TINY = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1}
@@ -72,7 +72,7 @@ def test_changed_parameters_rebuild(tmp_path):
 
 def test_cli_prints_path(demo_model_path):
     out = subprocess.run(
-        [sys.executable, "-m", "injection.demo_model", str(demo_model_path)],
+        [sys.executable, "-m", "injection.model.demo_model", str(demo_model_path)],
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=120,
     )
     assert out.stdout.strip() == str(demo_model_path)

@@ -14,12 +14,12 @@ from redis.retry import Retry
 
 from injection import build_executor
 from injection.base import CacheKey, ExecutionRequest, KVStore, PreferenceModel, Tier
+from injection.engine.executor import InjectionExecutor, content_hash
 from injection.errors import InvalidRequest, ModelOOMError
-from injection.executor import InjectionExecutor, content_hash
-from injection.lru import TenantLRU
+from injection.kvcache.lru import TenantLRU
+from injection.kvcache.redis_tier import RedisKVTier
+from injection.kvcache.signing import CacheKeySigner
 from injection.metrics import Metrics
-from injection.redis_tier import RedisKVTier
-from injection.signing import CacheKeySigner
 
 SECRET = "test-secret-0123456789abcdef"
 
@@ -205,7 +205,7 @@ def test_user_none_or_empty_is_never_cached(model, l2, chat_messages, preference
 
 
 def test_tenant_user_text_and_model_partition_the_cache(model, mqa_model_path, chat_messages, preference):
-    from injection.adapter import load_adapter
+    from injection.model.adapter import load_adapter
 
     ex = make(model)
     ex.execute(req(chat_messages, preference))

@@ -16,9 +16,9 @@ import zipfile
 
 import pytest
 
-from injection import gguf_import as gi
-from injection.demo_model import build_demo_model
 from injection.errors import InjectionError
+from injection.model import gguf_import as gi
+from injection.model.demo_model import build_demo_model
 
 TINY = {"num_layers": 1, "hidden_size": 32, "num_heads": 2, "num_kv_heads": 1}
 

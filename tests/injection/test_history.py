@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from injection.base import ExecutionRequest
+from injection.engine.executor import InjectionExecutor
 from injection.errors import ContextLengthExceeded
-from injection.executor import InjectionExecutor
-from injection.history import fit_history, whole_turns
-from injection.lru import TenantLRU
+from injection.kvcache.lru import TenantLRU
 from injection.metrics import Metrics
+from injection.prompting.history import fit_history, whole_turns
 
 
 def msg(role: str, text: str) -> dict[str, str]:

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from injection.base import CacheKey
-from injection.lru import TenantLRU
-from injection.packed import PackedKV
+from injection.kvcache.lru import TenantLRU
+from injection.kvcache.packed import PackedKV
 
 
 def kv(tokens: int = 4) -> PackedKV:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from injection.output_filter import strip_retrieve_fact_calls as strip
+from injection.prompting.output_filter import strip_retrieve_fact_calls as strip
 
 DS_CALL = (
     "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>retrieve_fact\n"
@@ -70,7 +70,7 @@ def test_word_containing_the_name_is_not_a_call():
 
 
 def test_control_characters_no_client_can_display_are_removed():
-    from injection.output_filter import strip_control_chars
+    from injection.prompting.output_filter import strip_control_chars
 
     text = "Bon\x00jour\x1b[31m!\x07 caf\u00e9 \U0001f600\u200d\U0001f467\ttab\r\nline\x85\x9f end\ud800"
     clean, n = strip_control_chars(text)

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from injection.packed import PackedKV
+from injection.kvcache.packed import PackedKV
 
 L, H, T, D = 4, 2, 5, 8
 

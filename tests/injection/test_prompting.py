@@ -8,12 +8,12 @@ import copy
 import pytest
 import torch
 
-from injection.adapter import ModelAdapter
 from injection.base import ExecutionRequest, Tier
-from injection.executor import InjectionExecutor
-from injection.lru import TenantLRU
+from injection.engine.executor import InjectionExecutor
+from injection.kvcache.lru import TenantLRU
 from injection.metrics import Metrics
-from injection.prompting import compose_context
+from injection.model.adapter import ModelAdapter
+from injection.prompting.template import compose_context
 
 PREF = "I am a vegetarian and I do not like spicy food."
 CONVERSATION = [

@@ -13,9 +13,9 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from injection.base import CacheKey
-from injection.packed import PackedKV
-from injection.redis_tier import RedisKVTier
-from injection.signing import CacheKeySigner
+from injection.kvcache.packed import PackedKV
+from injection.kvcache.redis_tier import RedisKVTier
+from injection.kvcache.signing import CacheKeySigner
 
 SECRET = "redis-tier-test-secret-0123456789"
 

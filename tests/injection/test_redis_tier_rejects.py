@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import pytest
 
-from injection.redis_tier import RedisKVTier
-from injection.signing import CacheKeySigner
+from injection.kvcache.redis_tier import RedisKVTier
+from injection.kvcache.signing import CacheKeySigner
 from tests.injection.test_redis_tier import SECRET, key, kv
 
 

@@ -8,7 +8,7 @@ import itertools
 import pytest
 
 from injection.base import CacheKey
-from injection.signing import CacheKeySigner
+from injection.kvcache.signing import CacheKeySigner
 
 SECRET = "test-secret-0123456789abcdef"
 KEY = CacheKey("acme-corp", "user-42", "c0ffee" * 8, "fp-llama-bf16")

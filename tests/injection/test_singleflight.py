@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from injection.singleflight import SingleFlight
+from injection.kvcache.singleflight import SingleFlight
 
 N = 8
 

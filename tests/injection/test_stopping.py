@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from injection.stopping import GenerationWatch, find_stop
+from injection.engine.stopping import GenerationWatch, find_stop
 
 
 class ByteTokenizer:

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from injection.writer import BoundedWriter
+from injection.kvcache.writer import BoundedWriter
 
 
 class Sink:

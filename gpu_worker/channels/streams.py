@@ -1,0 +1,133 @@
+"""Token streams between a GPU worker and the web, per request, over Redis.
+
+* ``kvi:stream:<request_id>``: a Redis stream the worker appends to while it generates:
+  ``{o: offset, t: text}`` per piece (``o`` = characters sent before it, so the reader
+  detects a lost piece), then ``{end: done|cancelled|error}``. It expires ``STREAM_TTL``
+  seconds after the last write. Pieces generated within ``FLUSH_S`` of the last write are
+  sent together (the first at once): fewer Redis writes and SSE events, same text.
+* ``kvi:cancel:<request_id>``: set by the web when its client went away; the worker's
+  stopping criterion polls it and ends the generation within a few tokens.
+
+Request ids are random 128-bit values made by the web per request, never chosen by a
+client, so a stream can only be read by the web process that dispatched it. The stream
+is a fast path: the task's result (and the reply stored in Postgres) stays authoritative.
+
+Both are authenticated like the L2 cache: every entry carries ``m``, an HMAC (key derived
+from ``KV_SIGNING_SECRET`` and the request id) over its fields, checked before the reader
+uses it (:func:`verify`); the cancel flag's value is such a MAC too. Whoever can write to
+Redis without the secret can neither put text in a reply's stream nor stop a generation.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import time
+
+import redis
+from django.conf import settings
+
+log = logging.getLogger(__name__)
+STREAM_TTL = 300  # seconds
+CANCEL_TTL = 300
+MAX_ENTRIES = 8192  # approximate cap per stream
+FLUSH_S = 0.02  # coalescing window for pieces after the first
+
+
+def stream_key(request_id: str) -> str:
+    return f"kvi:stream:{request_id}"
+
+
+def cancel_key(request_id: str) -> str:
+    return f"kvi:cancel:{request_id}"
+
+
+def _mac(request_id: str, *parts: bytes) -> bytes:
+    key = hmac.new(settings.KV_SIGNING_SECRET.encode(), b"kvi-stream\0" + request_id.encode(),
+                   hashlib.sha256).digest()
+    return hmac.new(key, b"\0".join(parts), hashlib.sha256).hexdigest()[:32].encode()
+
+
+def sign(request_id: str, fields: dict) -> dict:
+    """``fields`` (``o``/``t`` or ``end``) with their MAC ``m``."""
+    parts = [f"{k}={v}".encode() for k, v in sorted(fields.items())]
+    return {**fields, "m": _mac(request_id, *parts)}
+
+
+def verify(request_id: str, fields: dict[bytes, bytes]) -> bool:
+    """Is this entry (as read back from Redis) the worker's?"""
+    tag = fields.get(b"m")
+    parts = [k + b"=" + v for k, v in sorted(fields.items()) if k != b"m"]
+    return tag is not None and hmac.compare_digest(tag, _mac(request_id, *parts))
+
+
+def cancel_token(request_id: str) -> bytes:
+    """The value of a genuine cancel flag for ``request_id``."""
+    return _mac(request_id, b"cancel")
+
+
+class Publisher:
+    """Worker side of one request's stream. Redis faults never fail the generation."""
+
+    def __init__(self, client: redis.Redis, request_id: str, *, cancel_every: int = 2) -> None:
+        self.client, self.request_id = client, request_id
+        self.key = stream_key(request_id)
+        self.sent = 0
+        self.broken = False
+        self._buf, self._last = "", 0.0
+        self.cancel_every = max(1, cancel_every)
+        self._polls = 0
+
+    def piece(self, text: str) -> None:
+        self._buf += text
+        now = time.monotonic()
+        if self.sent == 0 or now - self._last >= FLUSH_S:
+            self._flush(now)
+
+    def end(self, status: str) -> None:
+        self._flush(time.monotonic())
+        self._add({"end": status})
+
+    def _flush(self, now: float) -> None:
+        if self._buf:
+            self._add({"o": self.sent, "t": self._buf})
+            self.sent += len(self._buf)
+            self._buf, self._last = "", now
+
+    def cancelled(self) -> bool:
+        """Has the client gone away? (polled by the stopping criterion every token)"""
+        self._polls += 1
+        if self._polls % self.cancel_every:
+            return False
+        try:
+            flag = self.client.get(cancel_key(self.request_id))
+        except redis.RedisError:
+            return False  # cannot tell: keep generating, the result is stored as usual
+        return flag is not None and hmac.compare_digest(flag, cancel_token(self.request_id))
+
+    def _add(self, fields: dict) -> None:
+        if self.broken:
+            return
+        try:
+            pipe = self.client.pipeline(transaction=False)
+            pipe.xadd(self.key, sign(self.request_id, fields), maxlen=MAX_ENTRIES,
+                      approximate=True)
+            pipe.expire(self.key, STREAM_TTL)
+            pipe.execute()
+        except redis.RedisError as exc:  # the final result still carries the whole reply
+            self.broken = True
+            log.warning("stream %s: Redis unavailable, streaming stops: %s", self.key, exc)
+
+
+_client: redis.Redis | None = None
+
+
+def publisher(request_id: str) -> Publisher:
+    """A publisher on the worker's shared stream client (short timeouts)."""
+    global _client
+    if _client is None:
+        from gpu_worker.channels.control import make_client
+
+        _client = make_client(0.5, settings.REDIS_URL)
+    return Publisher(_client, request_id)

@@ -1,0 +1,157 @@
+"""Web side: claim a chat's idempotency key, dispatch it to the GPU workers, wait.
+
+Exactly once (tenants.actions.exchanges): the claim in Postgres decides whether a reply is
+stored; whenever the web stops waiting it abandons the claim, so a late worker cannot
+store a reply the client was told failed, and a retry with the same key replays it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from typing import Any, NamedTuple
+
+from celery.exceptions import TimeoutError as CeleryTimeout
+from celery.result import AsyncResult
+from django.conf import settings
+
+from gpu_worker.errors import RedeliveryLimitExceeded
+from gpu_worker.ops import metrics
+from gpu_worker.routing.affinity import Route, check_capacity, choose_queue
+from tenants import actions, errors
+from tenants.faults import outage
+
+log = logging.getLogger(__name__)
+
+
+class Dispatched(NamedTuple):
+    result: AsyncResult
+    route: Route
+
+
+def dispatch_chat(
+    member_id: int, conversation_id: int | None, message: str, params: dict, request_id: str
+) -> Dispatched:
+    """Enqueue one chat turn (on the member's worker queue when routing allows)."""
+    from gpu_worker.tasks import chat
+
+    route = choose_queue(member_id)
+    try:
+        async_result = chat.apply_async(
+            args=(member_id, conversation_id, message, params, request_id, time.time()),
+            queue=route.queue,
+            task_id=request_id,
+        )
+    except Exception as exc:  # broker down
+        metrics.CHAT_REQUESTS.labels("broker_down").inc()
+        raise errors.WorkerUnavailable("The task queue is unavailable.", retry_after=5) from exc
+    metrics.CHAT_DISPATCH.labels(route.reason).inc()
+    return Dispatched(async_result, route)
+
+
+def wait_chat(dispatched: Dispatched, timeout: float | None = None) -> dict[str, Any]:
+    """The worker's full result (including ``worker``), or a ``tenants.errors`` error."""
+    async_result = dispatched.result
+    timeout = settings.CHAT_RESULT_TIMEOUT if timeout is None else timeout
+    outcome = "error"
+    try:
+        result = async_result.get(timeout=timeout, propagate=True)
+        outcome = "ok"
+        return result
+    except CeleryTimeout:
+        outcome = "timeout"
+        raise errors.WorkerUnavailable(retry_after=10) from None
+    except errors.PlatformError:
+        raise
+    except Exception as exc:
+        service = outage(exc)  # Redis (results) here, or Postgres on the worker's side
+        if service is None:
+            raise _remote_error(exc) from exc
+        outcome = "backend_down"
+        raise errors.WorkerUnavailable(f"The {service} is unavailable.", retry_after=5) from exc
+    finally:
+        _forget(async_result)
+        metrics.CHAT_REQUESTS.labels(outcome).inc()
+
+
+def _forget(async_result: AsyncResult) -> None:
+    """Drop the stored result; never raise over the answer (Redis may be down)."""
+    try:
+        async_result.forget()
+    except Exception as exc:  # cleanup only
+        log.warning("could not forget result %s: %r", async_result.id, exc)
+
+
+class ChatOutcome(NamedTuple):
+    body: dict[str, Any]  # the API response body
+    replayed: bool  # the stored answer of an earlier request with the same key
+
+
+def claim_chat(member, conversation_id: int | None, message: str, params: dict,
+               key: str | None = None, request_id: str | None = None) -> actions.Claim:
+    """Claim the idempotency key (default: the request id) for a new attempt
+    ``request_id`` (default: a fresh one; the web passes its ``x-request-id``)."""
+    check_capacity()
+    request_id = request_id or uuid.uuid4().hex
+    asked = actions.request_hash(message, conversation_id, params)
+    return actions.do_claim_chat(member, key or request_id, request_id, asked,
+                                 settings.CHAT_RESULT_TIMEOUT)
+
+
+def run_chat(member, conversation_id: int | None, message: str, params: dict,
+             key: str | None = None, request_id: str | None = None) -> ChatOutcome:
+    """One chat turn end to end, exactly once per key: generated, or replayed if stored."""
+    claim = claim_chat(member, conversation_id, message, params, key, request_id)
+    if claim.replay is not None:
+        metrics.CHAT_REQUESTS.labels("replayed").inc()
+        return ChatOutcome(claim.replay, True)
+    started = time.monotonic()
+    try:
+        result = _run_claimed(member, conversation_id, message, params, claim.request_id,
+                              key or claim.request_id)
+    finally:
+        metrics.CHAT_SECONDS.observe(time.monotonic() - started)
+    result.pop("worker", None)  # internal: which worker served it
+    return ChatOutcome(result, False)
+
+
+def _run_claimed(member, conversation_id, message, params, request_id, key) -> dict[str, Any]:
+    try:
+        dispatched = dispatch_chat(member.pk, conversation_id, message, params, request_id)
+    except errors.PlatformError as exc:
+        return stopped_waiting(member, request_id, key, exc)
+    return finish_chat(member, dispatched, request_id, key)
+
+
+def finish_chat(member, dispatched: Dispatched, request_id: str, key: str,
+                timeout: float | None = None) -> dict[str, Any]:
+    """Wait for a dispatched chat's result (the authoritative answer)."""
+    try:
+        return wait_chat(dispatched, timeout)
+    except errors.PlatformError as exc:
+        return stopped_waiting(member, request_id, key, exc)
+
+
+def stopped_waiting(member, request_id: str, key: str, exc: errors.PlatformError) -> dict:
+    """We stop waiting: no worker may store it now, unless one already has (its answer)."""
+    stored = actions.do_abandon_chat(member, request_id, reason=exc.code)
+    if stored is not None:
+        return stored
+    if isinstance(exc, errors.WorkerUnavailable):
+        exc.details.setdefault("retry_after", 5)
+        exc.details["idempotency_key"] = key  # retry with it: exactly once
+    raise exc
+
+
+def _remote_error(exc: Exception) -> errors.PlatformError:
+    """Celery re-raises a worker's exception by class name; keep our family's status codes."""
+    if isinstance(exc, RedeliveryLimitExceeded):
+        return errors.GenerationFailed(str(exc))
+    if type(exc).__name__ in ("SoftTimeLimitExceeded", "TimeLimitExceeded"):
+        return errors.GenerationFailed("The model did not answer within the time limit.")
+    name = type(exc).__name__
+    cls = getattr(errors, name, None)
+    if isinstance(cls, type) and issubclass(cls, errors.PlatformError):
+        return cls(str(exc) or None)
+    return errors.GenerationFailed()

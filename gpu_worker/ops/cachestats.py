@@ -1,0 +1,96 @@
+"""``kvcache stats``: per-tier entries, bytes and hit rates, per tenant, from every live worker.
+
+L1 figures come from each worker process's reply to a control-channel ``stats`` request
+(so they are current, not a heartbeat old); L2 sizes from a SCAN of Redis; L2 hits and
+misses from the workers' own L2 counters.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from gpu_worker.channels import control, kvstore
+from gpu_worker.ops.maintenance import Scope
+from gpu_worker.routing import registry
+from tenants.models import Tenant
+
+_L1_FIELDS = ("entries", "bytes", "hits", "misses", "evictions")
+_L2_FIELDS = ("hits", "misses", "rejects", "errors", "writes")
+
+
+def hit_rate(hits: int, misses: int) -> float | None:
+    total = hits + misses
+    return round(hits / total, 4) if total else None
+
+
+def cache_stats(scope: Scope) -> dict[str, Any]:
+    replies = control.request("stats")
+    tenants = (
+        [scope.tenant] if scope.tenant is not None else list(Tenant.objects.order_by("slug"))
+    )
+    ids = [str(t.pk) for t in tenants]
+    l1 = _sum_per_tenant(replies, "l1", _L1_FIELDS, ids)
+    l2_counts = _sum_per_tenant(replies, "l2", _L2_FIELDS, ids)
+    l2_sizes = kvstore.l2_tier().stats(scan=True, tenants=ids)
+    out_tenants = {}
+    for t, tid in zip(tenants, ids, strict=True):
+        a, b = l1[tid], l2_counts[tid]
+        size = (l2_sizes["per_tenant"].get(tid) or {})
+        out_tenants[t.slug] = {
+            "tenant_id": tid,
+            "l1": {**a, "hit_rate": hit_rate(a["hits"], a["misses"])},
+            "l2": {"entries": size.get("entries", 0), "bytes": size.get("bytes", 0), **b,
+                   "hit_rate": hit_rate(b["hits"], b["misses"])},
+        }
+    report: dict[str, Any] = {
+        "scope": scope.target,
+        "key_generation": kvstore.key_generation(),
+        "workers": [_worker_row(r, ids if scope.tenant is not None else None) for r in replies],
+        "live_workers": sorted(registry.live_workers()),
+        "workers_unconfirmed": replies.missing,
+        "tenants": out_tenants,
+    }
+    if scope.tenant is None:
+        report["totals"] = _totals(out_tenants, l2_sizes)
+    return report
+
+
+def _sum_per_tenant(replies, tier: str, fields, ids) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {tid: dict.fromkeys(fields, 0) for tid in ids}
+    for r in replies:
+        per = (((r.get("stats") or {}).get(tier)) or {}).get("per_tenant") or {}
+        for tid in ids:
+            for f in fields:
+                out[tid][f] += int((per.get(tid) or {}).get(f, 0) or 0)
+    return out
+
+
+def _worker_row(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]:
+    """One worker process; with a tenant scope, only that tenant's L1 figures."""
+    stats = reply.get("stats") or {}
+    l1 = stats.get("l1") or {}
+    if only is not None:
+        per = l1.get("per_tenant") or {}
+        agg = defaultdict(int)
+        for tid in only:
+            for f in _L1_FIELDS:
+                agg[f] += int((per.get(tid) or {}).get(f, 0) or 0)
+        l1 = dict(agg)
+    row = {k: reply.get(k) for k in ("worker", "pid", "pool", "model_loaded", "key_generation")}
+    row["l1"] = {f: l1.get(f, 0) for f in _L1_FIELDS}
+    row["l1"]["hit_rate"] = hit_rate(row["l1"]["hits"], row["l1"]["misses"])
+    if only is None:  # engine-wide figures (not per tenant): the whole view only
+        row["requests"] = ((stats.get("metrics") or {}).get("counters") or {}).get("requests", 0)
+        row["batch"] = stats.get("batch")
+    return row
+
+
+def _totals(tenants: dict[str, Any], l2_sizes: dict[str, Any]) -> dict[str, Any]:
+    l1 = {f: sum(t["l1"][f] for t in tenants.values()) for f in _L1_FIELDS}
+    l2 = {f: sum(t["l2"][f] for t in tenants.values()) for f in _L2_FIELDS}
+    l2.update(entries=l2_sizes.get("entries", 0), bytes=l2_sizes.get("bytes", 0))
+    return {
+        "l1": {**l1, "hit_rate": hit_rate(l1["hits"], l1["misses"])},
+        "l2": {**l2, "hit_rate": hit_rate(l2["hits"], l2["misses"])},
+    }

@@ -1,0 +1,137 @@
+"""The worker side of one chat turn: member -> prompt -> injected generation -> stored reply."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.conf import settings
+
+from gpu_worker.channels import streams
+from gpu_worker.serving.host import get_executor
+from injection.base import DEFAULT_ALPHA, ExecutionRequest
+from tenants.actions import do_record_cancelled, do_record_chat, get_conversation
+from tenants.errors import ChatAbandoned, InactiveAccount, NotFound
+from tenants.models import Conversation, Member, Message, Preference
+
+
+def load_member(member_id: int) -> Member:
+    member = Member.objects.select_related("tenant", "user").filter(pk=member_id).first()
+    if member is None:
+        raise NotFound("Unknown member.")
+    if not (member.active and member.tenant.active and member.user.is_active):
+        raise InactiveAccount()
+    return member
+
+
+def load_conversation(member: Member, conversation_id: int | None) -> Conversation | None:
+    return None if conversation_id is None else get_conversation(member, conversation_id)
+
+
+def recent_history(conv: Conversation | None, budget: int, limit: int = 400) -> list[dict]:
+    """The conversation's newest messages, oldest-first: at most ``limit``, and a rough
+    pre-cut at ``budget`` stored tokens. The engine then keeps the whole turns that fit
+    the model's context exactly."""
+    if conv is None:
+        return []
+    picked: list[dict] = []
+    used = 0
+    newest_first = Message.objects.filter(tenant=conv.tenant_id, conversation=conv).order_by(
+        "-created_at", "-id"
+    )[:limit]
+    for msg in newest_first.iterator():
+        used += msg.token_count
+        if picked and used > budget:
+            break
+        picked.append({"role": msg.role, "content": msg.content})
+    return picked[::-1]
+
+
+def build_request(member: Member, pref: Preference | None, messages: list[dict], params: dict,
+                  stream=None):
+    alpha = params.get("alpha")
+    if alpha is None:
+        alpha = pref.alpha if pref else DEFAULT_ALPHA
+    return ExecutionRequest(
+        tenant=str(member.tenant_id),
+        user=str(member.pk),
+        messages=messages,
+        preference_text=pref.text if pref else "",
+        instructions=member.tenant.instructions,
+        injection_enabled=bool(pref and pref.enabled),
+        alpha=float(alpha),
+        max_new_tokens=int(params.get("max_new_tokens") or settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
+        temperature=float(params.get("temperature") or 0.0),
+        top_p=float(params.get("top_p") or 1.0),
+        seed=None if params.get("seed") is None else int(params["seed"]),
+        stop=tuple(params.get("stop") or ()),
+        history_token_budget=settings.CHAT_HISTORY_TOKEN_BUDGET,
+        on_text=stream.piece if stream is not None else None,
+        cancelled=stream.cancelled if stream is not None else None,
+    )
+
+
+def cancelled(member: Member, request_id: str, tokens: int, stream) -> None:
+    """The client went away mid-generation: nothing is stored; audited and counted."""
+    from gpu_worker.ops import metrics
+
+    metrics.CHAT_CANCELLED.inc()
+    do_record_cancelled(member, request_id, completion_tokens=tokens)
+    stream.end("cancelled")
+    raise ChatAbandoned(f"cancelled by the client after {tokens} tokens")
+
+
+def answer(
+    member_id: int, conversation_id: int | None, message: str, params: dict, request_id: str
+) -> dict[str, Any]:
+    started = time.monotonic()
+    member = load_member(member_id)
+    conv = load_conversation(member, conversation_id)
+    pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
+    executor = get_executor()
+    adapter = executor.adapter
+    # /v1 sends the conversation itself ("history"); /api/chat continues the stored one
+    history = params.get("history")
+    if history is None:
+        history = recent_history(conv, settings.CHAT_HISTORY_TOKEN_BUDGET)
+    messages = [*history, {"role": "user", "content": message}]
+    stream = streams.publisher(request_id) if params.get("stream") else None
+    try:
+        result = executor.execute(build_request(member, pref, messages, params, stream))
+    except Exception:
+        if stream is not None:
+            stream.end("error")
+        raise
+    if result.finish_reason == "cancelled":
+        cancelled(member, request_id, result.completion_tokens, stream)
+    reply = result.text  # control characters already removed by the engine (NUL included)
+    usage = {
+        "prompt_tokens": result.prompt_tokens,
+        "completion_tokens": result.completion_tokens,
+        "message_tokens": adapter.count_tokens(message),
+    }
+    cache = result.cache_info()
+    cache["preference_version"] = pref.version if pref else None
+    # content_hash: the preference text's (as GET /api/preference reports it);
+    # segment_hash: the injected system turn's, i.e. the K/V's identity
+    cache["segment_hash"] = cache["content_hash"]
+    applied = pref is not None and result.injection_mode != "none"
+    cache["content_hash"] = pref.content_hash if applied else ""
+    cache["instructions_version"] = member.tenant.instructions_version
+    cache["finish_reason"] = result.finish_reason
+    latency_ms = (time.monotonic() - started) * 1000
+    conv = do_record_chat(
+        member, conv, message=message, reply=reply, usage=usage, cache=cache,
+        latency_ms=latency_ms, request_id=request_id, prior=params.get("history") or (),
+        end_user=params.get("user"),
+    )
+    usage.pop("message_tokens")
+    if stream is not None:
+        stream.end("done")
+    return {
+        "reply": reply,
+        "conversation": conv.pk,
+        "usage": usage,
+        "cache": cache,
+        "request_id": request_id,
+    }

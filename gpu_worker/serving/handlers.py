@@ -1,0 +1,80 @@
+"""Control-channel handlers run in every serving worker process (see control.py).
+
+Each returns a JSON-safe reply (sent when the publisher asked for one) naming the
+worker and process, so ``kvcache`` can tell which workers acted.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+from gpu_worker.serving import host
+
+log = logging.getLogger(__name__)
+
+
+def _identity() -> dict[str, Any]:
+    from gpu_worker.serving.runtime import STATE
+
+    ex = host.current_executor()
+    return {"worker": STATE.worker, "pid": os.getpid(), "pool": STATE.pool,
+            "model_loaded": ex is not None,
+            "key_generation": host.key_generation_in_use()}
+
+
+def on_invalidate(message: dict) -> dict[str, Any]:
+    """Drop one tenant's (or one user's) K/V from this process's L1 (and pending L2 writes)."""
+    result = evict(str(message["tenant"]), message.get("user"))
+    if message.get("outbox") is not None:
+        from gpu_worker.serving.runtime import STATE
+
+        if STATE.follower is not None:  # the outbox row is done here: skip it when read
+            STATE.follower.announce(int(message["outbox"]))
+    return {**_identity(), "evicted": result}
+
+
+def evict(tenant: str, user: str | None) -> dict[str, Any]:
+    """Drop a tenant's (or user's) K/V from this process's L1 (and its pending L2 writes).
+
+    Called by the control channel and by the outbox follower (gpu_worker.channels.outbox).
+    """
+    executor = host.current_executor()
+    result: dict[str, Any] = {}
+    if executor is not None:
+        result = executor.invalidate(tenant, user)
+        log.info("invalidated tenant=%s user=%s: %s", tenant, user, result)
+    return result
+
+
+def on_clear_all(message: dict) -> dict[str, Any]:
+    """Drop every L1 entry and finish pending L2 writes (the caller then deletes L2)."""
+    executor = host.current_executor()
+    dropped = 0
+    if executor is not None:
+        dropped = executor.l1.clear() if executor.l1 is not None else 0
+        if executor.l2 is not None:
+            executor.l2.flush(timeout=5.0)
+        executor.metrics.incr("invalidations")
+    log.info("cleared L1 (%d entries)", dropped)
+    return {**_identity(), "evicted": {"l1": dropped}}
+
+
+def on_stats(message: dict) -> dict[str, Any]:
+    executor = host.current_executor()
+    return {**_identity(), "stats": executor.stats() if executor is not None else None}
+
+
+def on_rotate_key(message: dict) -> dict[str, Any]:
+    """Sign L2 with the new key generation; drop L1 (it may hold entries read under the old)."""
+    changed = host.set_key_generation(str(message["generation"]))
+    return {**_identity(), "changed": changed}
+
+
+HANDLERS = {
+    "invalidate": on_invalidate,
+    "clear_all": on_clear_all,
+    "stats": on_stats,
+    "rotate_key": on_rotate_key,
+}

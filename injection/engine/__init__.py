@@ -1,0 +1,3 @@
+"""Generation: the executor (cache chain -> injected generation) and the continuous batching
+engine (batch cache, rows, sampling, stopping).
+"""

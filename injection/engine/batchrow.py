@@ -1,0 +1,86 @@
+"""One request inside the batch engine: its inputs, its state, and how its caller waits."""
+
+from __future__ import annotations
+
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from injection.base import GenerationOutput
+from injection.engine.sampling import RowSampler
+from injection.engine.stopping import GenerationWatch
+from injection.kvcache.packed import PackedKV
+
+__all__ = ["RowJob"]
+
+
+@dataclass(eq=False)
+class RowJob:
+    """A generation: ``prefix`` K/V (values scaled by ``alpha`` when built) then ``new_ids``.
+
+    ``prefix_ids + new_ids`` is the whole input; ``keep_kv`` asks for the finished
+    sequence's K/V (``GenerationOutput.sequence_kv``) for conversation reuse.
+    """
+
+    prefix: PackedKV | None
+    alpha: float
+    new_ids: list[int]
+    prompt_ids: list[int]  # what the caller counts as the prompt (reported back)
+    max_new_tokens: int
+    sampling: dict[str, Any]
+    watch_opts: dict[str, Any]
+    keep_kv: bool = False
+    started: float = field(default_factory=time.perf_counter)
+    input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
+    # -- state (scheduler thread) --
+    gen: list[int] = field(default_factory=list)
+    watch: GenerationWatch | None = None
+    sampler: RowSampler | None = None
+    kv_transfer_ms: float = 0.0
+    kv_bytes_gpu: int = 0
+    # -- handoff --
+    abandoned: bool = False  # the caller stopped waiting (time limit, shutdown)
+    output: GenerationOutput | None = None
+    error: BaseException | None = None
+    done: threading.Event = field(default_factory=threading.Event)
+
+    def __post_init__(self) -> None:
+        # the whole input, once (the admission check and the repetition penalty read it)
+        self.input_ids = [*(self.prefix.token_ids if self.prefix is not None else ()),
+                          *self.new_ids]
+
+    def reset(self, tokenizer: Any, device: Any, repetition_penalty: float = 1.0) -> None:
+        """Fresh generation state (also when a row is put back after an OOM)."""
+        self.gen = []
+        self.watch = GenerationWatch(tokenizer, 0, **self.watch_opts)
+        self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
+                                  self.sampling.get("top_p") or 1.0,
+                                  self.sampling.get("seed"), device=device,
+                                  repetition_penalty=repetition_penalty)
+
+    def emitted(self) -> bool:
+        """Whether any text reached the caller's stream (then it cannot be restarted)."""
+        return self.watch is not None and self.watch.sent > 0
+
+    def reserve_tokens(self) -> int:
+        return len(self.input_ids) + self.max_new_tokens
+
+    def finish(self, output: GenerationOutput | None = None,
+               error: BaseException | None = None) -> None:
+        self.output, self.error = output, error
+        self.done.set()
+
+    def wait(self, poll: float = 0.05) -> GenerationOutput:
+        """Block until finished. Short waits, so an asynchronous exception (the soft time
+        limit) reaches this thread; the row is then abandoned and dropped at the next step."""
+        try:
+            while not self.done.wait(poll):
+                pass
+        except BaseException:
+            self.abandoned = True
+            raise
+        if self.error is not None:
+            raise self.error
+        assert self.output is not None
+        return self.output

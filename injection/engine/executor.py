@@ -1,0 +1,277 @@
+"""InjectionExecutor: L1 -> L2 -> recompute preference K/V, then injected generation.
+
+The design's ``_get_preference_kv`` / execute path, with its weak spots fixed:
+alpha rules decided here (the adapter applies exactly what it is given), keys
+include tenant + model fingerprint, a faulty tier degrades to recompute,
+concurrent misses compute once, and ``torch.cuda.empty_cache()`` runs only at
+the request boundary and in OOM recovery.
+"""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import torch
+
+from injection.base import (
+    ALPHA_CAP,
+    ExecutionRequest,
+    ExecutionResult,
+    KVStore,
+    PreferenceModel,
+    Tier,
+)
+from injection.errors import InvalidRequest, ModelOOMError
+from injection.kvcache.conversation import ConversationReuse, TurnGenerator
+from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
+from injection.kvcache.packed import PackedKV
+from injection.metrics import METRICS, Metrics
+from injection.prompting.history import fit_history
+from injection.prompting.output_filter import strip_control_chars, strip_retrieve_fact_calls
+from injection.prompting.template import compose_context
+
+__all__ = ["InjectionExecutor", "content_hash"]
+
+T = TypeVar("T")
+
+
+class InjectionExecutor:
+    """Runs :class:`ExecutionRequest` s against one model with tiered K/V caching.
+
+    Args:
+        adapter: the model (``ModelAdapter`` or any :class:`PreferenceModel`).
+        l1: in-process CPU cache (``TenantLRU``) or None.
+        l2: shared cache (``RedisKVTier``) or None.
+        alpha_cap: effective alpha is ``min(request.alpha, alpha_cap)``.
+        min_alpha: effective alpha at or below this means no injection at all.
+        metrics: counters sink (default: the process-wide ``METRICS``).
+        engine: a ``BatchEngine`` over ``adapter``: generation joins its running batch
+            (None: one ``adapter.generate`` per request).
+        conversation_max_bytes: with an engine, keep each conversation's sequence K/V up
+            to this size in L1 for its next turn (0: no conversation reuse).
+    """
+
+    def __init__(
+        self,
+        adapter: PreferenceModel,
+        *,
+        l1: KVStore | None,
+        l2: KVStore | None,
+        alpha_cap: float = ALPHA_CAP,
+        min_alpha: float = 0.1,
+        metrics: Metrics | None = None,
+        engine: Any = None,
+        conversation_max_bytes: int = 0,
+    ) -> None:
+        if not 0.0 <= min_alpha < alpha_cap:
+            raise ValueError("need 0 <= min_alpha < alpha_cap")
+        self.adapter, self.l1, self.l2 = adapter, l1, l2
+        self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
+        self.metrics = metrics if metrics is not None else METRICS
+        self.kv_source = PreferenceKVSource(adapter, l1, l2, self.metrics)
+        self.engine = engine
+        self.conversations = ConversationReuse(
+            l1, self.metrics, max_bytes=conversation_max_bytes if engine is not None else 0
+        )
+        self.turns = TurnGenerator(adapter, engine, self.conversations)
+
+    # -- public API -------------------------------------------------------------------
+    def execute(self, req: ExecutionRequest) -> ExecutionResult:
+        """Generate a reply for ``req``; raises InvalidRequest / ModelOOMError."""
+        _validate(req)
+        self.metrics.incr("requests")
+        try:
+            result = self._with_oom_retry(lambda: self._execute_once(req))
+        finally:
+            if self._on_cuda():
+                torch.cuda.empty_cache()  # the one cleanup point: the request boundary
+        self.metrics.incr(f"requests_tier_{result.tier.value}")
+        return result
+
+    def effective_alpha(self, alpha: float) -> float:
+        return min(float(alpha), self.alpha_cap)
+
+    def warm(self, tenant: str, user: str, preference_text: str, instructions: str = "") -> Tier:
+        """Ensure the user's system-turn K/V is cached (no generation); returns its tier."""
+        if not tenant or not user_or_none(user):
+            raise InvalidRequest("warm needs a tenant and a user")
+        if not preference_text.strip():
+            return Tier.NONE
+        context = compose_context(instructions, preference_text)
+        # the segment does not depend on the message that follows it
+        parts = self.adapter.split_prompt(context, [{"role": "user", "content": "Hello"}])
+        if not parts.segment:
+            return Tier.NONE
+        _, tier, _ = self._with_oom_retry(
+            lambda: self._get_preference_kv(tenant, user, parts.segment)
+        )
+        return tier
+
+    def invalidate(self, tenant: str, user: str | None = None) -> dict[str, Any]:
+        """Evict ``tenant``'s (or one user's) entries from L1 and L2; counts per tier."""
+        if not tenant:
+            raise InvalidRequest("invalidate needs a tenant")
+        out = self.kv_source.evict(tenant, user)
+        self.metrics.incr("invalidations")
+        return out
+
+    def stats(self) -> dict[str, Any]:
+        """Engine counters plus each tier's own ``stats()``."""
+        return {
+            "metrics": self.metrics.snapshot(),
+            "fingerprint": self.adapter.fingerprint,
+            "batch": self.engine.stats() if self.engine is not None else None,
+            **self.kv_source.tier_stats(),
+        }
+
+    def close(self) -> None:
+        """Finish pending L2 writes and stop tier threads (worker shutdown)."""
+        if self.engine is not None:
+            self.engine.close()
+        for store in (self.l2, self.l1):
+            close = getattr(store, "close", None)
+            if callable(close):
+                try:
+                    close()
+                except Exception as exc:  # shutting down: report, never raise
+                    self.kv_source.fault("l2" if store is self.l2 else "l1", "close", exc)
+
+    # -- request path -------------------------------------------------------------------
+    def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
+        alpha = self.effective_alpha(req.alpha)
+        sampling = {"temperature": req.temperature, "top_p": req.top_p, "seed": req.seed}
+        if req.stop:
+            sampling["stop"] = tuple(req.stop)
+        if req.on_text is not None:  # control characters never reach a stream either
+            sampling["on_text"] = lambda t: req.on_text(strip_control_chars(t)[0])
+        if req.cancelled is not None:
+            sampling["cancelled"] = req.cancelled
+        inject = req.injection_enabled and bool(req.preference_text.strip())
+        inject = inject and alpha > self.min_alpha
+        context = compose_context(req.instructions, req.preference_text if inject else "")
+        messages = self._fit(req, context)
+        if not inject:
+            return self._plain(self.adapter.plain_prompt(context, messages), req, sampling,
+                               mode="none", history=_history_len(messages))
+        parts = self.adapter.split_prompt(context, messages)
+        if not parts.segment:  # the template admits no verified split: context stays text
+            self.metrics.incr("injection_inline")
+            return self._plain(parts.prompt, req, sampling, mode=parts.mode,
+                               history=_history_len(messages))
+        t0 = time.perf_counter()
+        chash = content_hash(parts.segment)
+        plan = self.turns.plan(req, parts.segment, parts.prompt, chash, alpha)
+        kv, tier, fetch_ms = None, Tier.L1, 0.0  # a hit: the conversation's K/V holds it
+        if plan.cached is None:
+            kv, tier, chash = self._get_preference_kv(req.tenant, req.user, parts.segment)
+            fetch_ms = (time.perf_counter() - t0) * 1000.0
+            assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
+        out = self.turns.run(plan, req, kv, alpha, sampling)
+        infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
+        text, stripped = self._strip(out.text)
+        self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
+        segment = kv if kv is not None else plan.cached
+        reused = 0 if kv is not None else plan.cached.num_tokens
+        return ExecutionResult(
+            text=text, tier=tier, prompt_tokens=len(out.prompt_token_ids),
+            completion_tokens=len(out.token_ids), alpha_effective=alpha, content_hash=chash,
+            fingerprint=self.adapter.fingerprint,
+            kv_tokens=kv.num_tokens if kv is not None else plan.head,
+            kv_layers_count=segment.num_layers, kv_bytes_cpu=kv.nbytes if kv is not None else 0,
+            kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
+            kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
+            ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
+            injection_mode=parts.mode, history_messages=_history_len(messages),
+            finish_reason=out.finish_reason, reused_tokens=reused,
+        )
+
+    def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
+        """History trimmed in whole turns to the model's context (and the request's cap)."""
+        messages = [dict(m) for m in req.messages]
+        n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), 0)
+        max_pos = getattr(self.adapter, "max_positions", None)
+        limit = max_pos - req.max_new_tokens if max_pos else None
+        return fit_history(
+            lambda msgs: self.adapter.prompt_tokens(context, msgs),
+            messages[n_head:-1], messages[-1:], limit=limit,
+            history_cap=req.history_token_budget, head=messages[:n_head],
+        )
+
+    def _plain(
+        self, prompt: str, req: ExecutionRequest, sampling: dict[str, Any], *, mode: str,
+        history: int,
+    ) -> ExecutionResult:
+        """No injection and no preference K/V (tier NONE); the conversation's may be reused."""
+        t0 = time.perf_counter()
+        plan = self.turns.plan(req, "", prompt, "", 0.0)
+        out = self.turns.run(plan, req, None, 1.0, sampling)
+        reused = plan.cached.num_tokens if plan.cached is not None else 0
+        infer_ms = (time.perf_counter() - t0) * 1000.0
+        text, stripped = self._strip(out.text)
+        return ExecutionResult(
+            text=text, tier=Tier.NONE, prompt_tokens=len(out.prompt_token_ids),
+            completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
+            inference_latency_ms=infer_ms, ttft_ms=out.first_token_ms, stripped_count=stripped,
+            injection_mode=mode, history_messages=history, finish_reason=out.finish_reason,
+            reused_tokens=reused,
+        )
+
+    def _strip(self, text: str) -> tuple[str, int]:
+        text, n = strip_retrieve_fact_calls(text)
+        if n:
+            self.metrics.incr("stripped_calls", n)
+        text, controls = strip_control_chars(text)
+        if controls:
+            self.metrics.incr("stripped_control_chars", controls)
+        return text, n
+
+    def _get_preference_kv(
+        self, tenant: str, user: str | None, text: str
+    ) -> tuple[PackedKV, Tier, str]:
+        """L1 -> L2 (promoted to L1) -> compute (single-flight, stored in L1 and L2)."""
+        return self.kv_source.get(tenant, user, text)
+
+    # -- GPU memory discipline --------------------------------------------------------
+    def _with_oom_retry(self, fn: Callable[[], T]) -> T:
+        """Run ``fn``; on CUDA OOM free the allocator cache and retry once."""
+        try:
+            return fn()
+        except torch.cuda.OutOfMemoryError:
+            self.metrics.incr("oom_retries")
+        # outside the except block: the failed attempt's frames (and tensors) are gone
+        gc.collect()
+        torch.cuda.empty_cache()
+        try:
+            return fn()
+        except torch.cuda.OutOfMemoryError as exc:
+            self.metrics.incr("oom_failures")
+            raise ModelOOMError("accelerator out of memory after one retry") from exc
+
+    def _on_cuda(self) -> bool:
+        return torch.device(self.adapter.device).type == "cuda" and torch.cuda.is_available()
+
+
+def _history_len(messages: list[dict[str, str]]) -> int:
+    return sum(1 for m in messages[:-1] if m["role"] != "system")
+
+
+def _validate(req: ExecutionRequest) -> None:
+    if not req.tenant:
+        raise InvalidRequest("tenant is required")
+    msgs = list(req.messages) if isinstance(req.messages, list | tuple) else []
+    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
+        raise InvalidRequest("messages must be a list of {role, content} objects")
+    if any(m.get("role") not in ("system", "user", "assistant") for m in msgs):
+        raise InvalidRequest("message roles must be system, user or assistant")
+    if not msgs or msgs[-1]["role"] != "user" or not msgs[-1]["content"].strip():
+        raise InvalidRequest("the conversation must end with a non-empty user message")
+    if not math.isfinite(req.alpha) or req.alpha < 0:
+        raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
+    if req.max_new_tokens < 1:
+        raise InvalidRequest("max_new_tokens must be >= 1")
+    if not math.isfinite(req.temperature) or req.temperature < 0 or not 0 < req.top_p <= 1:
+        raise InvalidRequest("temperature must be >= 0 and top_p in (0, 1]")

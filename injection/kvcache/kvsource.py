@@ -1,0 +1,137 @@
+"""Preference K/V acquisition: L1 -> L2 (promoted to L1) -> recompute, single-flight per key.
+
+The executor's ``_get_preference_kv`` in one place. Tier faults (a raising
+``get``/``put``/``evict``, an entry not on CPU) are counted and degrade to the
+next tier or to recompute; they never fail a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+from injection.base import CacheKey, KVStore, PreferenceModel, Tier, content_hash
+from injection.kvcache.packed import PackedKV
+from injection.kvcache.singleflight import SingleFlight
+from injection.metrics import Metrics
+
+__all__ = ["PreferenceKVSource", "content_hash", "user_or_none"]
+
+log = logging.getLogger(__name__)
+
+
+def user_or_none(user: str | None) -> str | None:
+    """An empty user id means no identity (never cached), not a shared '' user."""
+    return user if user and user.strip() else None
+
+
+class PreferenceKVSource:
+    """Finds or computes a user's preference PackedKV (always on CPU)."""
+
+    def __init__(
+        self, adapter: PreferenceModel, l1: KVStore | None, l2: KVStore | None, metrics: Metrics
+    ) -> None:
+        self.adapter, self.l1, self.l2, self.metrics = adapter, l1, l2, metrics
+        self.flight: SingleFlight[PackedKV] = SingleFlight()
+
+    def get(self, tenant: str, user: str | None, text: str) -> tuple[PackedKV, Tier, str]:
+        """``(kv, tier, content_hash)``; ``user`` None computes without caching."""
+        chash = content_hash(text)
+        user = user_or_none(user)
+        if user is None:
+            return self.compute(text), Tier.COMPUTE, chash
+        key = CacheKey(tenant, user, chash, self.adapter.fingerprint)
+        kv = self._get(self.l1, "l1", key)
+        if kv is not None:
+            return kv, Tier.L1, chash
+        kv = self._get(self.l2, "l2", key)
+        if kv is not None:
+            kv = kv.pin_memory()  # decoded pageable -> pinned once (no-op without CUDA)
+            self._put(self.l1, "l1", key, kv)
+            return kv, Tier.L2, chash
+        kv, shared = self.flight.do(key, lambda: self._compute_and_store(key, text))
+        if shared:
+            self.metrics.incr("compute_shared")
+        return kv, Tier.COMPUTE, chash
+
+    def compute(self, text: str) -> PackedKV:
+        t0 = time.perf_counter()
+        kv = self.adapter.compute_kv(text)
+        self.metrics.incr("computes")
+        self.metrics.incr("kv_bytes_computed", kv.nbytes)
+        self.metrics.observe_ms("compute", (time.perf_counter() - t0) * 1000.0)
+        return kv
+
+    def evict(self, tenant: str, user: str | None) -> dict[str, Any]:
+        """Per tier: entries evicted, or None plus ``<tier>_error`` when the tier failed."""
+        out: dict[str, Any] = {}
+        for name, store in (("l1", self.l1), ("l2", self.l2)):
+            try:
+                out[name] = store.evict(tenant, user) if store is not None else 0
+            except Exception as exc:  # a tier fault is reported, not raised
+                self.fault(name, "evict", exc)
+                out[name], out[f"{name}_error"] = None, type(exc).__name__
+        return out
+
+    def tier_stats(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name, store in (("l1", self.l1), ("l2", self.l2)):
+            try:
+                out[name] = store.stats() if store is not None else None
+            except Exception as exc:
+                out[name] = {"error": type(exc).__name__}
+        return out
+
+    def fault(self, name: str, op: str, exc: BaseException) -> None:
+        self.metrics.incr(f"{name}_errors")
+        log.warning("cache tier %s %s failed (%s); degrading", name, op, type(exc).__name__)
+
+    # -- internals ----------------------------------------------------------------------
+    def _compute_and_store(self, key: CacheKey, text: str) -> PackedKV:
+        kv = self._recheck_l1(key)  # a racing leader may have stored it
+        if kv is not None:
+            return kv
+        kv = self.compute(text)
+        self._put(self.l1, "l1", key, kv)
+        self._put(self.l2, "l2", key, kv)  # the tier writes asynchronously
+        return kv
+
+    def _recheck_l1(self, key: CacheKey) -> PackedKV | None:
+        """L1 lookup that counts nothing (the request's miss was already counted)."""
+        try:
+            if self.l1 is None or key not in self.l1:  # type: ignore[operator]
+                return None
+        except TypeError:  # a KVStore without __contains__: skip the re-check
+            return None
+        return self._get(self.l1, "l1", key, count=False)
+
+    def _get(
+        self, store: KVStore | None, name: str, key: CacheKey, *, count: bool = True
+    ) -> PackedKV | None:
+        if store is None:
+            return None
+        try:
+            kv = store.get(key)
+        except Exception as exc:  # a faulty tier degrades to recompute
+            self.fault(name, "get", exc)
+            return None
+        if kv is not None and not (kv.keys.is_cpu and kv.values.is_cpu):
+            self.fault(name, "get", ValueError("entry not on CPU"))
+            return None
+        if count:
+            self.metrics.incr(f"{name}_hits" if kv is not None else f"{name}_misses")
+        return kv
+
+    def _put(self, store: KVStore | None, name: str, key: CacheKey, kv: PackedKV) -> None:
+        if store is None:
+            return
+        try:
+            if not store.put(key, kv):
+                self.metrics.incr(f"{name}_put_rejected")
+        except Exception as exc:
+            self.fault(name, "put", exc)
+        used = getattr(store, "bytes_used", None)
+        if name == "l1" and used is not None:
+            self.metrics.set_gauge("l1_bytes", used)
+            self.metrics.set_gauge("l1_entries", len(store))  # type: ignore[arg-type]

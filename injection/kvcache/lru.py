@@ -1,0 +1,286 @@
+"""L1: a tenant-partitioned, byte-bounded LRU of CPU PackedKV.
+
+The design's ``BoundedUserKVCache`` grown up for many tenants:
+
+* entries are keyed by :class:`~injection.base.CacheKey`, stored per tenant;
+* global ``max_bytes`` / ``max_entries`` bound the whole cache;
+* ``tenant_quota_bytes`` caps one tenant: a tenant over quota evicts only its
+  own least recently used entries;
+* when a global bound is hit, the victim is the least recently used entry
+  among tenants *over their fair share* (bound / active tenants). A tenant
+  within its fair share is never evicted to make room for another, so one
+  tenant's traffic cannot push out another's entries beyond its share. If
+  the newcomer itself would have to go, the put is refused and nothing is
+  evicted (evictions are planned on a simulation before any is applied).
+
+Recency is a global tick per entry, so "least recently used among these
+tenants" is O(tenants) per eviction. One lock guards everything.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from injection.base import CacheKey, KVStore
+from injection.kvcache.packed import PackedKV
+
+__all__ = ["TenantLRU"]
+
+
+@dataclass
+class _Entry:
+    kv: PackedKV
+    nbytes: int
+    tick: int
+
+
+@dataclass
+class _Tenant:
+    entries: OrderedDict[CacheKey, _Entry] = field(default_factory=OrderedDict)
+    bytes: int = 0
+    hits: int = 0
+    misses: int = 0
+    evictions: int = 0
+
+
+_TENANT_STATS = ("bytes", "hits", "misses", "evictions")
+
+
+class TenantLRU(KVStore):
+    """Thread-safe L1 cache of CPU :class:`PackedKV`, partitioned by tenant.
+
+    Args:
+        max_bytes: bound on the sum of ``PackedKV.nbytes`` of all entries.
+        max_entries: bound on the number of entries.
+        tenant_quota_bytes: per-tenant byte cap (default: ``max_bytes``).
+    """
+
+    def __init__(
+        self,
+        max_bytes: int = 2 * 1024**3,
+        max_entries: int = 1024,
+        tenant_quota_bytes: int | None = None,
+    ) -> None:
+        quota = max_bytes if tenant_quota_bytes is None else tenant_quota_bytes
+        if max_bytes <= 0 or max_entries <= 0 or quota <= 0:
+            raise ValueError("max_bytes, max_entries and tenant_quota_bytes must be positive")
+        self.max_bytes = int(max_bytes)
+        self.max_entries = int(max_entries)
+        self.tenant_quota_bytes = int(min(quota, max_bytes))
+        self._lock = threading.Lock()
+        self._tenants: dict[str, _Tenant] = {}
+        self._bytes = 0
+        self._count = 0
+        self._tick = 0
+        self._rejected = 0
+        self._invalidations = 0
+
+    # -- KVStore ----------------------------------------------------------------
+    def get(self, key: CacheKey) -> PackedKV | None:
+        """The entry for ``key`` (moved to most recently used), or None."""
+        with self._lock:
+            t = self._tenant(key.tenant)
+            entry = t.entries.get(key)
+            if entry is None:
+                t.misses += 1
+                return None
+            t.hits += 1
+            self._tick += 1
+            entry.tick = self._tick
+            t.entries.move_to_end(key)
+            return entry.kv
+
+    def put(self, key: CacheKey, kv: PackedKV) -> bool:
+        """Insert or replace; False if the entry can never fit (quota, bounds, fairness)."""
+        # Cached tensors must live on CPU (GPU memory is per request only).
+        if not (kv.keys.is_cpu and kv.values.is_cpu):
+            raise ValueError(f"TenantLRU caches CPU tensors only, got {kv.device}")
+        size = kv.nbytes
+        with self._lock:
+            plan = self._plan(key, size) if size <= self.tenant_quota_bytes else None
+            if plan is None:  # nothing was changed
+                self._rejected += 1
+                return False
+            t = self._tenant(key.tenant)
+            self._remove(t, key)
+            for victim in plan:
+                vt = self._tenants[victim.tenant]
+                self._remove(vt, victim)
+                vt.evictions += 1
+            self._tick += 1
+            t.entries[key] = _Entry(kv, size, self._tick)
+            t.bytes += size
+            self._bytes += size
+            self._count += 1
+            return True
+
+    def evict(self, tenant: str, user: str | None = None) -> int:
+        """Drop ``tenant``'s entries (only ``user``'s if given); returns how many."""
+        with self._lock:
+            t = self._tenants.get(tenant)
+            if t is None:
+                return 0
+            keys = [k for k in t.entries if user is None or k.user == user]
+            for k in keys:
+                self._remove(t, k)
+            self._invalidations += len(keys)
+            return len(keys)
+
+    def clear(self, tenant: str | None = None) -> int:
+        """Drop every entry (of ``tenant`` if given); returns how many."""
+        if tenant is not None:
+            return self.evict(tenant)
+        with self._lock:
+            n = self._count
+            for t in self._tenants.values():
+                t.entries.clear()
+                t.bytes = 0
+            self._bytes = self._count = 0
+            self._invalidations += n
+            return n
+
+    def stats(self) -> dict[str, Any]:
+        """Totals and a ``per_tenant`` breakdown (JSON-safe)."""
+        with self._lock:
+            per = {
+                name: {"entries": len(t.entries)} | {f: getattr(t, f) for f in _TENANT_STATS}
+                for name, t in self._tenants.items()
+            }
+            return {
+                "entries": self._count,
+                "bytes": self._bytes,
+                "max_bytes": self.max_bytes,
+                "max_entries": self.max_entries,
+                "tenant_quota_bytes": self.tenant_quota_bytes,
+                **{f: sum(p[f] for p in per.values()) for f in _TENANT_STATS[1:]},
+                "invalidations": self._invalidations,
+                "rejected": self._rejected,
+                "per_tenant": per,
+            }
+
+    # -- extras -------------------------------------------------------------------
+    @property
+    def bytes_used(self) -> int:
+        return self._bytes
+
+    def __len__(self) -> int:
+        return self._count
+
+    def __contains__(self, key: object) -> bool:
+        """Membership without touching recency or counters."""
+        if not isinstance(key, CacheKey):
+            return False
+        with self._lock:
+            t = self._tenants.get(key.tenant)
+            return t is not None and key in t.entries
+
+    def check_integrity(self) -> None:
+        """Recompute every total from the entries; raise AssertionError on any drift."""
+        with self._lock:
+            total_b = total_n = 0
+            for name, t in self._tenants.items():
+                b, last = 0, 0
+                for k, e in t.entries.items():
+                    _require(k.tenant == name, f"key {k} filed under tenant {name!r}")
+                    _require(e.nbytes == e.kv.nbytes, f"entry {k} size drifted")
+                    _require(e.kv.keys.is_cpu and e.kv.values.is_cpu, f"entry {k} not on CPU")
+                    _require(last < e.tick <= self._tick, f"tenant {name!r} recency broken at {k}")
+                    b, last = b + e.nbytes, e.tick
+                _require(b == t.bytes, f"tenant {name!r} bytes {t.bytes} != recomputed {b}")
+                _require(b <= self.tenant_quota_bytes, f"tenant {name!r} over quota")
+                total_b += b
+                total_n += len(t.entries)
+            _require(total_b == self._bytes, f"bytes {self._bytes} != recomputed {total_b}")
+            _require(total_n == self._count, f"entries {self._count} != recomputed {total_n}")
+            _require(total_b <= self.max_bytes, "over max_bytes")
+            _require(total_n <= self.max_entries, "over max_entries")
+
+    # -- internals (caller holds the lock) --------------------------------------
+    def _tenant(self, name: str) -> _Tenant:
+        t = self._tenants.get(name)
+        if t is None:
+            t = self._tenants[name] = _Tenant()
+        return t
+
+    def _remove(self, t: _Tenant, key: CacheKey) -> _Entry | None:
+        entry = t.entries.pop(key, None)
+        if entry is not None:
+            t.bytes -= entry.nbytes
+            self._bytes -= entry.nbytes
+            self._count -= 1
+        return entry
+
+    def _plan(self, key: CacheKey, size: int) -> list[CacheKey] | None:
+        """Victims that make room for ``key`` (replacing any old entry); None to refuse.
+
+        Planned on a simulation first, so a refused put evicts nothing.
+        """
+        sim = _Simulation(self._tenants, key, size, self._tick + 1)
+        while sim.bytes[key.tenant] > self.tenant_quota_bytes:
+            sim.pop(key.tenant)  # own quota: own LRU entries only
+        while sim.total_bytes > self.max_bytes or sim.total_count > self.max_entries:
+            victim = self._pick_victim(sim, by_bytes=sim.total_bytes > self.max_bytes)
+            if sim.head(victim)[0] is _NEW:
+                return None  # only the newcomer is over its share
+            sim.pop(victim)
+        return sim.evicted
+
+    def _pick_victim(self, sim: _Simulation, by_bytes: bool) -> str:
+        """Tenant over its fair share whose LRU entry is globally oldest."""
+        active = [n for n, c in sim.count.items() if c > 0]
+        bound = self.max_bytes if by_bytes else self.max_entries
+        share = bound / len(active)
+        over = [n for n in active if (sim.bytes[n] if by_bytes else sim.count[n]) > share]
+        # Over a bound, some tenant is always over its share (pigeonhole).
+        return min(over or active, key=lambda n: sim.head(n)[2])
+
+
+_NEW = object()  # marks the entry being inserted in a _Simulation
+
+
+class _Simulation:
+    """Per-tenant bytes/counts and LRU cursors as they would be after a put."""
+
+    def __init__(self, tenants: dict[str, _Tenant], key: CacheKey, size: int, tick: int):
+        self._tenants, self._key, self._size, self._tick = tenants, key, size, tick
+        self.bytes = {n: t.bytes for n, t in tenants.items() if t.entries}
+        self.count = {n: len(t.entries) for n, t in tenants.items() if t.entries}
+        old = tenants[key.tenant].entries.get(key) if key.tenant in tenants else None
+        self.bytes[key.tenant] = self.bytes.get(key.tenant, 0) + size - (old.nbytes if old else 0)
+        self.count[key.tenant] = self.count.get(key.tenant, 0) + (0 if old else 1)
+        self.total_bytes, self.total_count = sum(self.bytes.values()), sum(self.count.values())
+        self.evicted: list[CacheKey] = []
+        self._cursors: dict[str, Any] = {}
+        self._heads: dict[str, tuple[Any, int, int]] = {}
+
+    def _walk(self, name: str):
+        """(key, nbytes, tick) oldest first, skipping a replaced entry, newcomer last."""
+        t = self._tenants.get(name)
+        for k, e in t.entries.items() if t else ():
+            if k != self._key:
+                yield k, e.nbytes, e.tick
+        if name == self._key.tenant:
+            yield _NEW, self._size, self._tick
+
+    def head(self, name: str) -> tuple[Any, int, int]:
+        if name not in self._heads:
+            cur = self._cursors.setdefault(name, self._walk(name))
+            self._heads[name] = next(cur)
+        return self._heads[name]
+
+    def pop(self, name: str) -> None:
+        k, nbytes, _ = self.head(name)
+        del self._heads[name]
+        self.bytes[name] -= nbytes
+        self.count[name] -= 1
+        self.total_bytes -= nbytes
+        self.total_count -= 1
+        self.evicted.append(k)
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise AssertionError(f"TenantLRU integrity: {msg}")

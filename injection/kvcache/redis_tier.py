@@ -1,0 +1,314 @@
+"""L2: HMAC-signed, HMAC-authenticated PackedKV entries in Redis.
+
+* Names come from :class:`~injection.kvcache.signing.CacheKeySigner` (opaque, per-tenant
+  tag prefix); values from :mod:`injection.kvcache.codec` (MAC verified before decode).
+* A bad value is rejected, counted, deleted and reported as a miss: never served.
+  "Bad" covers every malformed value: bad header or MAC, truncated, and a name that
+  holds another Redis type (WRONGTYPE), for entries and user indexes alike. A bad
+  value is the entry's problem, never a tier fault: it triggers no bypass.
+* Writes go to one background writer with a bounded in-flight quota (AIBrix's
+  ``_l2_inflight_quota``): when full the write is skipped and counted, so L2
+  never blocks a reply. Each write sets the value with a TTL and adds its name to
+  the user's index SET in one transaction, so a user is evicted without SCAN.
+* ``get``/``put`` never raise for Redis faults (down, timeout): they count
+  ``errors`` and degrade to miss / skipped write. After a fault, requests skip
+  Redis for ``retry_after_s`` (counted as ``bypassed``) instead of each paying
+  a connect timeout. Maintenance calls (``evict``, ``verify``,
+  ``stats(scan=True)``) raise ``redis.RedisError`` so their callers know.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+
+from injection.base import CacheKey, KVStore
+from injection.kvcache import l2_scan
+from injection.kvcache.signing import CacheKeySigner
+from injection.kvcache.writer import BoundedWriter
+
+if TYPE_CHECKING:  # pragma: no cover
+    from injection.kvcache.packed import PackedKV
+
+__all__ = ["RedisKVTier", "connect"]
+
+log = logging.getLogger(__name__)
+_FAULTS = (redis.RedisError, OSError)
+_COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
+
+
+def connect(
+    url: str, *, socket_timeout: float = 2.0, socket_connect_timeout: float | None = None,
+    **kw: Any,
+) -> redis.Redis:
+    """A client with short timeouts and one immediate retry: during a Redis outage a call
+    fails in about ``socket_timeout`` instead of redis-py's default backoff retries (~3-4 s)."""
+    if socket_connect_timeout is None:
+        socket_connect_timeout = min(socket_timeout, 0.5)
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout,
+        retry=Retry(NoBackoff(), 1), **kw,
+    )
+
+
+def _wrong_type(e: BaseException) -> bool:
+    """A reply error about the value at a name (not the server): that name is malformed."""
+    msg = str(e) if isinstance(e, redis.ResponseError) else ""
+    # redis-py prefixes errors raised from a pipeline with the failing command
+    return msg.startswith("WRONGTYPE") or "caused error: WRONGTYPE" in msg
+
+
+def _codec():
+    """``injection.kvcache.codec`` (it needs torch), imported on first encode/decode, so a process
+    that only evicts or scans entries (the web invalidating L2) never loads torch."""
+    from injection.kvcache import codec
+
+    return codec
+
+
+class RedisKVTier(KVStore):
+    """Shared L2 cache tier over one Redis client (give it short socket timeouts).
+
+    Args:
+        client: a ``redis.Redis`` (bytes responses; see :meth:`from_url`).
+        signer: derives entry names and value MACs.
+        ttl_seconds: expiry of entries and user indexes (refreshed on write).
+        namespace: first component of every Redis name.
+        max_inflight: queued + writing puts before new ones are skipped.
+        async_writes: False writes inline (maintenance, benchmarks).
+        compress: zstd payloads (off by default: see docs/BENCHMARKS.md).
+        retry_after_s: after a Redis fault, get/put skip Redis this long.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        signer: CacheKeySigner,
+        *,
+        ttl_seconds: int = 86400,
+        namespace: str = "kvi",
+        max_inflight: int = 64,
+        async_writes: bool = True,
+        compress: bool = False,
+        retry_after_s: float = 1.0,
+    ) -> None:
+        if ttl_seconds <= 0 or max_inflight <= 0:
+            raise ValueError("ttl_seconds and max_inflight must be positive")
+        if client.get_connection_kwargs().get("decode_responses"):
+            raise ValueError("RedisKVTier needs a client with decode_responses=False")
+        self.client = client
+        self.signer = signer.with_namespace(namespace)
+        self.ttl_seconds, self.max_inflight = int(ttl_seconds), int(max_inflight)
+        self.async_writes, self.compress = async_writes, compress
+        self.retry_after_s = retry_after_s
+        self._down_until = 0.0
+        self._lock = threading.Lock()
+        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._per_tenant: dict[str, dict[str, int]] = {}
+        self._writer: BoundedWriter[CacheKey, PackedKV] = BoundedWriter(
+            self._write, self.max_inflight, "kvi-l2-writer"
+        )
+
+    @classmethod
+    def from_url(
+        cls, url: str, signer: CacheKeySigner, *, socket_timeout: float = 2.0, **kw: Any
+    ) -> RedisKVTier:
+        """A tier on a new client with short timeouts and one immediate retry."""
+        return cls(connect(url, socket_timeout=socket_timeout), signer, **kw)
+
+    # -- reads ----------------------------------------------------------------------
+    def get(self, key: CacheKey) -> PackedKV | None:
+        """Verified entry or None (miss, bad entry, or Redis fault)."""
+        if not self._available(key.tenant):
+            return None
+        name = self.signer.redis_key(key)
+        try:
+            blob = self.client.get(name)
+        except _FAULTS as e:
+            if _wrong_type(e):
+                self._reject(key, name, e)
+            else:
+                self._fault(key.tenant, "get", e)
+            return None
+        if blob is None:
+            self._count(key.tenant, "misses")
+            return None
+        codec = _codec()
+        try:
+            kv = codec.decode_named(blob, name, self.signer)
+        except codec.CorruptEntry as e:
+            self._reject(key, name, e)
+            return None
+        self._count(key.tenant, "hits")
+        return kv
+
+    # -- writes ---------------------------------------------------------------------
+    def put(self, key: CacheKey, kv: PackedKV) -> bool:
+        """Store (async by default); False when skipped (queue full, closed, fault)."""
+        if not kv.is_cpu:
+            raise ValueError(f"RedisKVTier stores CPU PackedKV only, got {kv.device}")
+        if not self._available(key.tenant):
+            return False
+        if not self.async_writes:
+            return self._write(key, kv)
+        if not self._writer.submit(key, kv):
+            self._count(key.tenant, "skipped_writes")
+            return False
+        return True
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every accepted write has finished; False on timeout."""
+        return self._writer.flush(timeout)
+
+    def close(self, timeout: float | None = 5.0) -> None:
+        """Finish pending writes, stop the writer; later async puts are skipped."""
+        self._writer.close(timeout)
+
+    def _write(self, key: CacheKey, kv: PackedKV) -> bool:
+        if not self._available(key.tenant):
+            return False
+        blob = _codec().encode(kv, key, self.signer, compress=self.compress)
+        name = self.signer.redis_key(key)
+        index = self.signer.user_index_key(key.tenant, key.user)
+        for attempt in (1, 2):
+            try:
+                self._set_indexed(name, index, blob)
+                break
+            except _FAULTS as e:
+                if not _wrong_type(e) or attempt == 2:
+                    self._fault(key.tenant, "write", e)
+                    return False
+                self._drop_bad_index(key.tenant, index, e)  # then write again
+        self._count(key.tenant, "writes")
+        return True
+
+    def _set_indexed(self, name: str, index: str, blob: Any) -> None:
+        with self.client.pipeline(transaction=True) as p:
+            p.set(name, blob, ex=self.ttl_seconds)
+            p.sadd(index, name)
+            p.expire(index, self.ttl_seconds)
+            p.execute()
+
+    # -- maintenance ----------------------------------------------------------------
+    def evict(self, tenant: str, user: str | None = None) -> int:
+        """Delete ``tenant``'s entries (``user``'s via its index); returns entries deleted.
+
+        Queued writes of that scope are dropped first and a write in progress is
+        waited for, so nothing of the scope reappears after this returns.
+        """
+        self._writer.cancel(lambda k: k.tenant == tenant and (user is None or k.user == user))
+        try:
+            if user is not None:
+                return self._evict_user(tenant, user)
+            return sum(self._delete_names(b)
+                       for b in self._scan(self.signer.tenant_prefix(tenant) + "*"))
+        except _FAULTS:
+            self._count(tenant, "errors")
+            raise
+
+    def _evict_user(self, tenant: str, user: str) -> int:
+        index = self.signer.user_index_key(tenant, user)
+        try:
+            names = list(self.client.smembers(index))
+        except redis.ResponseError as e:
+            if not _wrong_type(e):
+                raise
+            self._drop_bad_index(tenant, index, e)
+            return 0
+        deleted = self.client.delete(*names) if names else 0
+        self.client.delete(index)
+        return int(deleted)
+
+    def evict_all(self) -> int:
+        """Delete every entry and user index of the namespace, of every tenant and key
+        generation (other names in the namespace stay); returns entries deleted."""
+        self._writer.cancel(lambda k: True)
+        deleted = 0
+        for batch in self._scan(f"{self.signer.namespace}:*"):
+            deleted += self._delete_names([n for n in batch if self.signer.parse_name(n)])
+        return deleted
+
+    def _delete_names(self, names: list[bytes]) -> int:
+        """Delete entry/index names; returns how many were entries."""
+        if names:
+            self.client.delete(*names)
+        return sum(1 for n in names if b":e:" in n)
+
+    def verify(self, tenant: str | None = None) -> dict[str, Any]:
+        """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""
+        return l2_scan.verify(self.client, self.signer, self.signer.entry_match(tenant))
+
+    def stats(self, scan: bool = False, tenants: list[str] | None = None) -> dict[str, Any]:
+        """Counters (total and per tenant seen by this process); ``scan`` adds Redis sizes.
+
+        With ``scan``, each known tenant (and each of ``tenants``) gets
+        ``entries``/``bytes`` from a SCAN of its prefix, and totals cover every tenant.
+        """
+        with self._lock:
+            out: dict[str, Any] = dict(self._counts)
+            per = {t: dict(c) for t, c in self._per_tenant.items()}
+        out.update(inflight=self._writer.inflight, max_inflight=self.max_inflight)
+        if scan:
+            for t in set(per) | set(tenants or ()):
+                per.setdefault(t, dict.fromkeys(_COUNTERS, 0)).update(
+                    self._sizes(self.signer.entry_match(t))
+                )
+            out.update(self._sizes(self.signer.entry_match(None)))
+        out["per_tenant"] = per
+        return out
+
+    # -- helpers --------------------------------------------------------------------
+    def _sizes(self, match: str) -> dict[str, int]:
+        return l2_scan.sizes(self.client, match)
+
+    def _scan(self, match: str):
+        return l2_scan.batches(self.client, match)
+
+    def _reject(self, key: CacheKey, name: str, e: BaseException) -> None:
+        """A malformed value at ``name``: counted, deleted, reported as a miss (no bypass)."""
+        self._count(key.tenant, "rejects")
+        log.warning("L2 rejected entry %s: %s", name, e)
+        index = self.signer.user_index_key(key.tenant, key.user)
+        try:
+            with self.client.pipeline(transaction=True) as p:
+                p.delete(name)
+                p.srem(index, name)
+                p.execute()  # DEL runs even when SREM meets a bad index (MULTI)
+        except _FAULTS as exc:
+            if _wrong_type(exc):
+                self._drop_bad_index(key.tenant, index, exc)
+            else:
+                self._fault(key.tenant, "delete", exc)
+
+    def _drop_bad_index(self, tenant: str, index: str, e: BaseException) -> None:
+        """A user index that is not a SET: counted as a reject and deleted."""
+        self._count(tenant, "rejects")
+        log.warning("L2 rejected user index %s: %s", index, e)
+        try:
+            self.client.delete(index)
+        except _FAULTS as exc:
+            self._fault(tenant, "delete", exc)
+
+    def _available(self, tenant: str) -> bool:
+        """False (and counted) while Redis is considered down after a fault."""
+        if time.monotonic() < self._down_until:
+            self._count(tenant, "bypassed")
+            return False
+        return True
+
+    def _fault(self, tenant: str, what: str, e: BaseException) -> None:
+        self._down_until = time.monotonic() + self.retry_after_s
+        self._count(tenant, "errors")
+        log.warning("L2 %s failed (skipping Redis for %.1fs): %s", what, self.retry_after_s, e)
+
+    def _count(self, tenant: str, what: str) -> None:
+        with self._lock:
+            self._counts[what] += 1
+            per = self._per_tenant.setdefault(tenant, dict.fromkeys(_COUNTERS, 0))
+            per[what] += 1

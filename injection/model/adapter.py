@@ -1,0 +1,266 @@
+"""ModelAdapter: preference K/V computation and injected generation on a HF causal LM.
+
+Traps handled here (each covered by tests/injection/test_adapter.py):
+
+* transformers 5 has no legacy tuple caches: the injected cache is a fresh
+  ``DynamicCache`` filled with ``update(k, v, layer_idx)``;
+* ``generate`` derives ``cache_position`` from ``input_ids``: we pass the
+  prefix ids followed by the prompt ids and a full-length attention mask;
+* on CPU a PackedKV's "device copy" is the same storage, and the cache grows:
+  the cache is built from fresh tensors (scaled values, cloned keys), so a
+  request never mutates the cached PackedKV. Keys are never scaled.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteriaList
+
+from injection.base import GenerationOutput, PreferenceModel
+from injection.devices import KVTimer, to_host
+from injection.engine.stopping import GenerationWatch
+from injection.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError
+from injection.kvcache.packed import PackedKV
+from injection.model.fingerprint import model_fingerprint
+from injection.prompting.template import ChatRenderer, PromptParts
+
+__all__ = ["ModelAdapter", "load_adapter", "resolve_dtype"]
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+}
+
+
+def resolve_dtype(dtype: str | torch.dtype | None, *, device: torch.device, config: Any) -> torch.dtype:
+    """Explicit dtype wins; else the config's dtype on CUDA and fp32 on CPU."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if isinstance(dtype, str):
+        try:
+            return _DTYPES[dtype.lower()]
+        except KeyError:
+            raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
+    if device.type == "cuda":
+        cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+        if isinstance(cfg, str):
+            cfg = _DTYPES.get(cfg.lower())
+        if isinstance(cfg, torch.dtype):
+            return cfg
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return torch.float32
+
+
+def load_adapter(
+    model_path: str | Path, *, device: str | torch.device | None = None,
+    dtype: str | torch.dtype | None = None,
+) -> ModelAdapter:
+    """Load a local HF model dir (offline) into a :class:`ModelAdapter`."""
+    from transformers import AutoConfig
+
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    try:
+        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
+        torch_dtype = resolve_dtype(dtype, device=dev, config=config)
+        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(
+            model_path, dtype=torch_dtype, local_files_only=True
+        )
+    except (OSError, ValueError) as exc:
+        raise ModelLoadError(f"cannot load model from {model_path!r}: {exc}") from exc
+    return ModelAdapter(model.to(dev), tokenizer, device=dev, dtype=torch_dtype)
+
+
+class ModelAdapter(PreferenceModel):
+    """A causal LM + tokenizer behind the engine's :class:`PreferenceModel` interface.
+
+    Args:
+        model: a transformers causal LM (any attention layout: MHA/GQA/MQA).
+        tokenizer: its tokenizer (BOS handling and chat template come from it).
+        device: where the model runs; K/V caches stay on CPU.
+        dtype: the model's dtype (PackedKV from ``compute_kv`` keeps it).
+    """
+
+    def __init__(self, model: Any, tokenizer: Any, *, device: torch.device | str, dtype: torch.dtype) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        self.dtype = dtype
+        text_cfg = model.config.get_text_config(decoder=True)
+        self.num_layers: int = text_cfg.num_hidden_layers
+        self.num_kv_heads: int = getattr(text_cfg, "num_key_value_heads", None) or text_cfg.num_attention_heads
+        self.max_positions: int | None = getattr(text_cfg, "max_position_embeddings", None)
+        self.fingerprint = model_fingerprint(model, tokenizer, dtype)
+        self.renderer = ChatRenderer(tokenizer)
+        # a config makes DynamicCache pick sliding/hybrid layers; plain layers need none
+        self._cache_config = model.config if _has_special_layers(text_cfg) else None
+        # the batch engine pads, merges and slices plain full-attention layers only
+        self.supports_batching = self._cache_config is None
+
+    # -- PreferenceModel -----------------------------------------------------------
+    def compute_kv(self, text: str) -> PackedKV:
+        """One forward pass over ``text`` as the start of a sequence (BOS unless the text
+        renders one); K/V on CPU, pinned with CUDA."""
+        ids = self.renderer.encode(text, first=True)
+        self._check_length(len(ids))
+        input_ids = torch.tensor([ids], device=self.device)
+        with torch.inference_mode():
+            out = self.model(
+                input_ids=input_ids, use_cache=True, logits_to_keep=1,
+                past_key_values=DynamicCache(config=self.model.config),
+            )
+            layers = [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
+            del out
+        if len(layers) != self.num_layers:
+            raise ModelLoadError(f"cache has {len(layers)} layers, model {self.num_layers}")
+        # stacked outside inference mode: the cached tensors are ordinary tensors
+        with torch.no_grad():
+            keys = to_host(torch.stack([k for k, _ in layers]))
+            values = to_host(torch.stack([v for _, v in layers]))
+        return PackedKV(keys, values, ids)
+
+    def generate(
+        self, prompt: str, injected: PackedKV | None, alpha: float, max_new_tokens: int,
+        **sampling: Any,
+    ) -> GenerationOutput:
+        """Generate after ``prompt`` with ``injected`` as past K/V, values scaled by ``alpha``.
+
+        ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``seed``; ``stop`` (strings
+        the reply ends before), ``on_text`` and ``cancelled`` (see injection.engine.stopping).
+        """
+        started = time.perf_counter()
+        watch_opts = {k: sampling.pop(k) for k in ("stop", "on_text", "cancelled")
+                      if k in sampling}
+        prompt_ids = self.renderer.encode(prompt, first=injected is None)
+        prefix = list(injected.token_ids) if injected is not None else []
+        if not prompt_ids:
+            raise InvalidRequest("prompt is empty")
+        input_ids = prefix + prompt_ids
+        self._check_length(len(input_ids) + max_new_tokens)
+        with torch.inference_mode():
+            with KVTimer(self.device) as timer:
+                cache = self.build_cache(injected, alpha) if injected is not None else None
+            watch = GenerationWatch(self.tokenizer, len(input_ids), **watch_opts)
+            ids = self._run_generate(input_ids, cache, max_new_tokens, sampling, watch)
+            del cache
+        gen = ids[len(input_ids):]
+        reason = watch.finish(gen, max_new_tokens, self._eos_ids())
+        first = watch.first_token_at
+        return GenerationOutput(
+            watch.text, gen, prompt_ids, kv_transfer_ms=timer.elapsed_ms(),
+            kv_bytes_gpu=timer.peak_bytes, finish_reason=reason,
+            first_token_ms=(first - started) * 1000.0 if first is not None else 0.0,
+        )
+
+    def _eos_ids(self) -> set[int]:
+        eos = self.model.generation_config.eos_token_id
+        eos = eos if isinstance(eos, list) else [eos]
+        return {int(e) for e in [*eos, self.tokenizer.eos_token_id] if e is not None}
+
+    def render_chat(self, messages: list[dict[str, str]]) -> str:
+        """The tokenizer's chat template with a generation prompt, as text."""
+        return self.renderer.render(messages)
+
+    def split_prompt(self, context: str, messages: list[dict[str, str]]) -> PromptParts:
+        """``context`` as the template's system turn (the injected segment) + the rest."""
+        return self.renderer.split(context, messages)
+
+    def plain_prompt(self, context: str, messages: list[dict[str, str]]) -> str:
+        """The whole conversation with ``context`` rendered in the prompt (no injection)."""
+        return self.renderer.plain(context, messages)
+
+    def prompt_tokens(self, context: str, messages: list[dict[str, str]]) -> int:
+        """Tokens the model sees for this conversation (injected segment included)."""
+        return len(self.renderer.encode(self.plain_prompt(context, messages), first=True))
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- injection ---------------------------------------------------------------------
+    def build_cache(self, injected: PackedKV, alpha: float) -> DynamicCache:
+        """A fresh DynamicCache holding ``injected`` on this device, values scaled by alpha.
+
+        Exactly two host-to-device copies (``PackedKV.to``); keys unscaled. The
+        cache never holds the cached PackedKV's storage (on CPU ``to()`` is a
+        no-op): values come from ``scaled_values`` (always new) and ``update``
+        concatenates keys into new tensors, which is checked, not assumed.
+        """
+        self._check_compatible(injected)
+        on_device = injected.to(self.device, non_blocking=True)
+        values = on_device.scaled_values(alpha)
+        cache = DynamicCache(config=self._cache_config)
+        for i in range(on_device.num_layers):
+            cache.update(on_device.keys[i].unsqueeze(0), values[i].unsqueeze(0), i)
+        _unalias_keys(cache, injected.keys)
+        return cache
+
+    def _run_generate(
+        self, input_ids: list[int], cache: DynamicCache | None, max_new_tokens: int,
+        sampling: dict[str, Any], watch: GenerationWatch,
+    ) -> list[int]:
+        ids = torch.tensor([input_ids], device=self.device)
+        kwargs: dict[str, Any] = {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),  # prefix + prompt, full length
+            "generation_config": self._generation_config(max_new_tokens, sampling),
+            "stopping_criteria": StoppingCriteriaList([watch]),
+        }
+        if cache is not None:
+            kwargs["past_key_values"] = cache
+        seed = sampling.get("seed")
+        devices = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=devices, enabled=seed is not None):
+            if seed is not None:
+                torch.manual_seed(int(seed))
+            out = self.model.generate(**kwargs)
+        return out[0].tolist()
+
+    def _generation_config(self, max_new_tokens: int, sampling: dict[str, Any]) -> Any:
+        gc = copy.deepcopy(self.model.generation_config)
+        temperature = float(sampling.get("temperature") or 0.0)
+        gc.max_new_tokens = int(max_new_tokens)
+        gc.max_length = None
+        gc.min_new_tokens = None
+        gc.num_beams = 1
+        if temperature > 0.0:
+            gc.do_sample, gc.temperature = True, temperature
+            gc.top_p, gc.top_k = float(sampling.get("top_p", 1.0)), None
+        else:
+            gc.do_sample, gc.temperature, gc.top_p, gc.top_k = False, None, None, None
+        if gc.pad_token_id is None:
+            gc.pad_token_id = self.tokenizer.pad_token_id or self.tokenizer.eos_token_id
+        return gc
+
+    def _check_compatible(self, kv: PackedKV) -> None:
+        if kv.num_layers != self.num_layers or kv.num_heads != self.num_kv_heads:
+            raise InvalidRequest(
+                f"injected K/V has L={kv.num_layers}, H={kv.num_heads}; model expects "
+                f"L={self.num_layers}, H={self.num_kv_heads}"
+            )
+        if kv.dtype != self.dtype:
+            raise InvalidRequest(f"injected K/V dtype {kv.dtype} != model dtype {self.dtype}")
+
+    def _check_length(self, n: int) -> None:
+        if self.max_positions and n > self.max_positions:
+            raise ContextLengthExceeded(
+                f"{n} tokens exceed the model's {self.max_positions} positions"
+            )
+
+
+def _has_special_layers(cfg: Any) -> bool:
+    types = getattr(cfg, "layer_types", None) or []
+    return bool(getattr(cfg, "sliding_window", None)) or any(t != "full_attention" for t in types)
+
+
+def _unalias_keys(cache: DynamicCache, source: torch.Tensor) -> None:
+    """Give a layer its own key tensor should ``update`` ever keep the caller's storage."""
+    src = source.untyped_storage().data_ptr()
+    for layer in cache.layers:
+        if layer.keys.untyped_storage().data_ptr() == src:
+            layer.keys = layer.keys.clone()
