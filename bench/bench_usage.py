@@ -5,7 +5,7 @@
 Starts its own embedded PostgreSQL under var/bench-usage (wiped first; DATABASE_URL is
 ignored). 4 tenants x 50 members; N chat audit rows (default 1,000,000; 2% abandoned)
 spread over 90 days are generated in SQL, then the ``UsageDay`` rollup is rebuilt from
-them (``tenants.usage_rebuild``). Timed, median of 5: the usage report of the busiest
+them (``tenants.usage.rebuild``). Timed, median of 5: the usage report of the busiest
 tenant over 30 days from the rollup (what /admin/usage/ runs) against the same figures
 aggregated straight from the audit rows (the ``audit_tenant_time`` index; percentiles
 with ``percentile_cont``). Ratios are audit-scan time / rollup time in the same run.
@@ -38,8 +38,10 @@ from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
 
-from tenants import actions, usage_rebuild, usage_report  # noqa: E402
+from tenants import actions  # noqa: E402
 from tenants.models import Member, Tenant  # noqa: E402
+from tenants.usage import rebuild as usage_rebuild  # noqa: E402
+from tenants.usage import report as usage_report  # noqa: E402
 
 GENERATE = """
 INSERT INTO tenants_auditlog (tenant_id, actor_id, actor_kind, event_type, target, data,

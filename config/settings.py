@@ -66,7 +66,7 @@ INSTALLED_APPS = [
 ]
 
 MIDDLEWARE = [
-    "tenants.headers.RequestHeadersMiddleware",  # x-request-id, x-ratelimit-* on every response
+    "tenants.api.headers.RequestHeadersMiddleware",  # x-request-id, x-ratelimit-* on every response
     "tenants.faults.FaultMiddleware",  # outermost: outages anywhere -> JSON 503
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -119,10 +119,10 @@ STATIC_ROOT = VAR_DIR / "static"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "tenants.auth.MemberTokenAuthentication",
+        "tenants.api.auth.MemberTokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["tenants.permissions.IsActiveMember"],
+    "DEFAULT_PERMISSION_CLASSES": ["tenants.api.permissions.IsActiveMember"],
     # JSON bodies only: form and multipart bodies are 415 (docs/API.md)
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
@@ -190,7 +190,7 @@ OPENAI_MODEL_ALIASES = [
     a.strip() for a in os.environ.get("OPENAI_MODEL_ALIASES", "kvinject").split(",") if a.strip()
 ]
 
-# Rate limits ("N/sec|min|hour|day"), sliding window on Redis; see tenants/throttling.py.
+# Rate limits ("N/sec|min|hour|day"), sliding window on Redis; see tenants/api/throttling.py.
 CHAT_RATE_PER_MEMBER = os.environ.get("CHAT_RATE_PER_MEMBER", "30/min")
 CHAT_RATE_PER_TENANT = os.environ.get("CHAT_RATE_PER_TENANT", "300/min")
 API_RATE_PER_MEMBER = os.environ.get("API_RATE_PER_MEMBER", "300/min")

@@ -2,10 +2,12 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
-from tenants import api, health, openai_api
 from tenants.admin import playground as admin_playground
 from tenants.admin import usage as admin_usage
 from tenants.admin.views import view_on_site
+from tenants.api import health
+from tenants.api import views as api
+from tenants.v1 import views as openai_api
 
 handler404 = "tenants.admin.errorpages.not_found"  # JSON for the API, admin look for /admin/
 handler403 = "tenants.admin.errorpages.permission_denied"

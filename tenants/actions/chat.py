@@ -7,11 +7,11 @@ from typing import Any
 
 from django.db import transaction
 
-from tenants import usage as usage_rollup
 from tenants.actions.base import audit
 from tenants.actions.exchanges import take_claim
 from tenants.errors import NotFound
 from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message
+from tenants.usage import accounting as usage_rollup
 
 
 def get_conversation(member: Member, conversation_id: int) -> Conversation:

@@ -22,10 +22,10 @@ from django.db import transaction
 from django.db.models import Q
 from django.db.models.functions import Now
 
-from tenants import usage as usage_rollup
 from tenants.actions.base import audit
 from tenants.errors import ChatAbandoned, ChatInProgress, IdempotencyKeyReused
 from tenants.models import AuditEvent, ChatExchange, Member
+from tenants.usage import accounting as usage_rollup
 
 IN_PROGRESS_RETRY_AFTER = 5  # seconds a 409 tells the client to wait before retrying
 State = ChatExchange.State

@@ -8,12 +8,12 @@ from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.template.response import TemplateResponse
 
-from tenants import usage_report
 from tenants.admin import charts
 from tenants.admin.csvexport import csv_response
 from tenants.admin.scoping import admin_scope, scope_queryset
 from tenants.models import Tenant
-from tenants.usage import TIERS, Totals
+from tenants.usage import report as usage_report
+from tenants.usage.accounting import TIERS, Totals
 
 CSV_HEADER = ("group", "requests", "errors", "tokens_in", "tokens_out",
               *(f"hit_rate_{t}" for t in TIERS), "latency_p50_ms", "latency_p95_ms",

@@ -103,7 +103,7 @@ def test_instructions_history_and_context_limit_through_a_real_worker(
     assert second["cache"]["segment_hash"] == cache["segment_hash"]
 
     # passes the web's lower bound (no template markup counted), fails the worker's exact check
-    from tenants.context_limits import model_limits
+    from tenants.api.context_limits import model_limits
 
     tokenizer, max_pos = model_limits(str(demo_model_path))
     fixed = sum(len(tokenizer.encode(t, add_special_tokens=False).ids)

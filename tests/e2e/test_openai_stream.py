@@ -149,7 +149,7 @@ def test_an_error_after_the_first_byte_is_an_openai_error_event(
 ):
     """The web's context check is a lower bound (no template markup): a message just below
     it is refused by the worker after the stream began, as an SSE error event."""
-    from tenants.context_limits import model_limits
+    from tenants.api.context_limits import model_limits
 
     tokenizer, max_pos = model_limits(str(demo_model_path))
     fixed = len(tokenizer.encode("I am vegetarian.", add_special_tokens=False).ids)

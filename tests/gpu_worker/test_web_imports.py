@@ -13,7 +13,7 @@ SCRIPT = """
 import sys
 import django
 django.setup()
-import tenants.api, tenants.admin, gpu_worker.tasks
+import tenants.api.views, tenants.admin, gpu_worker.tasks
 from gpu_worker.channels import kvstore
 result = kvstore.invalidate(1, 2)  # real L2 evict + control-channel publish
 assert result["l2_deleted"] == 0, result

@@ -13,7 +13,7 @@ import pytest
 import redis
 from django.conf import settings as django_settings
 
-from tenants import throttling
+from tenants.api import throttling
 from tests.tenants.conftest import token_client
 
 pytestmark = pytest.mark.django_db

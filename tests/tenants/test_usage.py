@@ -8,9 +8,12 @@ import uuid
 
 import pytest
 
-from tenants import actions, usage, usage_rebuild, usage_report
+from tenants import actions
 from tenants.errors import ChatAbandoned
 from tenants.models import ChatExchange, Tenant, UsageDay
+from tenants.usage import accounting as usage
+from tenants.usage import rebuild as usage_rebuild
+from tenants.usage import report as usage_report
 
 pytestmark = pytest.mark.django_db
 

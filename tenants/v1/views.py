@@ -11,13 +11,14 @@ from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from tenants import actions, openai_io, ports
-from tenants.api import IDEMPOTENCY_PARAM, _context_texts, chat_model_path, idempotency_key
-from tenants.context_limits import check_fits
+from tenants import actions, ports
+from tenants.api.context_limits import check_fits
+from tenants.api.permissions import request_member
+from tenants.api.throttling import ApiThrottle, ChatThrottle
+from tenants.api.views import IDEMPOTENCY_PARAM, _context_texts, chat_model_path, idempotency_key
 from tenants.errors import openai_exception_handler
-from tenants.openai_stream import sse_response
-from tenants.permissions import request_member
-from tenants.throttling import ApiThrottle, ChatThrottle
+from tenants.v1 import shapes as openai_io
+from tenants.v1.stream import sse_response
 
 
 def _errors(*statuses: int) -> dict[int, OpenApiResponse]:

@@ -3,7 +3,7 @@
 The request id is made here, never taken from the client (it names the chat's Celery
 task and audit rows, so it must be unguessable and unique); a chat answer reports the
 same id in its body. The rate-limit headers describe the tightest of the member's and
-the tenant's limits (tenants.throttling) after this request, in OpenAI's names.
+the tenant's limits (tenants.api.throttling) after this request, in OpenAI's names.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.actions import INSTRUCTIONS_MAX_CHARS, PREFERENCE_MAX_CHARS
-from tenants.fields import (
+from tenants.api.fields import (
     NO_NUL,
     NOT_BLANK_NO_NUL,
     StrictBooleanField,

@@ -15,13 +15,10 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import actions
-from tenants.context_limits import check_fits
-from tenants.errors import Forbidden, InvalidInput, NotFound
-from tenants.models import Conversation, Preference
-from tenants.pagination import PARAMETERS, StrictLimitOffsetPagination
-from tenants.permissions import request_member
-from tenants.ports import run_chat
-from tenants.serializers import (
+from tenants.api.context_limits import check_fits
+from tenants.api.pagination import PARAMETERS, StrictLimitOffsetPagination
+from tenants.api.permissions import request_member
+from tenants.api.serializers import (
     PK_MAX,
     ChatRequestSerializer,
     ChatResponseSerializer,
@@ -35,7 +32,10 @@ from tenants.serializers import (
     PreferenceSerializer,
     PreferenceWriteSerializer,
 )
-from tenants.throttling import ApiThrottle, ChatThrottle
+from tenants.api.throttling import ApiThrottle, ChatThrottle
+from tenants.errors import Forbidden, InvalidInput, NotFound
+from tenants.models import Conversation, Preference
+from tenants.ports import run_chat
 
 _STATUS = {
     400: "Malformed JSON or invalid input (`fields` says which).",

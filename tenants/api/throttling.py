@@ -26,8 +26,8 @@ from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
 from injection.kvcache.redis_tier import connect
+from tenants.api.permissions import request_member
 from tenants.errors import Throttled, WorkerUnavailable
-from tenants.permissions import request_member
 
 log = logging.getLogger(__name__)
 KEY_PREFIX = "kvi:rl"
@@ -199,7 +199,7 @@ class MemberTenantThrottle(BaseThrottle):
 
 
 def _remember(request, state: RateState | None) -> None:
-    """For the ``x-ratelimit-*`` response headers (tenants.headers)."""
+    """For the ``x-ratelimit-*`` response headers (tenants.api.headers)."""
     request._request.kvi_ratelimit = state
 
 

@@ -256,8 +256,8 @@ class KVInvalidation(models.Model):
 
 
 # Models in modules of their own (they import this one's models by app label).
-from tenants.exchange_model import ChatExchange  # noqa: E402
-from tenants.usage_model import UsageDay  # noqa: E402
+from tenants.models.exchange import ChatExchange  # noqa: E402
+from tenants.models.usage import UsageDay  # noqa: E402
 
 __all__ = ["ApiToken", "AuditEvent", "AuditLog", "ChatExchange", "Conversation",
            "KVInvalidation", "Member", "Message", "Preference", "Tenant", "UsageDay"]

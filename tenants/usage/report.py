@@ -14,7 +14,7 @@ from django.db import connection
 from django.db.models import Max, Sum
 
 from tenants.models import Tenant, UsageDay
-from tenants.usage import TIERS, Totals
+from tenants.usage.accounting import TIERS, Totals
 
 MAX_DAYS = 366
 SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens",

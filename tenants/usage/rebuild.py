@@ -1,7 +1,7 @@
 """Recompute the ``UsageDay`` rollup from the audit log (backfill, or after a repair).
 
 Three grouped scans of the chat audit rows (totals, latency buckets, TTFT buckets),
-assembled here and written in one transaction. ``tenants.usage`` keeps the rollup
+assembled here and written in one transaction. ``tenants.usage.accounting`` keeps the rollup
 current row by row; this is the batch path over the same definition.
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import connection, transaction
 
 from tenants.models import UsageDay
-from tenants.usage import BASE_MS, NBUCKETS, RATIO, TIERS
+from tenants.usage.accounting import BASE_MS, NBUCKETS, RATIO, TIERS
 
 _FROM = """
 FROM tenants_auditlog a LEFT JOIN tenants_member m ON m.user_id = a.actor_id

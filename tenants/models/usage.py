@@ -1,9 +1,9 @@
 """``UsageDay``: the usage rollup, one row per tenant, member and UTC day.
 
 Written in the transaction of every ``chat.request`` / ``chat.abandoned`` audit row
-(``tenants.usage.account_chat``), so the usage page reads a few hundred rows however many
+(``tenants.usage.accounting.account_chat``), so the usage page reads a few hundred rows however many
 million audit rows there are (docs/OPERATIONS.md, "Usage rollup"). Latencies are kept as
-histograms with geometric buckets (``tenants.usage.BUCKETS``) from which p50/p95 are read.
+histograms with geometric buckets (``tenants.usage.accounting.BUCKETS``) from which p50/p95 are read.
 """
 
 from __future__ import annotations

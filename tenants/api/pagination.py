@@ -8,7 +8,7 @@ from drf_spectacular.utils import OpenApiParameter
 from rest_framework.exceptions import ValidationError
 from rest_framework.pagination import LimitOffsetPagination
 
-from tenants.serializers import PK_MAX
+from tenants.api.serializers import PK_MAX
 
 DEFAULT_LIMIT, MAX_LIMIT = 20, 100
 _DIGITS = re.compile(r"[0-9]{1,19}")

@@ -23,7 +23,7 @@ TIERS = ("l1", "l2", "compute", "none")
 
 
 def bucket_of(ms: float) -> int:
-    """Same formula as the SQL of ``tenants.usage_rebuild`` (keep them in step)."""
+    """Same formula as the SQL of ``tenants.usage.rebuild`` (keep them in step)."""
     if ms <= BASE_MS:
         return 0
     return min(NBUCKETS - 1, math.ceil(math.log(ms / BASE_MS) / math.log(RATIO)))

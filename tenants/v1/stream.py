@@ -16,7 +16,7 @@ from django.http import HttpResponseBase
 
 from config.streaming import event_stream
 from tenants.errors import openai_body
-from tenants.openai_io import EXTENSION, finish_reason, usage
+from tenants.v1.shapes import EXTENSION, finish_reason, usage
 
 
 def _data(body: dict[str, Any] | str) -> bytes:

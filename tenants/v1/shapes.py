@@ -15,8 +15,8 @@ from django.conf import settings
 from django.core.validators import MaxValueValidator
 from rest_framework import serializers
 
+from tenants.api.serializers import PK_MAX
 from tenants.errors import ModelNotFound
-from tenants.serializers import PK_MAX
 
 EXTENSION = "kvinject"
 MAX_STOP = 4
