@@ -15,7 +15,7 @@ if settings.DEBUG:  # what runserver did for the admin's CSS and JS (make demo)
 
     application = ASGIStaticFilesHandler(application)
 
-from config.streaming import StreamRelay  # noqa: E402
+from tenants.api.streaming import StreamRelay  # noqa: E402
 
 # streamed replies are sent from the event loop once Django's request is done
 application = StreamRelay(application)

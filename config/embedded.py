@@ -24,9 +24,7 @@ from config.embedded_redis import (  # noqa: F401  (the embedded servers' one AP
     restart_embedded_redis,
     stop_embedded_redis,
 )
-
-BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = Path(os.environ.get("VAR_DIR", BASE_DIR / "var")).resolve()
+from config.paths import BASE_DIR, VAR_DIR  # noqa: F401  (re-exported)
 
 _pg_server = None  # keeps pgserver's handle (and its refcount) alive
 

@@ -18,10 +18,10 @@ import subprocess
 import time
 from pathlib import Path
 
+from config.paths import VAR_DIR
+
 
 def _redis_dir() -> Path:
-    from config.embedded import VAR_DIR
-
     d = VAR_DIR / "redis"
     d.mkdir(parents=True, exist_ok=True)
     return d

@@ -67,7 +67,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "tenants.api.headers.RequestHeadersMiddleware",  # x-request-id, x-ratelimit-* on every response
-    "tenants.faults.FaultMiddleware",  # outermost: outages anywhere -> JSON 503
+    "tenants.api.middleware.FaultMiddleware",  # outermost: outages anywhere -> JSON 503
     "django.middleware.security.SecurityMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -126,7 +126,7 @@ REST_FRAMEWORK = {
     # JSON bodies only: form and multipart bodies are 415 (docs/API.md)
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-    "EXCEPTION_HANDLER": "tenants.errors.api_exception_handler",
+    "EXCEPTION_HANDLER": "tenants.api.exceptions.api_exception_handler",
     "UNAUTHENTICATED_USER": None,
 }
 SPECTACULAR_SETTINGS = {

@@ -1,17 +1,17 @@
 from django.contrib import admin
-from django.urls import include, path
+from django.urls import path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from tenants.admin import playground as admin_playground
 from tenants.admin import usage as admin_usage
 from tenants.admin.views import view_on_site
-from tenants.api import health
+from tenants.api import health, metrics
 from tenants.api import views as api
 from tenants.v1 import views as openai_api
 
 handler404 = "tenants.admin.errorpages.not_found"  # JSON for the API, admin look for /admin/
 handler403 = "tenants.admin.errorpages.permission_denied"
-handler500 = "tenants.errors.json_500"
+handler500 = "tenants.api.exceptions.json_500"
 
 urlpatterns = [
     # before admin.site.urls: replaces the admin's unscoped "view on site" shortcut
@@ -46,5 +46,5 @@ urlpatterns = [
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("healthz", health.healthz, name="healthz"),
     path("readyz", health.readyz, name="readyz"),
-    path("", include("gpu_worker.urls")),  # /metrics (Prometheus, token-protected)
+    path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus, token-protected
 ]

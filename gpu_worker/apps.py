@@ -9,6 +9,7 @@ class GpuWorkerConfig(AppConfig):
         from gpu_worker.channels import outbox
         from gpu_worker.client import dispatch as client
         from gpu_worker.client import relay
+        from gpu_worker.ops import metrics
         from gpu_worker.serving import signals  # noqa: F401  (signals: hooks)
         from tenants import ports
 
@@ -18,3 +19,4 @@ class GpuWorkerConfig(AppConfig):
         ports.provide("stream_events", relay.events)
         ports.provide("task_events", relay.task_events)
         ports.provide("deliver_invalidations", outbox.deliver_now)
+        ports.provide("metrics_exposition", metrics.web_exposition)

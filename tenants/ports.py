@@ -66,6 +66,14 @@ def deliver_invalidations(ids: Sequence[int]) -> None:
         log.exception("invalidation fast path failed; the outbox will deliver it")
 
 
+def metrics_exposition() -> tuple[bytes, str]:
+    """This web process's Prometheus exposition and its content type (``gpu_worker.ops.metrics``)."""
+    fn = _impl.get("metrics_exposition")
+    if fn is None:
+        return b"", "text/plain; version=0.0.4; charset=utf-8"
+    return fn()
+
+
 def enqueue_warm(member_id: int) -> None:
     """Ask a GPU worker to precompute a member's K/V (by task name: no worker import)."""
     from config.celery import app

@@ -13,7 +13,14 @@ import os
 from collections.abc import Iterator
 
 import redis
-from prometheus_client import REGISTRY, CollectorRegistry, Counter, Histogram
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 log = logging.getLogger(__name__)
@@ -130,6 +137,11 @@ def web_registry() -> CollectorRegistry:
         return registry
     _register_once(REGISTRY, QueueCollector())
     return REGISTRY
+
+
+def web_exposition() -> tuple[bytes, str]:
+    """The web registry in Prometheus' text format, and its content type (``/metrics``)."""
+    return generate_latest(web_registry()), CONTENT_TYPE_LATEST
 
 
 def start_worker_server(port: int, addr: str = "0.0.0.0", tries: int = 16) -> int | None:

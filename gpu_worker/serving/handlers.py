@@ -11,13 +11,12 @@ import os
 from typing import Any
 
 from gpu_worker.serving import host
+from gpu_worker.serving.state import STATE
 
 log = logging.getLogger(__name__)
 
 
 def _identity() -> dict[str, Any]:
-    from gpu_worker.serving.runtime import STATE
-
     ex = host.current_executor()
     return {"worker": STATE.worker, "pid": os.getpid(), "pool": STATE.pool,
             "model_loaded": ex is not None,
@@ -28,8 +27,6 @@ def on_invalidate(message: dict) -> dict[str, Any]:
     """Drop one tenant's (or one user's) K/V from this process's L1 (and pending L2 writes)."""
     result = evict(str(message["tenant"]), message.get("user"))
     if message.get("outbox") is not None:
-        from gpu_worker.serving.runtime import STATE
-
         if STATE.follower is not None:  # the outbox row is done here: skip it when read
             STATE.follower.announce(int(message["outbox"]))
     return {**_identity(), "evicted": result}

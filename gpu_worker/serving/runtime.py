@@ -27,23 +27,11 @@ from gpu_worker.ops import metrics
 from gpu_worker.routing import registry
 from gpu_worker.routing.agent import WorkerAgent
 from gpu_worker.serving import host
+from gpu_worker.serving.handlers import HANDLERS, evict
 from gpu_worker.serving.limits import Running, Watchdog
+from gpu_worker.serving.state import STATE
 
 log = logging.getLogger(__name__)
-
-
-class _State:
-    worker: str | None = None  # the node's hostname (e.g. "gpu-0@node1")
-    pool: str = "solo"
-    agent: WorkerAgent | None = None
-    listener: control.ControlListener | None = None
-    follower: outbox.OutboxFollower | None = None
-    watchdog: Watchdog | None = None
-    metrics_port: int | None = None
-    slots: int = 1  # tasks this worker runs at once (threads pool: its concurrency)
-
-
-STATE = _State()
 
 
 def pool_name(pool_cls: Any) -> str:
@@ -74,8 +62,6 @@ def setup_node(worker: str, pool: str, queues: Any, concurrency: int | None = No
 
 def start_serving_process() -> None:
     """In the process that runs tasks: control listener, metrics server, model."""
-    from gpu_worker.serving.handlers import HANDLERS, evict
-
     if STATE.listener is None:
         STATE.listener = control.ControlListener(HANDLERS)
         STATE.listener.start()

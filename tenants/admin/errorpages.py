@@ -7,7 +7,7 @@ from django.contrib import admin
 from django.template.response import TemplateResponse
 from django.views import defaults
 
-from tenants.errors import json_404
+from tenants.api.exceptions import json_404
 
 TEXT = {
     403: ("Not allowed", "Your account may not open this page. Tenant admins see their own "

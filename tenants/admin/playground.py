@@ -20,11 +20,10 @@ from django.template.response import TemplateResponse
 from django.urls import reverse
 from django.views.decorators.http import require_GET, require_POST
 
-from config.streaming import event_stream
-from tenants import actions
+from tenants import actions, playground
 from tenants.actions import PREFERENCE_MAX_CHARS
-from tenants.admin import playground_runs as playground
 from tenants.admin.scoping import admin_scope, scope_queryset
+from tenants.api.streaming import event_stream
 from tenants.errors import PlatformError
 from tenants.models import Member, Preference
 

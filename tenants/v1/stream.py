@@ -14,8 +14,8 @@ from typing import Any
 
 from django.http import HttpResponseBase
 
-from config.streaming import event_stream
-from tenants.errors import openai_body
+from tenants.api.exceptions import openai_body
+from tenants.api.streaming import event_stream
 from tenants.v1.shapes import EXTENSION, finish_reason, usage
 
 
@@ -56,6 +56,6 @@ async def sse(events: AsyncIterator, model: str, request_id: str,
 
 def sse_response(request, events: AsyncIterator, model: str, request_id: str,
                  include_usage: bool) -> HttpResponseBase:
-    """Under ASGI the stream is handed over to ``config.streaming.StreamRelay`` (sent from
+    """Under ASGI the stream is handed over to ``tenants.api.streaming.StreamRelay`` (sent from
     the event loop after Django's request, and its thread, are done); else Django streams."""
     return event_stream(request, request_id, sse(events, model, request_id, include_usage))

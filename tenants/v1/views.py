@@ -2,7 +2,7 @@
 
 Same member, injection, worker path, idempotency, storage and audit as ``/api/chat``;
 the request's ``messages`` are the conversation. Errors use OpenAI's shape
-(``tenants.errors.openai_exception_handler``: the same mapping, another body).
+(``tenants.api.exceptions.openai_exception_handler``: the same mapping, another body).
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from rest_framework.views import APIView
 
 from tenants import actions, ports
 from tenants.api.context_limits import check_fits
+from tenants.api.exceptions import openai_exception_handler
 from tenants.api.permissions import request_member
 from tenants.api.throttling import ApiThrottle, ChatThrottle
 from tenants.api.views import IDEMPOTENCY_PARAM, _context_texts, chat_model_path, idempotency_key
-from tenants.errors import openai_exception_handler
 from tenants.v1 import shapes as openai_io
 from tenants.v1.stream import sse_response
 

@@ -184,7 +184,7 @@ def test_idempotency_key_replays_across_streamed_and_plain_requests(client, gpu_
 
 
 def test_open_streams_do_not_hold_a_thread_each(client, gpu_worker, asgi_server):
-    """Streams are relayed from uvicorn's event loop (config.streaming), not by a thread
+    """Streams are relayed from uvicorn's event loop (tenants.api.streaming), not by a thread
     per request: six open streams add no thread per stream to the web process."""
     import psutil
 

@@ -139,7 +139,7 @@ def test_streamed_run_relays_both_replies_and_is_recorded_once(gpu_worker, acme)
 
 
 def test_streamed_run_under_uvicorn_sends_pieces_before_the_result(asgi_server, gpu_worker, acme):
-    """As deployed: the admin's stream is relayed from the event loop (config.streaming)."""
+    """As deployed: the admin's stream is relayed from the event loop (tenants.api.streaming)."""
     base = asgi_server.url
     browser = requests.Session()
     browser.get(f"{base}/admin/login/", timeout=10)

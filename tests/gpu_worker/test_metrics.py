@@ -8,7 +8,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from gpu_worker.ops import metrics
 from gpu_worker.serving import host
-from gpu_worker.views import metrics_view
+from tenants.api.metrics import metrics_view
 
 
 def _get(**headers):

@@ -1,4 +1,4 @@
-"""Web-side Prometheus endpoint (wired by ``gpu_worker.urls``)."""
+"""Web-side Prometheus endpoint ``/metrics`` (the exposition comes through ``tenants.ports``)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,8 @@ import hmac
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.http import require_GET
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from gpu_worker.ops.metrics import web_registry
+from tenants import ports
 
 
 def _allowed(request: HttpRequest) -> bool:
@@ -25,4 +24,5 @@ def _allowed(request: HttpRequest) -> bool:
 def metrics_view(request: HttpRequest) -> HttpResponse:
     if not _allowed(request):
         return HttpResponse("metrics: forbidden\n", status=403, content_type="text/plain")
-    return HttpResponse(generate_latest(web_registry()), content_type=CONTENT_TYPE_LATEST)
+    body, content_type = ports.metrics_exposition()
+    return HttpResponse(body, content_type=content_type)
