@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import redis
 from django.conf import settings
 
-from injection.kvcache.redis_tier import connect
+from injection.kvcache.redis_client import connect
 
 log = logging.getLogger(__name__)
 CHANNEL_PREFIX = "kvi:control"
@@ -70,7 +70,7 @@ _clients: dict[str, redis.Redis] = {}
 
 
 def make_client(socket_timeout: float = 2.0, url: str | None = None) -> redis.Redis:
-    """A fail-fast client (see ``injection.kvcache.redis_tier.connect``) for ``REDIS_URL``."""
+    """A fail-fast client (see ``injection.kvcache.redis_client.connect``) for ``REDIS_URL``."""
     return connect(
         url or settings.REDIS_URL, socket_timeout=socket_timeout,
         socket_connect_timeout=min(socket_timeout, 1.0), health_check_interval=30,

@@ -18,7 +18,6 @@ per-request ``past_key_values``, so the injected prefix cannot ride on it.
 from __future__ import annotations
 
 import atexit
-import gc
 import logging
 import threading
 import time
@@ -27,10 +26,9 @@ from collections import deque
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from injection.base import GenerationOutput
-from injection.devices import KVTimer
+from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.errors import InjectionError, InvalidRequest, ModelOOMError
@@ -67,7 +65,7 @@ class BatchEngine:
             raise ValueError("max_batch must be >= 1")
         self.adapter, self.max_batch = adapter, int(max_batch)
         self.kv_budget_bytes, self.join_wait = int(kv_budget_bytes), join_wait_ms / 1000.0
-        self.bytes_per_token = _bytes_per_token(adapter)
+        self.bytes_per_token = steps.bytes_per_token(adapter)
         self._eos = adapter._eos_ids()
         # honoured like generate() does (greedy too); other processors are not used
         self._penalty = float(getattr(adapter.model.generation_config, "repetition_penalty",
@@ -181,41 +179,22 @@ class BatchEngine:
 
     def _prefill(self, job: RowJob) -> None:
         """Run the row's new tokens on its own prefix K/V (batch 1), take its first token."""
-        adapter = self.adapter
-        job.reset(adapter.tokenizer, adapter.device, self._penalty)
-        with torch.inference_mode():
-            with KVTimer(adapter.device) as timer:
-                cache = (adapter.build_cache(job.prefix, job.alpha) if job.prefix is not None
-                         else DynamicCache(config=adapter._cache_config))
-            ids = torch.tensor([job.new_ids], device=adapter.device)
-            out = adapter.model(input_ids=ids, past_key_values=cache, use_cache=True,
-                                logits_to_keep=1)
-            logits = out.logits[0, -1]
-        job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
-        self._batch.add(out.past_key_values)
+        job.reset(self.adapter.tokenizer, self.adapter.device, self._penalty)
+        past, logits = steps.prefill(self.adapter, job)
+        self._batch.add(past)
         self._rows.append(job)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
         self._advance([(job, logits)])
 
     def _decode(self) -> None:
-        rows, adapter = self._rows, self.adapter
-        mask, positions, cache_position = self._batch.step_inputs(adapter.device)
-        last = torch.tensor([[r.gen[-1]] for r in rows], device=adapter.device)
         try:
-            with torch.inference_mode():
-                out = adapter.model(input_ids=last, attention_mask=mask,
-                                    position_ids=positions, cache_position=cache_position,
-                                    past_key_values=self._batch.cache, use_cache=True)
-                logits = out.logits[:, -1]
-                best = logits.argmax(dim=-1).tolist()  # one device sync for all greedy rows
-                picks = [(r, best[i] if r.sampler.greedy else logits[i])
-                         for i, r in enumerate(rows)]
+            picks = steps.decode(self.adapter, self._batch, self._rows)
         except torch.cuda.OutOfMemoryError:
             self._decode_oom()
             return
         self.counters["steps"] += 1
-        self.counters["batched_steps"] += int(len(rows) > 1)
+        self.counters["batched_steps"] += int(len(self._rows) > 1)
         self._advance(picks)
 
     def _advance(self, picks: list[tuple[RowJob, Any]]) -> None:
@@ -246,13 +225,7 @@ class BatchEngine:
         seq = None
         if job.keep_kv and reason != "cancelled":
             seq = self._batch.row_kv(self._rows.index(job), job.input_ids + job.gen)
-        first = job.watch.first_token_at
-        job.finish(GenerationOutput(
-            job.watch.text, list(job.gen), job.prompt_ids, kv_transfer_ms=job.kv_transfer_ms,
-            kv_bytes_gpu=job.kv_bytes_gpu, finish_reason=reason,
-            first_token_ms=(first - job.started) * 1000.0 if first is not None else 0.0,
-            sequence_kv=seq,
-        ))
+        job.finish(steps.row_output(job, reason, seq))
 
     def _drop(self, leaving: list[RowJob]) -> None:
         if not leaving:
@@ -270,13 +243,13 @@ class BatchEngine:
         victim = self._rows[-1]
         self._oom_cap = max(1, len(self._rows) - 1)
         self._drop([victim])
-        _free_accelerator()
+        steps.free_accelerator()
         self._requeue_or_fail(victim, alone=not self._rows)
 
     def _prefill_oom(self, job: RowJob) -> None:
         self.counters["oom_shrinks"] += 1
         self._oom_cap = max(1, len(self._rows))
-        _free_accelerator()
+        steps.free_accelerator()
         self._requeue_or_fail(job, alone=not self._rows)
 
     def _requeue_or_fail(self, job: RowJob, *, alone: bool) -> None:
@@ -296,16 +269,3 @@ class BatchEngine:
         for job in rows:
             if not job.done.is_set():
                 job.finish(error=exc)
-
-
-def _bytes_per_token(adapter: Any) -> int:
-    cfg = adapter.model.config.get_text_config(decoder=True)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    elem = torch.tensor([], dtype=adapter.dtype).element_size()
-    return 2 * adapter.num_layers * adapter.num_kv_heads * head_dim * elem
-
-
-def _free_accelerator() -> None:
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()

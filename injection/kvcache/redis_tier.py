@@ -25,11 +25,10 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
 from injection.base import CacheKey, KVStore
-from injection.kvcache import l2_scan
+from injection.kvcache.l2_maintenance import COUNTERS, L2Maintenance
+from injection.kvcache.redis_client import FAULTS, connect, wrong_type
 from injection.kvcache.signing import CacheKeySigner
 from injection.kvcache.writer import BoundedWriter
 
@@ -39,29 +38,6 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["RedisKVTier", "connect"]
 
 log = logging.getLogger(__name__)
-_FAULTS = (redis.RedisError, OSError)
-_COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
-
-
-def connect(
-    url: str, *, socket_timeout: float = 2.0, socket_connect_timeout: float | None = None,
-    **kw: Any,
-) -> redis.Redis:
-    """A client with short timeouts and one immediate retry: during a Redis outage a call
-    fails in about ``socket_timeout`` instead of redis-py's default backoff retries (~3-4 s)."""
-    if socket_connect_timeout is None:
-        socket_connect_timeout = min(socket_timeout, 0.5)
-    return redis.Redis.from_url(
-        url, socket_timeout=socket_timeout, socket_connect_timeout=socket_connect_timeout,
-        retry=Retry(NoBackoff(), 1), **kw,
-    )
-
-
-def _wrong_type(e: BaseException) -> bool:
-    """A reply error about the value at a name (not the server): that name is malformed."""
-    msg = str(e) if isinstance(e, redis.ResponseError) else ""
-    # redis-py prefixes errors raised from a pipeline with the failing command
-    return msg.startswith("WRONGTYPE") or "caused error: WRONGTYPE" in msg
 
 
 def _codec():
@@ -72,7 +48,7 @@ def _codec():
     return codec
 
 
-class RedisKVTier(KVStore):
+class RedisKVTier(L2Maintenance, KVStore):
     """Shared L2 cache tier over one Redis client (give it short socket timeouts).
 
     Args:
@@ -109,7 +85,7 @@ class RedisKVTier(KVStore):
         self.retry_after_s = retry_after_s
         self._down_until = 0.0
         self._lock = threading.Lock()
-        self._counts = dict.fromkeys(_COUNTERS, 0)
+        self._counts = dict.fromkeys(COUNTERS, 0)
         self._per_tenant: dict[str, dict[str, int]] = {}
         self._writer: BoundedWriter[CacheKey, PackedKV] = BoundedWriter(
             self._write, self.max_inflight, "kvi-l2-writer"
@@ -130,8 +106,8 @@ class RedisKVTier(KVStore):
         name = self.signer.redis_key(key)
         try:
             blob = self.client.get(name)
-        except _FAULTS as e:
-            if _wrong_type(e):
+        except FAULTS as e:
+            if wrong_type(e):
                 self._reject(key, name, e)
             else:
                 self._fault(key.tenant, "get", e)
@@ -180,8 +156,8 @@ class RedisKVTier(KVStore):
             try:
                 self._set_indexed(name, index, blob)
                 break
-            except _FAULTS as e:
-                if not _wrong_type(e) or attempt == 2:
+            except FAULTS as e:
+                if not wrong_type(e) or attempt == 2:
                     self._fault(key.tenant, "write", e)
                     return False
                 self._drop_bad_index(key.tenant, index, e)  # then write again
@@ -195,81 +171,7 @@ class RedisKVTier(KVStore):
             p.expire(index, self.ttl_seconds)
             p.execute()
 
-    # -- maintenance ----------------------------------------------------------------
-    def evict(self, tenant: str, user: str | None = None) -> int:
-        """Delete ``tenant``'s entries (``user``'s via its index); returns entries deleted.
-
-        Queued writes of that scope are dropped first and a write in progress is
-        waited for, so nothing of the scope reappears after this returns.
-        """
-        self._writer.cancel(lambda k: k.tenant == tenant and (user is None or k.user == user))
-        try:
-            if user is not None:
-                return self._evict_user(tenant, user)
-            return sum(self._delete_names(b)
-                       for b in self._scan(self.signer.tenant_prefix(tenant) + "*"))
-        except _FAULTS:
-            self._count(tenant, "errors")
-            raise
-
-    def _evict_user(self, tenant: str, user: str) -> int:
-        index = self.signer.user_index_key(tenant, user)
-        try:
-            names = list(self.client.smembers(index))
-        except redis.ResponseError as e:
-            if not _wrong_type(e):
-                raise
-            self._drop_bad_index(tenant, index, e)
-            return 0
-        deleted = self.client.delete(*names) if names else 0
-        self.client.delete(index)
-        return int(deleted)
-
-    def evict_all(self) -> int:
-        """Delete every entry and user index of the namespace, of every tenant and key
-        generation (other names in the namespace stay); returns entries deleted."""
-        self._writer.cancel(lambda k: True)
-        deleted = 0
-        for batch in self._scan(f"{self.signer.namespace}:*"):
-            deleted += self._delete_names([n for n in batch if self.signer.parse_name(n)])
-        return deleted
-
-    def _delete_names(self, names: list[bytes]) -> int:
-        """Delete entry/index names; returns how many were entries."""
-        if names:
-            self.client.delete(*names)
-        return sum(1 for n in names if b":e:" in n)
-
-    def verify(self, tenant: str | None = None) -> dict[str, Any]:
-        """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""
-        return l2_scan.verify(self.client, self.signer, self.signer.entry_match(tenant))
-
-    def stats(self, scan: bool = False, tenants: list[str] | None = None) -> dict[str, Any]:
-        """Counters (total and per tenant seen by this process); ``scan`` adds Redis sizes.
-
-        With ``scan``, each known tenant (and each of ``tenants``) gets
-        ``entries``/``bytes`` from a SCAN of its prefix, and totals cover every tenant.
-        """
-        with self._lock:
-            out: dict[str, Any] = dict(self._counts)
-            per = {t: dict(c) for t, c in self._per_tenant.items()}
-        out.update(inflight=self._writer.inflight, max_inflight=self.max_inflight)
-        if scan:
-            for t in set(per) | set(tenants or ()):
-                per.setdefault(t, dict.fromkeys(_COUNTERS, 0)).update(
-                    self._sizes(self.signer.entry_match(t))
-                )
-            out.update(self._sizes(self.signer.entry_match(None)))
-        out["per_tenant"] = per
-        return out
-
     # -- helpers --------------------------------------------------------------------
-    def _sizes(self, match: str) -> dict[str, int]:
-        return l2_scan.sizes(self.client, match)
-
-    def _scan(self, match: str):
-        return l2_scan.batches(self.client, match)
-
     def _reject(self, key: CacheKey, name: str, e: BaseException) -> None:
         """A malformed value at ``name``: counted, deleted, reported as a miss (no bypass)."""
         self._count(key.tenant, "rejects")
@@ -280,8 +182,8 @@ class RedisKVTier(KVStore):
                 p.delete(name)
                 p.srem(index, name)
                 p.execute()  # DEL runs even when SREM meets a bad index (MULTI)
-        except _FAULTS as exc:
-            if _wrong_type(exc):
+        except FAULTS as exc:
+            if wrong_type(exc):
                 self._drop_bad_index(key.tenant, index, exc)
             else:
                 self._fault(key.tenant, "delete", exc)
@@ -292,7 +194,7 @@ class RedisKVTier(KVStore):
         log.warning("L2 rejected user index %s: %s", index, e)
         try:
             self.client.delete(index)
-        except _FAULTS as exc:
+        except FAULTS as exc:
             self._fault(tenant, "delete", exc)
 
     def _available(self, tenant: str) -> bool:
@@ -310,5 +212,5 @@ class RedisKVTier(KVStore):
     def _count(self, tenant: str, what: str) -> None:
         with self._lock:
             self._counts[what] += 1
-            per = self._per_tenant.setdefault(tenant, dict.fromkeys(_COUNTERS, 0))
+            per = self._per_tenant.setdefault(tenant, dict.fromkeys(COUNTERS, 0))
             per[what] += 1

@@ -16,7 +16,7 @@ from django.http import JsonResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
 
-from injection.kvcache.redis_tier import connect
+from injection.kvcache.redis_client import connect
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,7 @@ import redis
 from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
-from injection.kvcache.redis_tier import connect
+from injection.kvcache.redis_client import connect
 from tenants.api.permissions import request_member
 from tenants.errors import Throttled, WorkerUnavailable
 

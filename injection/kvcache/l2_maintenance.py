@@ -1,0 +1,94 @@
+"""L2 maintenance: evict a tenant or user, clear everything, verify entries, sizes and stats.
+
+A mixin of :class:`injection.kvcache.redis_tier.RedisKVTier` (it uses the tier's client,
+signer, writer and counters). These calls raise ``redis.RedisError`` so their callers
+(``manage.py kvcache``, invalidation) know when Redis did not answer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from injection.kvcache import l2_scan
+from injection.kvcache.redis_client import FAULTS, wrong_type
+
+COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
+
+
+class L2Maintenance:
+    """Eviction, verification and statistics over the tier's Redis names."""
+
+    def evict(self, tenant: str, user: str | None = None) -> int:
+        """Delete ``tenant``'s entries (``user``'s via its index); returns entries deleted.
+
+        Queued writes of that scope are dropped first and a write in progress is
+        waited for, so nothing of the scope reappears after this returns.
+        """
+        self._writer.cancel(lambda k: k.tenant == tenant and (user is None or k.user == user))
+        try:
+            if user is not None:
+                return self._evict_user(tenant, user)
+            return sum(self._delete_names(b)
+                       for b in self._scan(self.signer.tenant_prefix(tenant) + "*"))
+        except FAULTS:
+            self._count(tenant, "errors")
+            raise
+
+    def _evict_user(self, tenant: str, user: str) -> int:
+        index = self.signer.user_index_key(tenant, user)
+        try:
+            names = list(self.client.smembers(index))
+        except redis.ResponseError as e:
+            if not wrong_type(e):
+                raise
+            self._drop_bad_index(tenant, index, e)
+            return 0
+        deleted = self.client.delete(*names) if names else 0
+        self.client.delete(index)
+        return int(deleted)
+
+    def evict_all(self) -> int:
+        """Delete every entry and user index of the namespace, of every tenant and key
+        generation (other names in the namespace stay); returns entries deleted."""
+        self._writer.cancel(lambda k: True)
+        deleted = 0
+        for batch in self._scan(f"{self.signer.namespace}:*"):
+            deleted += self._delete_names([n for n in batch if self.signer.parse_name(n)])
+        return deleted
+
+    def _delete_names(self, names: list[bytes]) -> int:
+        """Delete entry/index names; returns how many were entries."""
+        if names:
+            self.client.delete(*names)
+        return sum(1 for n in names if b":e:" in n)
+
+    def verify(self, tenant: str | None = None) -> dict[str, Any]:
+        """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""
+        return l2_scan.verify(self.client, self.signer, self.signer.entry_match(tenant))
+
+    def stats(self, scan: bool = False, tenants: list[str] | None = None) -> dict[str, Any]:
+        """Counters (total and per tenant seen by this process); ``scan`` adds Redis sizes.
+
+        With ``scan``, each known tenant (and each of ``tenants``) gets
+        ``entries``/``bytes`` from a SCAN of its prefix, and totals cover every tenant.
+        """
+        with self._lock:
+            out: dict[str, Any] = dict(self._counts)
+            per = {t: dict(c) for t, c in self._per_tenant.items()}
+        out.update(inflight=self._writer.inflight, max_inflight=self.max_inflight)
+        if scan:
+            for t in set(per) | set(tenants or ()):
+                per.setdefault(t, dict.fromkeys(COUNTERS, 0)).update(
+                    self._sizes(self.signer.entry_match(t))
+                )
+            out.update(self._sizes(self.signer.entry_match(None)))
+        out["per_tenant"] = per
+        return out
+
+    def _sizes(self, match: str) -> dict[str, int]:
+        return l2_scan.sizes(self.client, match)
+
+    def _scan(self, match: str):
+        return l2_scan.batches(self.client, match)
