@@ -116,9 +116,18 @@ def test_rate_limit_and_timeout_are_openai_errors(client, gpu_worker, settings):
     settings.CHAT_RATE_PER_MEMBER = "2/min"
     with pytest.raises(openai.BadRequestError):
         ask(client, n=3)  # counted: the limit applies before validation
+    from gpu_worker.routing import registry
+    from tests.e2e.conftest import only_these_consume
+    from tests.workers import wait_for
+
+    # no worker takes the chat, so the web's wait certainly runs out (not a race with a
+    # fast worker); the abandoned claim makes a worker refuse it later, unstarted
     settings.CHAT_RESULT_TIMEOUT = 0.3
-    with pytest.raises(openai.InternalServerError) as err:
+    settings.WORKER_AFFINITY_ENABLED = False  # the shared queue, which nobody consumes
+    with only_these_consume([]), pytest.raises(openai.InternalServerError) as err:
         ask(client, max_tokens=256)  # the web stops waiting
+    wait_for(lambda: registry.redis_client().llen(registry.SHARED_QUEUE) == 0, 60,
+             "a worker to take (and refuse) the abandoned chat")
     assert err.value.status_code == 503 and err.value.type == "service_unavailable_error"
     assert err.value.code == "worker_unavailable" and err.value.response.headers["Retry-After"]
     with pytest.raises(openai.RateLimitError) as err:
