@@ -5,6 +5,13 @@ One module per concern; everything is re-exported here, so callers keep using
 """
 
 from tenants.actions.base import assert_actor_may_manage, audit
+from tenants.actions.budgets import PERIODS as BUDGET_PERIODS
+from tenants.actions.budgets import (
+    do_claim_chat_within_budget,
+    do_clear_budget,
+    do_set_budget,
+    note_usage,
+)
 from tenants.actions.cache import (
     do_clear_kv_cache,
     do_warm_kv_cache,
@@ -25,6 +32,7 @@ from tenants.actions.exchanges import (
     request_hash,
 )
 from tenants.actions.members import (
+    UNAVAILABLE,
     User,
     do_add_member,
     do_change_member,
@@ -32,6 +40,7 @@ from tenants.actions.members import (
     do_record_account_change,
     do_record_login,
     do_record_login_failure,
+    username_unavailable,
 )
 from tenants.actions.playground import do_record_playground
 from tenants.actions.preferences import (
@@ -51,6 +60,11 @@ from tenants.actions.tenants import (
 from tenants.actions.tokens import do_create_api_token, do_revoke_api_token
 
 __all__ = [
+    "BUDGET_PERIODS",
+    "do_claim_chat_within_budget",
+    "do_clear_budget",
+    "do_set_budget",
+    "note_usage",
     "do_record_playground",
     "INSTRUCTIONS_MAX_CHARS",
     "Claim",
@@ -76,6 +90,8 @@ __all__ = [
     "do_record_chat",
     "do_record_login",
     "do_record_login_failure",
+    "username_unavailable",
+    "UNAVAILABLE",
     "do_revoke_api_token",
     "do_set_preference",
     "do_set_tenant_active",

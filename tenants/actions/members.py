@@ -16,6 +16,21 @@ from tenants.models import AuditEvent, AuditLog, Member, Preference, Tenant
 User = get_user_model()
 
 
+UNAVAILABLE = "This username is not available; choose another."
+
+
+def username_unavailable(tenant: Tenant, username: str) -> str | None:
+    """Why ``username`` cannot join ``tenant`` (None: it can), worded so that it never tells
+    one tenant that the name exists in another: a user of this tenant is named, anything
+    else (another tenant's member, a platform account) gets the same neutral answer."""
+    user = User.objects.filter(username=username).first()
+    if user is None:
+        return None
+    if Member.objects.filter(tenant=tenant, user=user).exists():
+        return f"User {username!r} already exists in this tenant."
+    return UNAVAILABLE
+
+
 @transaction.atomic
 def do_add_member(
     tenant: Tenant,
@@ -28,13 +43,14 @@ def do_add_member(
 ) -> Member:
     if not username or len(username) > 150:
         raise InvalidInput("Username must be 1-150 characters.")
-    if User.objects.filter(username=username).exists():
-        raise Conflict(f"User {username!r} already exists.")
+    taken = username_unavailable(tenant, username)
+    if taken:
+        raise Conflict(taken)
     try:
         with transaction.atomic():
             user = User.objects.create_user(username=username, password=password)
-    except IntegrityError:
-        raise Conflict(f"User {username!r} already exists.") from None
+    except IntegrityError:  # taken concurrently: say no more than above
+        raise Conflict(username_unavailable(tenant, username) or UNAVAILABLE) from None
     if admin:  # tenant admins use the scoped Django admin
         user.is_staff = True
         user.save(update_fields=["is_staff"])

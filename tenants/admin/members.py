@@ -37,11 +37,17 @@ class MemberAddForm(forms.ModelForm):
         model = Member
         fields = ("tenant", "role", "active")
 
-    def clean_username(self):
-        username = self.cleaned_data["username"]
-        if User.objects.filter(username=username).exists():
-            raise forms.ValidationError("This username is taken.")
-        return username
+    def clean(self):
+        data = super().clean()
+        username, tenant = data.get("username"), getattr(self, "scoped_tenant", None)
+        tenant = tenant or data.get("tenant")
+        if username and tenant is not None:
+            taken = actions.username_unavailable(tenant, username)
+            if taken:  # never says that another tenant has the name
+                self.add_error("username", taken)
+        elif username and User.objects.filter(username=username).exists():
+            self.add_error("username", actions.UNAVAILABLE)
+        return data
 
 
 class MemberChangeForm(forms.ModelForm):
@@ -81,7 +87,10 @@ class MemberAdmin(TokensGoWithTheirMember, TenantScopedAdmin):
             kwargs["form"] = MemberChangeForm
             return super().get_form(request, obj, change=change, **kwargs)
         kwargs["form"] = MemberAddForm
-        return super().get_form(request, obj, change=change, **kwargs)
+        form = super().get_form(request, obj, change=change, **kwargs)
+        scope = admin_scope(request)
+        form.scoped_tenant = None if scope.everything else scope.tenant  # whose names to name
+        return form
 
     def get_fields(self, request, obj=None):
         if obj is not None:
