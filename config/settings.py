@@ -146,6 +146,10 @@ CHAT_HARD_TIME_LIMIT = env_int("CHAT_HARD_TIME_LIMIT", 100)
 # The web waits past the soft limit, so a request that runs long gets the worker's
 # clear error rather than a bare 503.
 CHAT_RESULT_TIMEOUT = env_float("CHAT_RESULT_TIMEOUT", 90.0)
+# dead idempotency claims (abandoned, or pending past their deadline) are deleted by the
+# worker agents after this long; a retry with such a key then simply claims it afresh
+CHAT_CLAIM_RETENTION = env_float("CHAT_CLAIM_RETENTION", 86400.0)
+CHAT_CLAIM_PRUNE_INTERVAL = env_float("CHAT_CLAIM_PRUNE_INTERVAL", 600.0)
 
 # --- Model and engine --------------------------------------------------------
 # Any local HF causal-LM dir; "" -> DEFAULT_MODEL below, made under VAR_DIR on first use.

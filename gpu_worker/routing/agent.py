@@ -4,7 +4,8 @@ Every tick it lets the :class:`~gpu_worker.serving.limits.Watchdog` enforce time
 ``WORKER_HEARTBEAT_INTERVAL`` it refreshes the heartbeat (so web processes may route
 members here). A second thread, the housekeeper, prunes stale in-flight entries, recovers
 dead workers' tasks and sweeps the invalidation outbox (L2 deletions Redis missed;
-gpu_worker.channels.outbox) on the same interval. The two are apart so that slow housekeeping
+gpu_worker.channels.outbox) on the same interval, and now and then deletes dead
+idempotency claims (tenants.actions.do_prune_claims). The two are apart so that slow housekeeping
 (a Postgres stall, a large recovery) never delays a heartbeat: a late heartbeat makes
 peers declare this worker dead and redeliver the task it is still running.
 """
@@ -25,6 +26,7 @@ from django.db import DatabaseError, close_old_connections
 from gpu_worker.channels import outbox
 from gpu_worker.routing import registry
 from gpu_worker.serving.limits import Watchdog
+from tenants.actions import do_prune_claims
 
 log = logging.getLogger(__name__)
 TICK_SECONDS = 0.25
@@ -42,6 +44,7 @@ class WorkerAgent(threading.Thread):
         self._halt = threading.Event()
         self._wake = threading.Event()
         self.beats = 0
+        self._next_prune = 0.0
 
     def info(self) -> dict[str, Any]:
         return {"pid": os.getpid(), "pool": self.pool, "state": self.state,
@@ -91,6 +94,25 @@ class WorkerAgent(threading.Thread):
         except Exception:
             log.exception("agent: recovery failed")
         self.sweep_outbox()
+        if time.monotonic() >= self._next_prune:
+            self.prune_claims()
+
+    def prune_claims(self) -> int:
+        """Delete idempotency claims dead for ``CHAT_CLAIM_RETENTION`` (abandoned, or
+        pending past their deadline), at most every ``CHAT_CLAIM_PRUNE_INTERVAL``."""
+        self._next_prune = time.monotonic() + settings.CHAT_CLAIM_PRUNE_INTERVAL
+        try:
+            close_old_connections()
+            pruned = do_prune_claims(settings.CHAT_CLAIM_RETENTION)
+        except DatabaseError as exc:
+            log.warning("agent: could not prune claims (%s); retrying later", exc)
+            return 0
+        except Exception:  # the housekeeper must outlive any single failure
+            log.exception("agent: pruning claims failed")
+            return 0
+        if pruned:
+            log.info("agent: pruned %d dead idempotency claims", pruned)
+        return pruned
 
     def sweep_outbox(self) -> None:
         """L2 deletions the fast path could not do (Redis was down), until acknowledged."""

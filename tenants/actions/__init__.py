@@ -29,6 +29,8 @@ from tenants.actions.exchanges import (
     claim_is_live,
     do_abandon_chat,
     do_claim_chat,
+    do_prune_claims,
+    is_answered,
     request_hash,
 )
 from tenants.actions.members import (
@@ -69,6 +71,8 @@ __all__ = [
     "INSTRUCTIONS_MAX_CHARS",
     "Claim",
     "claim_is_live",
+    "do_prune_claims",
+    "is_answered",
     "do_abandon_chat",
     "do_claim_chat",
     "request_hash",

@@ -113,6 +113,29 @@ def claim_is_live(member_id: int, request_id: str) -> bool:
     ).exists()
 
 
+def is_answered(member: Member, key: str) -> bool:
+    """Is ``key`` a stored answer of the member's (a request with it is a replay)?"""
+    return ChatExchange.objects.filter(tenant=member.tenant_id, member=member, key=key,
+                                       state=State.DONE).exists()
+
+
+def do_prune_claims(older_than_s: float, batch: int = 1000) -> int:
+    """Delete dead claims: abandoned, or pending past their deadline (their web process
+    died), untouched for ``older_than_s`` seconds on the database clock. Nothing can store
+    under them any more (``take_claim`` needs a live pending row) and a retry with the
+    same key claims it afresh, as it would take an abandoned one over. Returns how many."""
+    stale = Now() - timedelta(seconds=older_than_s)
+    dead = ChatExchange.objects.filter(
+        Q(state=State.ABANDONED) | Q(state=State.PENDING, deadline__lte=stale),
+        updated_at__lte=stale)
+    pruned = 0
+    while ids := list(dead.values_list("pk", flat=True)[:batch]):
+        pruned += ChatExchange.objects.filter(pk__in=ids).delete()[0]
+        if len(ids) < batch:
+            break
+    return pruned
+
+
 def take_claim(member: Member, request_id: str) -> ChatExchange:
     """Lock the attempt's live claim for storing (call inside the storing transaction)."""
     exchange = (

@@ -26,6 +26,7 @@ from django.conf import settings
 from rest_framework.throttling import BaseThrottle
 
 from injection.kvcache.redis_client import connect
+from tenants.actions import is_answered
 from tenants.api.permissions import request_member
 from tenants.errors import Throttled, WorkerUnavailable
 
@@ -204,7 +205,17 @@ def _remember(request, state: RateState | None) -> None:
 
 
 class ChatThrottle(MemberTenantThrottle):
+    """Chat limits; a replay (an ``Idempotency-Key`` already answered) costs nothing: it
+    returns the stored answer (or a 422 for another body) and generates nothing."""
+
     scope = "chat"
+
+    def allow_request(self, request, view) -> bool:
+        key = request.headers.get("Idempotency-Key")
+        if key and len(key) <= 128 and is_answered(request_member(request), key):
+            _remember(request, None)
+            return True
+        return super().allow_request(request, view)
 
 
 class ApiThrottle(MemberTenantThrottle):
