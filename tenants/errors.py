@@ -77,6 +77,12 @@ class Throttled(PlatformError):
     status, code, default_message = 429, "throttled", "Too many requests."
 
 
+class BudgetExceeded(PlatformError):
+    # A token budget (tenants.budgets) is spent: ``retry_after`` = seconds until it resets.
+    # /v1 answers it as OpenAI's quota error (type ``insufficient_quota``).
+    status, code, default_message = 429, "budget_exceeded", "The token budget is spent."
+
+
 class WorkerUnavailable(PlatformError):
     status, code, default_message = 503, "worker_unavailable", "No worker answered in time."
 

@@ -20,6 +20,7 @@ from gpu_worker.errors import RedeliveryLimitExceeded
 from gpu_worker.ops import metrics
 from gpu_worker.routing.affinity import Route, check_capacity, choose_queue
 from tenants import actions, errors
+from tenants.budgets import estimate
 from tenants.faults import outage
 
 log = logging.getLogger(__name__)
@@ -91,12 +92,20 @@ class ChatOutcome(NamedTuple):
 def claim_chat(member, conversation_id: int | None, message: str, params: dict,
                key: str | None = None, request_id: str | None = None) -> actions.Claim:
     """Claim the idempotency key (default: the request id) for a new attempt
-    ``request_id`` (default: a fresh one; the web passes its ``x-request-id``)."""
+    ``request_id`` (default: a fresh one; the web passes its ``x-request-id``), within
+    the token budgets (tenants.budgets: BudgetExceeded, or ``params["max_new_tokens"]``
+    lowered to what the budgets still hold)."""
     check_capacity()
     request_id = request_id or uuid.uuid4().hex
     asked = actions.request_hash(message, conversation_id, params)
-    return actions.do_claim_chat(member, key or request_id, request_id, asked,
-                                 settings.CHAT_RESULT_TIMEOUT)
+    wanted = params.get("max_new_tokens")  # None: until the model stops
+    prompt = estimate.prompt_estimate(member, conversation_id, message, params)
+    claim, granted = actions.do_claim_chat_within_budget(
+        member, key or request_id, request_id, asked, settings.CHAT_RESULT_TIMEOUT,
+        prompt_tokens=prompt, max_new_tokens=wanted or estimate.room_after(prompt))
+    if granted is not None and (wanted is None or granted < wanted):
+        params["max_new_tokens"] = granted  # what the budgets hold: the reply ends "length"
+    return claim
 
 
 def run_chat(member, conversation_id: int | None, message: str, params: dict,

@@ -8,7 +8,9 @@ from typing import Any
 from django.db import transaction
 
 from tenants.actions.base import audit
+from tenants.actions.budgets import note_usage
 from tenants.actions.exchanges import take_claim
+from tenants.budgets.estimate import served_model
 from tenants.errors import NotFound
 from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message
 from tenants.usage import accounting as usage_rollup
@@ -78,6 +80,8 @@ def do_record_chat(
         "request_id": request_id,
         "prompt_tokens": usage.get("prompt_tokens", 0),
         "completion_tokens": usage.get("completion_tokens", 0),
+        "cached_tokens": usage.get("cached_tokens", 0),  # absent on old workers: none
+        "model": served_model(),
         "cache_tier": cache.get("tier"),
         "preference_version": cache.get("preference_version"),
         "latency_ms": round(latency_ms, 1),
@@ -94,8 +98,10 @@ def do_record_chat(
           target=str(member), **data)
     usage_rollup.account_chat(member, ok=True, prompt_tokens=data["prompt_tokens"],
                               completion_tokens=data["completion_tokens"],
+                              cached_tokens=data["cached_tokens"], model=data["model"],
                               tier=data["cache_tier"], latency_ms=data["latency_ms"],
                               ttft_ms=data.get("ttft_ms"))
+    note_usage(member)  # budget thresholds crossed by this chat (audited once)
     _fill_claim(claim, conversation, answer, usage, cache)
     return conversation
 

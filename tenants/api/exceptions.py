@@ -39,6 +39,8 @@ OPENAI_TYPES = {400: "invalid_request_error", 401: "authentication_error",
                 403: "permission_error", 404: "not_found_error", 409: "conflict_error",
                 413: "invalid_request_error", 422: "invalid_request_error",
                 429: "rate_limit_error", 502: "api_error", 503: "service_unavailable_error"}
+# Codes whose OpenAI ``type`` is not their status's (a spent budget is a quota, as OpenAI's).
+OPENAI_TYPES_BY_CODE = {"budget_exceeded": "insufficient_quota"}
 
 
 def openai_body(code: str, message: str, status: int = 400, **extra: Any) -> dict[str, Any]:
@@ -48,7 +50,8 @@ def openai_body(code: str, message: str, status: int = 400, **extra: Any) -> dic
     if param is None and isinstance(fields, dict) and fields:
         param, problem = _first_problem(fields)
         message = f"{param}: {problem}"
-    return {"error": {"message": message, "type": OPENAI_TYPES.get(status, "api_error"),
+    kind = OPENAI_TYPES_BY_CODE.get(code) or OPENAI_TYPES.get(status, "api_error")
+    return {"error": {"message": message, "type": kind,
                       "code": code, "param": param, **extra}}
 
 

@@ -169,6 +169,8 @@ class AuditEvent(models.TextChoices):
     CHAT_CANCELLED = "chat.cancelled"
     CONVERSATION_DELETED = "conversation.deleted"
     PLAYGROUND_USED = "playground.used"
+    BUDGET_CHANGED = "budget.changed"
+    BUDGET_THRESHOLD = "budget.threshold"
 
 
 class AuditLog(models.Model):
@@ -256,8 +258,10 @@ class KVInvalidation(models.Model):
 
 
 # Models in modules of their own (they import this one's models by app label).
+from tenants.models.budget import TokenBudget  # noqa: E402
 from tenants.models.exchange import ChatExchange  # noqa: E402
 from tenants.models.usage import UsageDay  # noqa: E402
 
 __all__ = ["ApiToken", "AuditEvent", "AuditLog", "ChatExchange", "Conversation",
-           "KVInvalidation", "Member", "Message", "Preference", "Tenant", "UsageDay"]
+           "KVInvalidation", "Member", "Message", "Preference", "Tenant", "TokenBudget",
+           "UsageDay"]

@@ -36,6 +36,9 @@ class ChatExchange(models.Model):
         "tenants.Message", on_delete=models.CASCADE, null=True, blank=True, related_name="+"
     )
     usage = models.JSONField(default=dict, blank=True)
+    # Tokens held against the member's and tenant's budgets while pending (0: no budget);
+    # released by leaving ``pending`` (done: the real usage counts instead; abandoned).
+    reserved_tokens = models.PositiveIntegerField(default=0)
     cache = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -47,6 +50,8 @@ class ChatExchange(models.Model):
             models.UniqueConstraint(fields=["tenant", "request_id"],
                                     name="chatexchange_request_per_tenant"),
         ]
+        indexes = [models.Index(fields=["tenant", "member"], name="chatexchange_reserved",
+                                condition=models.Q(state="pending", reserved_tokens__gt=0))]
 
     def __str__(self) -> str:
         return f"chat {self.key} ({self.state})"

@@ -1,4 +1,4 @@
-"""``UsageDay``: the usage rollup, one row per tenant, member and UTC day.
+"""``UsageDay``: the usage rollup, one row per tenant, member, model and UTC day.
 
 Written in the transaction of every ``chat.request`` / ``chat.abandoned`` audit row
 (``tenants.usage.accounting.account_chat``), so the usage page reads a few hundred rows however many
@@ -18,10 +18,14 @@ class UsageDay(models.Model):
     member_ref = models.BigIntegerField()
     member_label = models.CharField(max_length=200)
     day = models.DateField()
+    # The served model's id (as /v1 names it); "" on rows written before 0015.
+    model = models.CharField(max_length=200, blank=True, default="")
     requests = models.PositiveIntegerField(default=0)
     errors = models.PositiveIntegerField(default=0)
     prompt_tokens = models.BigIntegerField(default=0)
     completion_tokens = models.BigIntegerField(default=0)
+    # Of prompt_tokens, those served from cache (not computed): billable at another rate.
+    cached_tokens = models.BigIntegerField(default=0)
     tier_l1 = models.PositiveIntegerField(default=0)
     tier_l2 = models.PositiveIntegerField(default=0)
     tier_compute = models.PositiveIntegerField(default=0)
@@ -31,8 +35,8 @@ class UsageDay(models.Model):
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["tenant", "day", "member_ref"],
-                                    name="usageday_per_member_day"),
+            models.UniqueConstraint(fields=["tenant", "day", "member_ref", "model"],
+                                    name="usageday_per_member_model_day"),
         ]
 
     def __str__(self) -> str:

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 
 from django.db import transaction
 
+from tenants.budgets.estimate import served_model
 from tenants.models import Member, UsageDay
 
 BASE_MS, RATIO, NBUCKETS = 10.0, 1.25, 44
@@ -53,12 +54,14 @@ def _add(hist: list[int], ms: float | None) -> list[int]:
 
 @transaction.atomic
 def account_chat(member: Member, *, ok: bool, prompt_tokens: int = 0,
-                 completion_tokens: int = 0, tier: str | None = None,
+                 completion_tokens: int = 0, cached_tokens: int = 0, tier: str | None = None,
                  latency_ms: float | None = None, ttft_ms: float | None = None,
-                 day: dt.date | None = None) -> None:
-    """Count one chat (``ok``) or one failed chat in the member's row of today (UTC)."""
+                 day: dt.date | None = None, model: str | None = None) -> None:
+    """Count one chat (``ok``) or one failed chat in the member's row of today (UTC) for
+    ``model`` (default: the served model). ``cached_tokens``: of ``prompt_tokens``, those
+    served from cache rather than computed."""
     key = {"tenant_id": member.tenant_id, "member_ref": member.pk,
-           "day": day or dt.datetime.now(dt.UTC).date()}
+           "day": day or dt.datetime.now(dt.UTC).date(), "model": model or served_model()}
     UsageDay.objects.bulk_create([UsageDay(**key, member_label=str(member))],
                                  ignore_conflicts=True)
     row = UsageDay.objects.select_for_update().get(**key)
@@ -69,6 +72,7 @@ def account_chat(member: Member, *, ok: bool, prompt_tokens: int = 0,
     row.requests += 1
     row.prompt_tokens += prompt_tokens
     row.completion_tokens += completion_tokens
+    row.cached_tokens += min(max(0, cached_tokens), prompt_tokens)
     if tier in TIERS:
         setattr(row, f"tier_{tier}", getattr(row, f"tier_{tier}") + 1)
     row.latency_hist = _add(row.latency_hist, latency_ms)
@@ -85,6 +89,7 @@ class Totals:
     errors: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
     tiers: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     latency: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
     ttft: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
@@ -94,6 +99,7 @@ class Totals:
         self.errors += other.errors
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
+        self.cached_tokens += other.cached_tokens
         for tier in TIERS:
             self.tiers[tier] += other.tiers[tier]
         self.latency = list(map(operator.add, self.latency, other.latency))

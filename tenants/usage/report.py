@@ -17,7 +17,7 @@ from tenants.models import Tenant, UsageDay
 from tenants.usage.accounting import TIERS, Totals
 
 MAX_DAYS = 366
-SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens",
+SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens",
           *(f"tier_{t}" for t in TIERS))
 # Both groupings in one pass over the unnested buckets (GROUPING SETS); empty arrays
 # (no sample of that kind, e.g. TTFT of non-streamed chats) unnest to nothing.
@@ -43,6 +43,7 @@ def _fill(totals: Totals, row: dict) -> None:
     totals.requests, totals.errors = row["requests"], row["errors"]
     totals.prompt_tokens, totals.completion_tokens = row["prompt_tokens"], \
         row["completion_tokens"]
+    totals.cached_tokens = row["cached_tokens"]
     totals.tiers = {t: row[f"tier_{t}"] for t in TIERS}
 
 

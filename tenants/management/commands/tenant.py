@@ -1,4 +1,4 @@
-"""Operator commands: ``tenant create|adduser|token|list``."""
+"""Operator commands: ``tenant create|adduser|token|budget|list``."""
 
 from __future__ import annotations
 
@@ -36,6 +36,15 @@ class Command(CliCommandMixin, BaseCommand):
         tok.add_argument("--name", default="", help="What the token is for (shown in the admin).")
         tok.add_argument("--expires-days", type=float, default=None,
                          help="Refuse the token after this many days (default: never).")
+        bud = sub.add_parser("budget", help="Set (--tokens/--period) or remove (--clear) the "
+                             "token budget of a tenant, or of one member (--member).")
+        bud.add_argument("slug")
+        bud.add_argument("--member", default=None, help="Username: a member's own budget.")
+        bud.add_argument("--tokens", type=int, default=None,
+                         help="Tokens (prompt + completion) allowed per period.")
+        bud.add_argument("--period", choices=actions.BUDGET_PERIODS, default="month",
+                         help="UTC day or calendar month (default: month).")
+        bud.add_argument("--clear", action="store_true", help="Remove the budget.")
         lst = sub.add_parser("list", help="List tenants.")
         lst.add_argument("--json", action="store_true")
 
@@ -73,6 +82,28 @@ class Command(CliCommandMixin, BaseCommand):
         expires = timezone.now() + timedelta(days=days) if days is not None else None
         self.stdout.write(actions.do_create_api_token(member, name=opts["name"],
                                                       expires_at=expires))
+
+    def _member(self, tenant, username: str) -> Member:
+        member = Member.objects.filter(tenant=tenant, user__username=username).first()
+        if member is None:  # tenant-scoped: a user of another tenant is unknown here
+            raise CommandError(f"Unknown user {username!r} in tenant {tenant.slug!r}.")
+        return member
+
+    def _budget(self, opts):
+        tenant = actions.get_tenant(opts["slug"])
+        member = self._member(tenant, opts["member"]) if opts["member"] else None
+        who = str(member) if member is not None else tenant.slug
+        if opts["clear"]:
+            removed = actions.do_clear_budget(tenant, member=member)
+            self.stdout.write(f"removed the budget of {who}" if removed
+                              else f"{who} had no budget")
+            return
+        if opts["tokens"] is None:
+            raise CommandError("Give --tokens N (and --period day|month), or --clear.")
+        budget = actions.do_set_budget(tenant, member=member, tokens=opts["tokens"],
+                                       period=opts["period"])
+        self.stdout.write(f"budget of {who}: {budget.tokens} tokens "
+                          f"{budget.get_period_display()}")
 
     def _list(self, opts):
         rows = [

@@ -1,0 +1,132 @@
+"""The budget ledger in Postgres: admission under row locks, spend read from the rollup.
+
+Why Postgres and not a Redis counter: a chat's reservation lives on its idempotency
+claim (``ChatExchange.reserved_tokens``) and its real usage lands in ``UsageDay`` in the
+same transaction that stores the reply, so *spent + reserved* is always exact and can
+never drift: settling is the claim turning ``done`` (the rollup now holds the real
+usage), releasing is it turning ``abandoned`` or passing its deadline. Admissions that
+share a budget are serialised by ``SELECT ... FOR UPDATE`` on the ``TokenBudget`` rows
+(tenant's first, then the member's: one lock order, no deadlock), so two web processes
+can never both take the last tokens. Chats of tenants without budgets lock nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import NamedTuple
+
+from django.db import connection
+from django.db.models import F, Q
+
+from tenants.budgets.periods import now, period_start, seconds_to_reset
+from tenants.errors import BudgetExceeded
+from tenants.models import ChatExchange, Member, TokenBudget
+
+THRESHOLDS = (80, 100)  # percent of a budget whose crossing is audited once per period
+
+# One statement, so one snapshot: a chat settling concurrently is counted either as its
+# reservation or as its real usage, never as neither.
+_STANDING = """
+SELECT
+  (SELECT coalesce(sum(reserved_tokens), 0) FROM tenants_chatexchange
+    WHERE tenant_id = %(t)s AND (%(m)s::bigint IS NULL OR member_id = %(m)s)
+      AND state = 'pending' AND reserved_tokens > 0 AND deadline > now()),
+  (SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM tenants_usageday
+    WHERE tenant_id = %(t)s AND (%(m)s::bigint IS NULL OR member_ref = %(m)s)
+      AND day >= %(start)s)
+"""
+
+
+class Standing(NamedTuple):
+    """One budget in its current period."""
+
+    budget: TokenBudget
+    start: dt.date
+    spent: int
+    reserved: int
+
+    @property
+    def left(self) -> int:
+        return self.budget.tokens - self.spent - self.reserved
+
+    @property
+    def percent(self) -> float:
+        return 100.0 * self.spent / self.budget.tokens
+
+    @property
+    def scope(self) -> str:
+        return "member" if self.budget.member_id else "tenant"
+
+
+def standing(budget: TokenBudget, at: dt.datetime | None = None) -> Standing:
+    start = period_start(budget.period, at)
+    with connection.cursor() as cur:
+        cur.execute(_STANDING, {"t": budget.tenant_id, "m": budget.member_id, "start": start})
+        reserved, spent = cur.fetchone()
+    return Standing(budget, start, int(spent), int(reserved))
+
+
+def _applicable(member: Member):
+    return (TokenBudget.objects.filter(tenant_id=member.tenant_id)
+            .filter(Q(member__isnull=True) | Q(member_id=member.pk))
+            .order_by(F("member_id").asc(nulls_first=True)))
+
+
+def reserve(member: Member, request_id: str, prompt_estimate: int,
+            max_new_tokens: int) -> int | None:
+    """Hold ``prompt_estimate`` + up to ``max_new_tokens`` on the claim of ``request_id``.
+
+    Call inside the claim's transaction. Returns the completion tokens granted (at most
+    ``max_new_tokens``, fewer when a budget holds less: the reply then ends with
+    ``finish_reason: length``), None when no budget applies. Raises BudgetExceeded (429,
+    ``retry_after`` = seconds until the exhausted period resets) when not even one
+    completion token fits."""
+    budgets = list(_applicable(member).select_for_update())
+    if not budgets:
+        return None
+    standings = [standing(b) for b in budgets]
+    need = prompt_estimate + 1
+    short = [s for s in standings if s.left < need]
+    if short:
+        worst = max(short, key=lambda s: seconds_to_reset(s.budget.period))
+        raise BudgetExceeded(
+            f"The token budget of this {worst.scope} is spent ({worst.budget.tokens} tokens "
+            f"{worst.budget.get_period_display()}); it resets in "
+            f"{seconds_to_reset(worst.budget.period)} s.",
+            scope=worst.scope, period=worst.budget.period, limit=worst.budget.tokens,
+            retry_after=seconds_to_reset(worst.budget.period))
+    grant = min(max_new_tokens, min(s.left for s in standings) - prompt_estimate)
+    ChatExchange.objects.filter(tenant_id=member.tenant_id, member=member,
+                                request_id=request_id).update(
+        reserved_tokens=prompt_estimate + grant)
+    return grant
+
+
+def crossings(member: Member) -> list[tuple[Standing, int]]:
+    """Thresholds newly crossed by the member's or tenant's spend (call after the usage
+    is written, inside its transaction): each (standing, percent) once per period."""
+    found = []
+    for budget in _applicable(member):
+        st = standing(budget)
+        level = max((p for p in THRESHOLDS if st.spent * 100 >= p * budget.tokens), default=0)
+        if level <= _announced(budget, st.start):
+            continue
+        locked = TokenBudget.objects.select_for_update().get(pk=budget.pk)
+        if level <= _announced(locked, st.start):
+            continue  # a concurrent chat announced it first
+        locked.alerted_percent, locked.alerted_period = level, st.start
+        locked.save(update_fields=["alerted_percent", "alerted_period"])
+        found.append((st._replace(budget=locked), level))
+    return found
+
+
+def _announced(budget: TokenBudget, start: dt.date) -> int:
+    return budget.alerted_percent if budget.alerted_period == start else 0
+
+
+def tenant_standings(tenant_ids, at: dt.datetime | None = None) -> list[Standing]:
+    """Every budget of these tenants in its current period (the usage page, the banner)."""
+    budgets = (TokenBudget.objects.filter(tenant_id__in=list(tenant_ids))
+               .select_related("tenant", "member__user")
+               .order_by("tenant__slug", F("member_id").asc(nulls_first=True)))
+    return [standing(b, at or now()) for b in budgets]

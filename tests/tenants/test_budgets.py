@@ -1,0 +1,179 @@
+"""Token budgets on real Postgres: set (CLI, actions), admit, cap, settle, release, alert."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+
+from tenants import actions
+from tenants.budgets import ledger
+from tenants.budgets.periods import seconds_to_reset
+from tenants.errors import BudgetExceeded, Forbidden, InvalidInput
+from tenants.models import AuditEvent, AuditLog, ChatExchange, TokenBudget, UsageDay
+
+PARAMS = {"max_new_tokens": 50}
+
+
+def tenant_cmd(*args) -> str:
+    out = StringIO()
+    call_command("tenant", *args, stdout=out)
+    return out.getvalue()
+
+
+def admit(member, prompt=20, max_new=50, key=None):
+    """Claim a chat within the budgets: (request id, completion tokens granted)."""
+    request_id = uuid.uuid4().hex
+    asked = actions.request_hash(f"q {key or request_id}", None, PARAMS)
+    claim, granted = actions.do_claim_chat_within_budget(
+        member, key or request_id, request_id, asked, 60.0, prompt_tokens=prompt,
+        max_new_tokens=max_new)
+    return claim.request_id, granted
+
+
+def settle(member, request_id, prompt, completion, cached=0):
+    actions.do_record_chat(
+        member, None, message="q", reply="a", request_id=request_id, latency_ms=1.0,
+        usage={"prompt_tokens": prompt, "completion_tokens": completion,
+               "cached_tokens": cached}, cache={"tier": "compute"})
+
+
+def spent(member=None, tenant=None) -> int:
+    rows = UsageDay.objects.filter(tenant=tenant or member.tenant)
+    if member is not None:
+        rows = rows.filter(member_ref=member.pk)
+    return sum(r.prompt_tokens + r.completion_tokens for r in rows)
+
+
+@pytest.mark.django_db
+def test_the_command_sets_changes_and_clears_budgets_audited(acme):
+    assert "1000 tokens per month" in tenant_cmd("budget", "acme", "--tokens", "1000")
+    out = tenant_cmd("budget", "acme", "--member", "acme-user", "--tokens", "100",
+                     "--period", "day")
+    assert "acme/acme-user: 100 tokens per day" in out
+    assert TokenBudget.objects.get(tenant=acme.tenant, member=acme.user).period == "day"
+    with pytest.raises(CommandError, match="cannot exceed"):  # above the tenant's own
+        tenant_cmd("budget", "acme", "--member", "acme-other", "--tokens", "5000")
+    with pytest.raises(CommandError, match="Unknown user"):
+        tenant_cmd("budget", "acme", "--member", "globex-user", "--tokens", "5")
+    assert "removed" in tenant_cmd("budget", "acme", "--member", "acme-user", "--clear")
+    assert "had no budget" in tenant_cmd("budget", "acme", "--member", "acme-user", "--clear")
+    rows = AuditLog.objects.filter(tenant=acme.tenant, event_type=AuditEvent.BUDGET_CHANGED)
+    assert [(r.target, r.data["tokens"], r.actor_kind) for r in rows.order_by("id")] == [
+        ("acme", 1000, "cli"), ("acme/acme-user", 100, "cli"), ("acme/acme-user", None, "cli")]
+
+
+@pytest.mark.django_db
+def test_tenant_admins_set_only_their_members_budgets(acme, globex):
+    actions.do_set_budget(acme.tenant, tokens=500, period="day")
+    admin_user = acme.admin.user
+    with pytest.raises(Forbidden):  # a tenant's own budget is the superuser's
+        actions.do_set_budget(acme.tenant, tokens=10**6, period="day", actor=admin_user)
+    with pytest.raises(Forbidden):  # another tenant's member
+        actions.do_set_budget(globex.tenant, member=globex.user, tokens=5, period="day",
+                              actor=admin_user)
+    with pytest.raises(InvalidInput):  # never above the tenant's (500 a day)
+        actions.do_set_budget(acme.tenant, member=acme.user, tokens=501, period="day",
+                              actor=admin_user)
+    budget = actions.do_set_budget(acme.tenant, member=acme.user, tokens=400, period="month",
+                                   actor=admin_user)
+    assert budget.tokens == 400 and budget.member == acme.user
+
+
+@pytest.mark.django_db
+def test_admission_caps_completion_then_refuses_until_the_period_resets(acme):
+    actions.do_set_budget(acme.tenant, member=acme.user, tokens=100, period="day")
+    first, granted = admit(acme.user, prompt=20, max_new=50)
+    assert granted == 50 and ChatExchange.objects.get(request_id=first).reserved_tokens == 70
+    second, granted = admit(acme.user, prompt=20, max_new=50)
+    assert granted == 10  # 100 - 70 held - 20 prompt: the reply will end with "length"
+    with pytest.raises(BudgetExceeded) as refused:
+        admit(acme.user, prompt=20)
+    assert refused.value.status == 429 and refused.value.details["scope"] == "member"
+    assert 0 < refused.value.details["retry_after"] <= seconds_to_reset("day") <= 86400
+    assert not ChatExchange.objects.filter(member=acme.user).exclude(
+        request_id__in=[first, second]).exists()  # the refused claim was rolled back
+    # the other member is not held by acme-user's budget; no budget: nothing reserved
+    assert admit(acme.other)[1] is None
+    # a failed chat releases its reservation; a settled one counts its real usage
+    actions.do_abandon_chat(acme.user, second, reason="worker_unavailable")
+    settle(acme.user, first, prompt=22, completion=30)
+    st = ledger.standing(TokenBudget.objects.get(member=acme.user))
+    assert (st.spent, st.reserved, st.left) == (52, 0, 48)
+    assert admit(acme.user, prompt=20, max_new=50)[1] == 28
+
+
+@pytest.mark.django_db
+def test_a_replay_costs_nothing_and_the_tenant_budget_binds_every_member(acme):
+    actions.do_set_budget(acme.tenant, tokens=60, period="month")
+    request_id, granted = admit(acme.user, prompt=10, max_new=40, key="same")
+    assert granted == 40
+    settle(acme.user, request_id, prompt=10, completion=40)
+    again, granted = admit(acme.user, prompt=10, max_new=40, key="same")
+    assert (again, granted) == (request_id, None)  # the stored answer, no new reservation
+    with pytest.raises(BudgetExceeded) as refused:  # 10 left, the prompt alone needs 10+1
+        admit(acme.other, prompt=10)
+    assert refused.value.details["scope"] == "tenant"
+    assert refused.value.details["retry_after"] == pytest.approx(seconds_to_reset("month"), abs=5)
+
+
+@pytest.mark.django_db
+def test_crossing_80_and_100_percent_is_audited_once_per_period(acme):
+    actions.do_set_budget(acme.tenant, member=acme.user, tokens=100, period="day")
+    for completion, alerts in ((50, []), (30, [80]), (5, [80]), (15, [80, 100])):
+        request_id = admit(acme.user, prompt=0, max_new=completion)[0]
+        settle(acme.user, request_id, prompt=0, completion=completion)
+        rows = AuditLog.objects.filter(event_type=AuditEvent.BUDGET_THRESHOLD).order_by("id")
+        assert [r.data["percent"] for r in rows] == alerts
+    assert rows.last().target == "acme/acme-user" and rows.last().data["spent"] == 100
+    with pytest.raises(BudgetExceeded):
+        admit(acme.user, prompt=0)
+
+
+@pytest.mark.django_db
+def test_usage_keeps_cached_tokens_and_the_model(acme):
+    request_id = admit(acme.user)[0]
+    settle(acme.user, request_id, prompt=30, completion=5, cached=24)
+    row = UsageDay.objects.get(member_ref=acme.user.pk)
+    assert (row.prompt_tokens, row.cached_tokens, row.completion_tokens) == (30, 24, 5)
+    assert row.model  # the served model's id
+    chat = AuditLog.objects.get(event_type=AuditEvent.CHAT_REQUEST, target=str(acme.user))
+    assert chat.data["cached_tokens"] == 24 and chat.data["model"] == row.model
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_chats_never_overshoot_a_budget_by_more_than_one_request():
+    from tests.tenants.conftest import make_world
+
+    world = make_world("race", "race secret")
+    budget, prompt, max_new, extra = 400, 20, 50, 3  # each prompt 3 tokens above its estimate
+    actions.do_set_budget(world.tenant, tokens=budget, period="day")
+    start, refused, admitted = threading.Barrier(12), [], []
+
+    def one_chat(member):
+        try:
+            start.wait()
+            try:
+                request_id, granted = admit(member, prompt=prompt, max_new=max_new)
+            except BudgetExceeded:
+                refused.append(member.pk)
+                return
+            admitted.append(granted)
+            settle(member, request_id, prompt=prompt + extra, completion=granted)
+        finally:
+            connection.close()
+
+    members = [world.user, world.other, world.admin] * 4
+    threads = [threading.Thread(target=one_chat, args=(m,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    total, one_request = spent(tenant=world.tenant), prompt + extra + max_new
+    assert refused and admitted and len(refused) + len(admitted) == 12
+    assert budget - (prompt + 1) <= total <= budget + one_request
+    assert total == sum(admitted) + len(admitted) * (prompt + extra)
