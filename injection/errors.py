@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 __all__ = [
-    "ContextLengthExceeded", "InjectionError", "InvalidRequest", "ModelOOMError", "ModelLoadError",
+    "ContextLengthExceeded", "EngineUnavailable", "InjectionError", "InvalidRequest",
+    "ModelOOMError", "ModelLoadError",
 ]
 
 
@@ -25,3 +26,8 @@ class ModelOOMError(InjectionError):
 
 class ModelLoadError(InjectionError):
     """A model directory could not be loaded (missing, unsupported architecture or cache)."""
+
+
+class EngineUnavailable(InjectionError):
+    """The batch engine stopped or its scheduler was found stuck or dead: the request was
+    not answered and may be retried (the worker restarts). Maps to a 503 at the web."""

@@ -1,18 +1,13 @@
 """BatchEngine: continuous (iteration-level) batching over the model's forward pass.
 
-Callers on any thread submit rows and block; one scheduler thread owns the model's
-generation. Each iteration it admits waiting rows (each prefilled alone on its own
-injected K/V, then merged into the left-padded batch cache, ``batchcache``), runs one
-decoding step for every row, and lets each finished row leave at once. A row's greedy
-output equals the same row run alone: its mask and positions see only its own tokens.
-
-Per row: sampling, seed, stop strings, streaming, cancellation and max tokens
-(``RowJob``). Admission is bounded by ``max_batch`` and a K/V byte budget; an
-accelerator OOM puts the newest row back (or fails it if it already streamed text)
-and retries with a smaller batch instead of failing every row.
-
-transformers' own continuous batching (``generate_batch`` / paged attention) takes no
-per-request ``past_key_values``, so the injected prefix cannot ride on it.
+Callers on any thread submit rows and block; one scheduler thread owns the model. Each
+iteration admits waiting rows (each prefilled alone on its own injected K/V, then merged
+into the left-padded batch cache, ``batchcache``), runs one decoding step for every row,
+and lets finished rows leave. A row's greedy output equals the row run alone. Per row:
+sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). Admission
+is bounded by ``max_batch`` and a K/V byte budget. Failures stay contained (``faults``);
+a watchdog (``watchdog``) reads the scheduler's heartbeat. transformers' own continuous
+batching takes no per-request ``past_key_values``: the injected prefix cannot ride on it.
 """
 
 from __future__ import annotations
@@ -23,6 +18,7 @@ import threading
 import time
 import weakref
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -31,7 +27,8 @@ from injection.base import GenerationOutput
 from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
-from injection.errors import InjectionError, InvalidRequest, ModelOOMError
+from injection.engine.faults import COUNTERS, EngineFaults
+from injection.errors import EngineUnavailable, InjectionError, InvalidRequest
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["BatchEngine", "RowJob"]
@@ -42,13 +39,12 @@ _LIVE: weakref.WeakSet[BatchEngine] = weakref.WeakSet()
 
 
 @atexit.register
-def _close_live_engines() -> None:
-    """Stop scheduler threads before the interpreter tears torch down under them."""
+def _close_live_engines() -> None:  # before the interpreter tears torch down under them
     for engine in list(_LIVE):
         engine.close(timeout=1.0)
 
 
-class BatchEngine:
+class BatchEngine(EngineFaults):
     """Batched generation for one ``ModelAdapter`` (same ``generate`` contract).
 
     Args:
@@ -57,10 +53,11 @@ class BatchEngine:
         kv_budget_bytes: bound on the batch's padded K/V (0: none); one row alone is
             always admitted.
         join_wait_ms: when idle, wait this long for more rows before the first prefill.
+        clock: monotonic seconds for the scheduler's heartbeat (``watchdog.py``).
     """
 
     def __init__(self, adapter: Any, *, max_batch: int = 8, kv_budget_bytes: int = 0,
-                 join_wait_ms: float = 0.0) -> None:
+                 join_wait_ms: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.adapter, self.max_batch = adapter, int(max_batch)
@@ -75,10 +72,12 @@ class BatchEngine:
         self._batch = BatchCache()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
-        self._closed = False
+        self._closed, self._stop_error = False, EngineUnavailable("the batch engine stopped")
         self._oom_cap = self.max_batch
-        self.counters = {"steps": 0, "rows": 0, "peak_batch": 0, "oom_shrinks": 0,
-                         "batched_steps": 0}
+        self._admitting: RowJob | None = None  # popped from the queue, being prefilled
+        self.clock, self.busy = clock, False
+        self.beat_at = clock()
+        self.counters = dict.fromkeys(COUNTERS, 0)
         _LIVE.add(self)
 
     # -- callers ----------------------------------------------------------------------
@@ -105,7 +104,9 @@ class BatchEngine:
     def submit(self, job: RowJob) -> RowJob:
         with self._cond:
             if self._closed:
-                raise InjectionError("the batch engine is closed")
+                raise type(self._stop_error)(str(self._stop_error))
+            if not self._rows and not self._waiting and not self.busy:
+                self._beat()  # an idle engine's last beat is old: work starts the clock now
             self._waiting.append(job)
             self._ensure_thread()
             self._cond.notify_all()
@@ -113,11 +114,9 @@ class BatchEngine:
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
+            busy = len(self._rows) + len(self._waiting)
             return {**self.counters, "max_batch": self.max_batch, "active": len(self._rows),
-                    "waiting": len(self._waiting), "free_slots": self.free_slots()}
-
-    def free_slots(self) -> int:
-        return max(0, self.max_batch - len(self._rows) - len(self._waiting))
+                    "waiting": len(self._waiting), "free_slots": max(0, self.max_batch - busy)}
 
     def close(self, timeout: float = 5.0) -> None:
         """Stop the scheduler; rows still waiting or running fail."""
@@ -136,10 +135,13 @@ class BatchEngine:
     def _loop(self) -> None:
         while True:
             with self._cond:
+                self.busy = False
                 while not self._closed and not self._waiting and not self._rows:
                     self._cond.wait()
                 if self._closed:
                     break
+                self.busy = True
+                self._beat()
                 idle = not self._rows
             if idle and self.join_wait:
                 time.sleep(self.join_wait)  # let a burst arrive together
@@ -149,23 +151,33 @@ class BatchEngine:
                     self._decode()
             except Exception as exc:  # a broken step fails its rows, never the engine
                 log.exception("batch step failed")
+                self.counters["step_failures"] += 1
                 self._fail_all(exc)
-        self._fail_all(InjectionError("the batch engine stopped"), waiting=True)
+        self._fail_all(self._stop_error, waiting=True)
 
     def _admit(self) -> None:
         while True:
             with self._cond:
-                job = self._next_admissible()
+                job = self._admitting = self._next_admissible()
             if job is None:
                 return
             if job.abandoned:
                 job.finish(error=InjectionError("abandoned before it started"))
                 continue
+            oom, first = False, None
             try:
-                self._prefill(job)
+                first = self._prefill(job)
             except torch.cuda.OutOfMemoryError:
+                oom = True  # handled below, once the failed attempt's frames are gone
+            except Exception as exc:  # this row's input or prefix: it fails alone, at once
+                self._row_failed(job, exc, "prefill")
+            finally:
+                self._admitting = None
+            if oom:
                 self._prefill_oom(job)
                 return
+            if first is not None:  # in the batch now: its first token (a resumed row: none)
+                self._advance([(job, first)])
 
     def _next_admissible(self) -> RowJob | None:
         if not self._waiting or len(self._rows) >= min(self.max_batch, self._oom_cap):
@@ -177,20 +189,30 @@ class BatchEngine:
                 return None
         return self._waiting.popleft()
 
-    def _prefill(self, job: RowJob) -> None:
-        """Run the row's new tokens on its own prefix K/V (batch 1), take its first token."""
-        job.reset(self.adapter.tokenizer, self.adapter.device, self._penalty)
-        past, logits = steps.prefill(self.adapter, job)
-        self._batch.add(past)
+    def _prefill(self, job: RowJob) -> Any:
+        """Run the row's new tokens on its own prefix K/V (batch 1), join the batch; returns
+        the logits of its first token. A row put back after streaming text resumes: its
+        tokens so far are prefilled too, and its next token is already chosen (None)."""
+        self._beat()
+        resume = job.emitted()
+        if not resume:
+            job.reset(self.adapter.tokenizer, self.adapter.device, self._penalty)
+        past, logits = steps.prefill(self.adapter, job, job.prefill_ids(resume))
+        self._batch.add(past)  # all layers or none
         self._rows.append(job)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
-        self._advance([(job, logits)])
+        return None if resume else logits
 
     def _decode(self) -> None:
+        self._beat()
+        snap = self._batch.snapshot()
         try:
             picks = steps.decode(self.adapter, self._batch, self._rows)
         except torch.cuda.OutOfMemoryError:
+            picks = None  # handled below, once the failed attempt's frames are gone
+        if picks is None:  # undo: the layers the step reached drop its column
+            self._batch.restore(snap)
             self._decode_oom()
             return
         self.counters["steps"] += 1
@@ -198,74 +220,30 @@ class BatchEngine:
         self._advance(picks)
 
     def _advance(self, picks: list[tuple[RowJob, Any]]) -> None:
-        """Append each row's token (or sample it from its logits); finished rows leave the
-        batch (their caller wakes). A row whose sampling or callbacks raise fails alone."""
+        """Append each row's token (or sample it from its logits). Finished rows leave the
+        batch, then their callers wake. A row whose sampling or callbacks raise fails alone."""
+        leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
         for job, pick in picks:
             try:
                 if not isinstance(pick, int):
                     seen = job.input_ids + job.gen if job.sampler.penalty != 1.0 else None
                     pick = job.sampler(pick, seen)
-                self._append(job, pick)
+                out = self._append(job, pick)
+                if out is not None:
+                    leaving.append((job, out, None))
             except Exception as exc:  # e.g. non-finite logits, a failing stream callback
-                log.warning("batch row failed (%s); its neighbours go on", type(exc).__name__)
-                job.finish(error=exc)
-        self._drop([r for r in self._rows if r.done.is_set()])
+                leaving.append((job, None, exc))
+        self._drop([job for job, _, _ in leaving] + [r for r in self._rows if r.done.is_set()])
+        for job, out, exc in leaving:
+            job.finish(out) if exc is None else self._row_failed(job, exc, "step")
 
-    def _append(self, job: RowJob, token: int) -> None:
+    def _append(self, job: RowJob, token: int) -> GenerationOutput | None:
         job.gen.append(token)
         stop = job.watch.observe(job.gen) or token in self._eos
         if job.abandoned:
             job.watch.finish_reason = "cancelled"
             stop = True
         if stop or len(job.gen) >= job.max_new_tokens:
-            self._complete(job)
-
-    def _complete(self, job: RowJob) -> None:
-        reason = job.watch.finish(job.gen, job.max_new_tokens, self._eos)
-        seq = None
-        if job.keep_kv and reason != "cancelled":
-            seq = self._batch.row_kv(self._rows.index(job), job.input_ids + job.gen)
-        job.finish(steps.row_output(job, reason, seq))
-
-    def _drop(self, leaving: list[RowJob]) -> None:
-        if not leaving:
-            return
-        keep = [i for i, r in enumerate(self._rows) if r not in leaving]
-        self._batch.keep(keep)
-        self._rows = [self._rows[i] for i in keep]
-        if not self._rows:
-            self._oom_cap = self.max_batch  # a drained batch may grow again
-
-    # -- faults -----------------------------------------------------------------------
-    def _decode_oom(self) -> None:
-        """Shrink: the newest row goes back to the queue (or fails if it streamed text)."""
-        self.counters["oom_shrinks"] += 1
-        victim = self._rows[-1]
-        self._oom_cap = max(1, len(self._rows) - 1)
-        self._drop([victim])
-        steps.free_accelerator()
-        self._requeue_or_fail(victim, alone=not self._rows)
-
-    def _prefill_oom(self, job: RowJob) -> None:
-        self.counters["oom_shrinks"] += 1
-        self._oom_cap = max(1, len(self._rows))
-        steps.free_accelerator()
-        self._requeue_or_fail(job, alone=not self._rows)
-
-    def _requeue_or_fail(self, job: RowJob, *, alone: bool) -> None:
-        if alone or job.emitted():
-            job.finish(error=ModelOOMError("accelerator out of memory for this request"))
-            return
-        with self._cond:
-            self._waiting.appendleft(job)  # first in line once memory frees up
-
-    def _fail_all(self, exc: BaseException, *, waiting: bool = False) -> None:
-        rows, self._rows = self._rows, []
-        self._batch = BatchCache()
-        with self._cond:
-            if waiting:
-                rows += list(self._waiting)
-                self._waiting.clear()
-        for job in rows:
-            if not job.done.is_set():
-                job.finish(error=exc)
+            reason = job.watch.finish(job.gen, job.max_new_tokens, self._eos)
+            return steps.row_output(job, reason, self._sequence_kv(job, reason))
+        return None

@@ -48,11 +48,11 @@ class BatchCache:
             return
         width = self.width
         grow = max(0, n - width)
-        for mine, new in zip(self.cache.layers, row_cache.layers, strict=True):
-            mine.keys = torch.cat([_left_pad(mine.keys, grow), _left_pad(new.keys, width - n)])
-            mine.values = torch.cat(
-                [_left_pad(mine.values, grow), _left_pad(new.values, width - n)]
-            )
+        # every layer's new tensors first, then assigned: an OOM half-way changes nothing
+        merged = [(torch.cat([_left_pad(mine.keys, grow), _left_pad(new.keys, width - n)]),
+                   torch.cat([_left_pad(mine.values, grow), _left_pad(new.values, width - n)]))
+                  for mine, new in zip(self.cache.layers, row_cache.layers, strict=True)]
+        self._assign(merged)
         self.pads = [p + grow for p in self.pads] + [max(0, width - n)]
 
     def keep(self, rows: list[int]) -> None:
@@ -65,10 +65,36 @@ class BatchCache:
         index = torch.tensor(rows, device=self.cache.layers[0].keys.device)
         pads = [self.pads[i] for i in rows]
         trim = min(pads)
-        for layer in self.cache.layers:
-            layer.keys = layer.keys.index_select(0, index)[:, :, trim:]
-            layer.values = layer.values.index_select(0, index)[:, :, trim:]
+        self._assign([(layer.keys.index_select(0, index)[:, :, trim:],
+                        layer.values.index_select(0, index)[:, :, trim:])
+                       for layer in self.cache.layers])
         self.pads = [p - trim for p in pads]
+
+    # -- failure containment: a step that fails half-way is undone whole ----------------
+    def snapshot(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
+        """The layers' tensors as they are (references: a step's ``update`` replaces them
+        with new tensors, never writes into them), for :meth:`restore`."""
+        layers = [] if self.cache is None else [(x.keys, x.values) for x in self.cache.layers]
+        return layers, list(self.pads)
+
+    def restore(self, snap: tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int]]) -> None:
+        """Undo whatever a failed step appended to some layers and not to others."""
+        layers, pads = snap
+        if self.cache is not None and layers:
+            self._assign(layers)
+        self.pads = list(pads)
+
+    def consistent(self) -> bool:
+        """Every layer ``[rows, H, width, D]`` with one width, and a pad per row."""
+        if self.cache is None:
+            return not self.pads
+        want = (self.rows, self.width)
+        return all((x.keys.shape[0], x.keys.shape[2]) == want == (x.values.shape[0],
+                   x.values.shape[2]) for x in self.cache.layers)
+
+    def _assign(self, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        for layer, (keys, values) in zip(self.cache.layers, tensors, strict=True):
+            layer.keys, layer.values = keys, values
 
     def step_inputs(self, device: torch.device) -> tuple[Any, Any, torch.Tensor]:
         """``attention_mask [B, T+1]``, ``position_ids [B, 1]`` and ``cache_position [1]``

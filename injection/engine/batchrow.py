@@ -14,6 +14,8 @@ from injection.kvcache.packed import PackedKV
 
 __all__ = ["RowJob"]
 
+_FINISH = threading.Lock()  # finish() is first-wins across threads
+
 
 @dataclass(eq=False)
 class RowJob:
@@ -60,16 +62,27 @@ class RowJob:
                                   repetition_penalty=repetition_penalty)
 
     def emitted(self) -> bool:
-        """Whether any text reached the caller's stream (then it cannot be restarted)."""
+        """Whether any text reached the caller's stream (then it is resumed, never restarted)."""
         return self.watch is not None and self.watch.sent > 0
+
+    def prefill_ids(self, resume: bool) -> list[int]:
+        """The tokens a prefill runs after the prefix: the new ids, and when a row put back
+        after an OOM resumes, the tokens it generated except the last (the next step's)."""
+        return self.new_ids + self.gen[:-1] if resume else self.new_ids
 
     def reserve_tokens(self) -> int:
         return len(self.input_ids) + self.max_new_tokens
 
     def finish(self, output: GenerationOutput | None = None,
-               error: BaseException | None = None) -> None:
-        self.output, self.error = output, error
-        self.done.set()
+               error: BaseException | None = None) -> bool:
+        """Hand the result to the caller; the first call wins (False: already finished,
+        e.g. a watchdog failed the row before a stuck scheduler thread came back)."""
+        with _FINISH:
+            if self.done.is_set():
+                return False
+            self.output, self.error = output, error
+            self.done.set()
+        return True
 
     def wait(self, poll: float = 0.05) -> GenerationOutput:
         """Block until finished. Short waits, so an asynchronous exception (the soft time

@@ -19,8 +19,8 @@ from injection.engine.batchrow import RowJob
 from injection.kvcache.packed import PackedKV
 
 
-def prefill(adapter: Any, job: RowJob) -> tuple[Any, torch.Tensor]:
-    """The row's new tokens on its own (alpha-scaled) prefix K/V, batch 1.
+def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None) -> tuple[Any, torch.Tensor]:
+    """The row's new tokens (or ``ids``) on its own (alpha-scaled) prefix K/V, batch 1.
 
     Returns the row's cache and the logits of its last position; records the K/V
     transfer time and bytes on the job.
@@ -29,8 +29,8 @@ def prefill(adapter: Any, job: RowJob) -> tuple[Any, torch.Tensor]:
         with KVTimer(adapter.device) as timer:
             cache = (adapter.build_cache(job.prefix, job.alpha) if job.prefix is not None
                      else DynamicCache(config=adapter._cache_config))
-        ids = torch.tensor([job.new_ids], device=adapter.device)
-        out = adapter.model(input_ids=ids, past_key_values=cache, use_cache=True,
+        tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
+        out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
                             logits_to_keep=1)
         logits = out.logits[0, -1]
     job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes

@@ -1,0 +1,139 @@
+"""Failure containment for the batch engine (mixed into ``BatchEngine``, ``batch.py``).
+
+* A row whose prefill raises fails alone and at once; its neighbours go on.
+* An accelerator OOM in a decoding step undoes the step (a half-done step appended to
+  some layers only: every layer goes back to one width), then the newest row goes back in
+  line. A row that already streamed text resumes where it stopped (its K/V is rebuilt
+  from its tokens; no text is sent twice); a row alone fails with ``ModelOOMError``.
+* Any other failing step fails the rows in it and leaves an empty, consistent batch.
+* A stuck or dead scheduler thread (``watchdog.py``) aborts the engine: every row and
+  waiting request fails at once with the retryable ``EngineUnavailable``.
+
+Runs on the scheduler thread, except :meth:`abort` and :meth:`progress` (any thread).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import deque
+from collections.abc import Callable
+
+from injection.engine import steps
+from injection.engine.batchcache import BatchCache
+from injection.engine.batchrow import RowJob
+from injection.errors import InjectionError, ModelOOMError
+from injection.kvcache.packed import PackedKV
+
+__all__ = ["COUNTERS", "EngineFaults"]
+COUNTERS = ("steps", "rows", "peak_batch", "batched_steps", "oom_shrinks", "row_failures",
+            "step_failures", "resumed", "keep_kv_failures", "watchdog_trips")
+
+log = logging.getLogger("injection.engine.batch")
+
+
+class EngineFaults:
+    """The fault half of ``BatchEngine``; the attributes below are the engine's."""
+
+    _rows: list[RowJob]
+    _waiting: deque[RowJob]
+    _batch: BatchCache
+    _cond: threading.Condition
+    _closed: bool
+    _oom_cap: int
+    _admitting: RowJob | None
+    _thread: threading.Thread | None
+    max_batch: int
+    counters: dict[str, int]
+    clock: Callable[[], float]
+    beat_at: float
+    busy: bool
+
+    # -- progress, read by the watchdog -------------------------------------------------
+    def _beat(self) -> None:
+        self.beat_at = self.clock()
+
+    def progress(self) -> tuple[bool, float, bool]:
+        """``(busy, last heartbeat, scheduler thread alive)``: the scheduler beats before
+        each prefill and each decoding step while it has work (busy)."""
+        thread = self._thread
+        return self.busy, self.beat_at, thread is not None and thread.is_alive()
+
+    def abort(self, exc: BaseException) -> int:
+        """Close the engine and fail every row, the one being admitted and every waiting
+        request with ``exc`` now, without the scheduler thread (stuck or dead). Returns
+        how many requests were failed; later submissions fail with ``exc`` too."""
+        with self._cond:
+            self._closed, self._stop_error = True, exc
+            jobs = [*self._rows, *self._waiting]
+            if self._admitting is not None:
+                jobs.append(self._admitting)
+            self._waiting.clear()
+            self._cond.notify_all()
+        return sum(job.finish(error=exc) for job in jobs)
+
+    # -- rows ---------------------------------------------------------------------------
+    def _drop(self, leaving: list[RowJob]) -> None:
+        if not leaving:
+            return
+        keep = [i for i, r in enumerate(self._rows) if r not in leaving]
+        self._batch.keep(keep)
+        self._rows = [self._rows[i] for i in keep]
+        if not self._rows:
+            self._oom_cap = self.max_batch  # a drained batch may grow again
+
+    def _row_failed(self, job: RowJob, exc: BaseException, where: str) -> None:
+        log.warning("batch row failed in its %s (%s); its neighbours go on", where,
+                    type(exc).__name__)
+        self.counters["row_failures"] += 1
+        job.finish(error=exc)
+
+    def _sequence_kv(self, job: RowJob, reason: str) -> PackedKV | None:
+        """The finished row's K/V for conversation reuse: bookkeeping, so a failure here
+        costs the reuse, never the reply."""
+        if not job.keep_kv or reason == "cancelled":
+            return None
+        try:
+            return self._batch.row_kv(self._rows.index(job), job.input_ids + job.gen)
+        except Exception as exc:
+            self.counters["keep_kv_failures"] += 1
+            log.warning("a finished row's K/V was not kept (%s)", type(exc).__name__)
+            return None
+
+    def _decode_oom(self) -> None:
+        """After the step was undone: the newest row goes back to the queue (see module)."""
+        if not self._batch.consistent():  # never decode on a torn cache
+            raise InjectionError("the batch cache is inconsistent after a failed step")
+        self.counters["oom_shrinks"] += 1
+        victim = self._rows[-1]
+        self._oom_cap = max(1, len(self._rows) - 1)
+        self._drop([victim])
+        steps.free_accelerator()
+        self._requeue_or_fail(victim, alone=not self._rows)
+
+    def _prefill_oom(self, job: RowJob) -> None:
+        self.counters["oom_shrinks"] += 1
+        self._oom_cap = max(1, len(self._rows))
+        steps.free_accelerator()
+        self._requeue_or_fail(job, alone=not self._rows)
+
+    def _requeue_or_fail(self, job: RowJob, *, alone: bool) -> None:
+        if alone:
+            job.finish(error=ModelOOMError("accelerator out of memory for this request"))
+            return
+        if job.emitted():
+            self.counters["resumed"] += 1  # its prefill rebuilds the K/V of what it sent
+        with self._cond:
+            self._waiting.appendleft(job)  # first in line once memory frees up
+
+    def _fail_all(self, exc: BaseException, *, waiting: bool = False) -> None:
+        """A step failed (or the engine stops): its rows fail, the batch starts empty."""
+        rows, self._rows = self._rows, []
+        self._batch = BatchCache()
+        self._oom_cap = self.max_batch
+        with self._cond:
+            if waiting:
+                rows += list(self._waiting)
+                self._waiting.clear()
+        for job in rows:
+            job.finish(error=exc)
