@@ -199,6 +199,9 @@ CHAT_RATE_PER_MEMBER = os.environ.get("CHAT_RATE_PER_MEMBER", "30/min")
 CHAT_RATE_PER_TENANT = os.environ.get("CHAT_RATE_PER_TENANT", "300/min")
 API_RATE_PER_MEMBER = os.environ.get("API_RATE_PER_MEMBER", "300/min")
 API_RATE_PER_TENANT = os.environ.get("API_RATE_PER_TENANT", "3000/min")
+# Tokens (prompt + completion) per minute of chats; empty: no limit (tenants/budgets/tpm.py).
+CHAT_TPM_PER_MEMBER = os.environ.get("CHAT_TPM_PER_MEMBER", "")
+CHAT_TPM_PER_TENANT = os.environ.get("CHAT_TPM_PER_TENANT", "")
 THROTTLE_FAIL_OPEN = env_bool("THROTTLE_FAIL_OPEN", True)  # Redis down: serve, log
 READYZ_WORKER_TIMEOUT = env_float("READYZ_WORKER_TIMEOUT", 1.0)
 

@@ -10,6 +10,7 @@ from django.db import transaction
 from tenants.actions.base import audit
 from tenants.actions.budgets import note_usage
 from tenants.actions.exchanges import take_claim
+from tenants.budgets import tpm
 from tenants.budgets.estimate import served_model
 from tenants.errors import NotFound
 from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message
@@ -102,6 +103,8 @@ def do_record_chat(
                               tier=data["cache_tier"], latency_ms=data["latency_ms"],
                               ttft_ms=data.get("ttft_ms"))
     note_usage(member)  # budget thresholds crossed by this chat (audited once)
+    spent = data["prompt_tokens"] + data["completion_tokens"]
+    transaction.on_commit(lambda: tpm.record(member.tenant_id, member.pk, spent))
     _fill_claim(claim, conversation, answer, usage, cache)
     return conversation
 

@@ -10,6 +10,8 @@ Limits come from settings (``"N/s"``, ``"N/min"``, ``"N/h"``, ``"N/day"``; empty
 
 - ``CHAT_RATE_PER_MEMBER`` (default ``"30/min"``), ``CHAT_RATE_PER_TENANT`` (``"300/min"``)
 - ``API_RATE_PER_MEMBER`` (``"300/min"``), ``API_RATE_PER_TENANT`` (``"3000/min"``)
+- ``CHAT_TPM_PER_MEMBER``, ``CHAT_TPM_PER_TENANT``: tokens per minute (empty: off), checked
+  before the request rate (tenants.budgets.tpm)
 - ``THROTTLE_FAIL_OPEN`` (``True``): when Redis is unreachable requests are let through
   and a warning is logged (at most once per 30 s); ``False`` answers 503 instead.
 """
@@ -28,6 +30,7 @@ from rest_framework.throttling import BaseThrottle
 from injection.kvcache.redis_client import connect
 from tenants.actions import is_answered
 from tenants.api.permissions import request_member
+from tenants.budgets import tpm
 from tenants.errors import Throttled, WorkerUnavailable
 
 log = logging.getLogger(__name__)
@@ -190,6 +193,8 @@ class MemberTenantThrottle(BaseThrottle):
 
     def allow_request(self, request, view) -> bool:
         member = request_member(request)
+        if self.scope == "chat":
+            check_tpm(member.tenant_id, member.pk)  # first: a refusal costs no request
         try:
             state = check(self.scope, member.tenant_id, member.pk)
         except Throttled as exc:
@@ -197,6 +202,18 @@ class MemberTenantThrottle(BaseThrottle):
             raise
         _remember(request, state)
         return True
+
+
+def check_tpm(tenant_id: int, member_id: int) -> None:
+    """Tokens-per-minute limits (``CHAT_TPM_PER_MEMBER`` / ``CHAT_TPM_PER_TENANT``,
+    tenants.budgets.tpm): Throttled while the last minute's tokens reach one."""
+    try:
+        tpm.check(tenant_id, member_id)
+    except tpm.TpmExceeded as exc:
+        raise Throttled(str(exc), scope=exc.scope, retry_after=exc.retry_after,
+                        limit=exc.limit, unit="tokens_per_minute") from None
+    except redis.RedisError as exc:
+        _degraded(exc)
 
 
 def _remember(request, state: RateState | None) -> None:
