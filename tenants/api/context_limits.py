@@ -16,7 +16,11 @@ from typing import Any
 
 from tenants.errors import ContextLengthExceeded
 
-__all__ = ["check_fits", "model_limits"]
+__all__ = ["check_fits", "completion_room", "model_limits"]
+
+# Template markup per message (role tags, separators) the lower bound leaves out: reserved
+# when the reply may run "until the context is full", so the worker's exact count fits.
+MARKUP_TOKENS = 8
 
 
 @functools.lru_cache(maxsize=4)
@@ -50,3 +54,37 @@ def check_fits(model_path: str | Path, texts: list[str], max_new_tokens: int) ->
             f"the model's context holds {max_pos}. Shorten the message or lower max_new_tokens.",
             needed_tokens=needed, context_tokens=max_pos,
         )
+
+
+def _count(tokenizer: Any, texts: list[str]) -> int:
+    return sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in texts if t)
+
+
+def completion_room(model_path: str | Path, texts: list[str], *, requested: int | None,
+                    cap: int, param: str = "max_tokens") -> int:
+    """``max_new_tokens`` for an OpenAI-style request, as OpenAI decides it.
+
+    ``requested`` (a ``max_tokens``) that cannot fit beside ``texts`` is OpenAI's
+    context-length error naming ``param``; one that fits is served up to the server's
+    ``cap``. Without one, the reply may run until the context is full (at most ``cap``).
+    """
+    limits = model_limits(str(model_path))
+    if limits is None:
+        return max(1, min(requested or cap, cap))
+    tokenizer, max_pos = limits
+    prompt = _count(tokenizer, texts)
+    if requested is not None and prompt + requested > max_pos:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_pos} tokens. However, you requested "
+            f"at least {prompt + requested} tokens ({prompt} in the messages and your "
+            f"preference, {requested} in the completion). Please reduce the length of the "
+            f"messages or the completion.", param=param, needed_tokens=prompt + requested,
+            context_tokens=max_pos)
+    room = max_pos - prompt - MARKUP_TOKENS * (len(texts) + 1)
+    if room < 1:
+        raise ContextLengthExceeded(
+            f"This model's maximum context length is {max_pos} tokens. However, your "
+            f"messages and your preference need at least {prompt} tokens, which leaves no "
+            f"room for a reply. Please reduce the length of the messages.", param="messages",
+            needed_tokens=prompt, context_tokens=max_pos)
+    return min(requested if requested is not None else room, cap)

@@ -12,35 +12,45 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.validators import MaxValueValidator
 from rest_framework import serializers
 
 from tenants.api.serializers import PK_MAX
 from tenants.errors import ModelNotFound
+from tenants.v1 import options
 
 EXTENSION = "kvinject"
 MAX_STOP = 4
-# OpenAI fields without an implementation here: accepted only with these values.
-NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logprobs": (False,),
-           "parallel_tool_calls": (True, False)}
+NO_LOGPROBS = "Not supported by this server: the engine does not return log probabilities."
+# OpenAI fields without an implementation here: accepted only with these values (or null),
+# anything else is a 400 naming the field.
+NEUTRAL = {"frequency_penalty": (0, 0.0), "presence_penalty": (0, 0.0), "logit_bias": ({},),
+           "modalities": (["text"],)}
+# What the SDK echoes back in an assistant message it received: only the empty values.
+ECHOED = {"refusal": (), "tool_calls": ([],), "function_call": (), "annotations": ([],),
+          "audio": ()}
 
 
 class StrictSerializer(serializers.Serializer):
     """Refuses fields it does not declare (OpenAI: "Unrecognized request argument")."""
 
+    neutral: dict[str, tuple] = {}
+
     def to_internal_value(self, data):
         if isinstance(data, dict):
-            unknown = [k for k in data if k not in self.fields and k not in NEUTRAL]
+            unknown = [k for k in data if k not in self.fields and k not in self.neutral]
             if unknown:
                 raise serializers.ValidationError(
                     {unknown[0]: [f"Unrecognized request argument supplied: {unknown[0]}"]})
-            for name, allowed in NEUTRAL.items():
+            for name, allowed in self.neutral.items():
                 if name in data and data[name] is not None and data[name] not in allowed:
-                    raise serializers.ValidationError({name: ["Not supported by this server."]})
+                    raise serializers.ValidationError({name: [
+                        "Not supported by this server; only "
+                        f"{' or '.join(map(repr, allowed))} is accepted."]})
         return super().to_internal_value(data)
 
 
 class ChatMessageSerializer(StrictSerializer):
+    neutral = ECHOED
     role = serializers.ChoiceField(["system", "developer", "user", "assistant"])
     content = serializers.JSONField(help_text="Text, or a list of {type: text, text} parts.")
     name = serializers.CharField(required=False, max_length=64)
@@ -70,17 +80,23 @@ class ExtensionSerializer(StrictSerializer):
 
 
 class CompletionRequestSerializer(StrictSerializer):
+    neutral = NEUTRAL
     model = serializers.CharField(min_length=1,
                                   help_text="The served model's id or an alias (GET /v1/models).")
     messages = ChatMessageSerializer(many=True, allow_empty=False, min_length=1)
-    max_tokens = serializers.IntegerField(required=False, allow_null=True, min_value=1)
-    max_completion_tokens = serializers.IntegerField(required=False, allow_null=True,
-                                                     min_value=1)
+    max_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=2**31 - 1,
+        help_text="Default: until the model stops or the context is full (at most "
+                  "CHAT_MAX_NEW_TOKENS). More than fits the context: context_length_exceeded.")
+    max_completion_tokens = serializers.IntegerField(
+        required=False, allow_null=True, min_value=1, max_value=2**31 - 1,
+        help_text="The same as max_tokens.")
     temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0,
                                          max_value=2.0)
     top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0,
-                                    max_value=2**63 - 1)
+                                    max_value=2**63 - 1,
+                                    help_text="With temperature > 0: the same seed, the same reply.")
     stop = serializers.JSONField(required=False, allow_null=True,
                                  help_text="A string or up to 4 strings.")
     stream = serializers.BooleanField(required=False, default=False, allow_null=True)
@@ -89,14 +105,19 @@ class CompletionRequestSerializer(StrictSerializer):
                                  help_text="Only 1.")
     user = serializers.CharField(required=False, allow_blank=True, max_length=256,
                                  help_text="Your id for your end user (audited).")
+    tools = serializers.JSONField(required=False, allow_null=True,
+                                  help_text="Function tools (accepted; see docs/API.md).")
+    tool_choice = serializers.JSONField(required=False, allow_null=True,
+                                        help_text="'auto' or 'none' (no tool calls).")
+    parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True)
+    response_format = serializers.JSONField(required=False, allow_null=True,
+                                            help_text='Only {"type": "text"}.')
+    metadata = serializers.JSONField(required=False, allow_null=True,
+                                     help_text="Up to 16 string pairs (accepted, not used).")
+    logprobs = serializers.BooleanField(required=False, allow_null=True, help_text="Only false.")
+    top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0,
+                                            max_value=20, help_text="Not supported.")
     kvinject = ExtensionSerializer(required=False, help_text="Platform extras.")
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        limit = settings.CHAT_MAX_NEW_TOKENS  # read per request: the schema states it too
-        for name in ("max_tokens", "max_completion_tokens"):
-            self.fields[name].max_value = limit
-            self.fields[name].validators.append(MaxValueValidator(limit))
 
     def validate_n(self, value):
         if value not in (None, 1):
@@ -106,6 +127,16 @@ class CompletionRequestSerializer(StrictSerializer):
     def validate_top_p(self, value):
         if value is not None and value <= 0:
             raise serializers.ValidationError("Must be greater than 0.")
+        return value
+
+    def validate_logprobs(self, value):
+        if value:
+            raise serializers.ValidationError(NO_LOGPROBS)
+        return value
+
+    def validate_top_logprobs(self, value):
+        if value is not None:
+            raise serializers.ValidationError(NO_LOGPROBS)
         return value
 
     def validate_stop(self, value):
@@ -118,6 +149,10 @@ class CompletionRequestSerializer(StrictSerializer):
                 f"Must be a non-empty string or a list of up to {MAX_STOP} of them.")
         return stops
 
+    validate_tools = staticmethod(options.validate_tools)
+    validate_response_format = staticmethod(options.validate_response_format)
+    validate_metadata = staticmethod(options.validate_metadata)
+
     def validate_messages(self, value):
         for m in value:
             if m["role"] == "developer":
@@ -129,12 +164,23 @@ class CompletionRequestSerializer(StrictSerializer):
         return value
 
     def validate(self, attrs):
-        tokens = attrs.get("max_completion_tokens") or attrs.get("max_tokens")
-        if tokens is not None and tokens > settings.CHAT_MAX_NEW_TOKENS:
-            field = "max_completion_tokens" if attrs.get("max_completion_tokens") else "max_tokens"
-            raise serializers.ValidationError(
-                {field: [f"Limited to {settings.CHAT_MAX_NEW_TOKENS}."]})
+        both = attrs.get("max_tokens"), attrs.get("max_completion_tokens")
+        if None not in both and both[0] != both[1]:
+            raise serializers.ValidationError({"max_tokens": [
+                "max_tokens and max_completion_tokens differ; send one of them."]})
+        try:
+            attrs["tool_choice"] = options.validate_tool_choice(attrs.get("tool_choice"),
+                                                                attrs.get("tools") or [])
+        except serializers.ValidationError as exc:
+            raise serializers.ValidationError({"tool_choice": exc.detail}) from None
         return attrs
+
+
+def requested_tokens(data: dict) -> tuple[int | None, str]:
+    """The completion length the request asks for, and the field that asked for it."""
+    if data.get("max_completion_tokens") is not None:
+        return data["max_completion_tokens"], "max_completion_tokens"
+    return data.get("max_tokens"), "max_tokens"
 
 
 def served_model(model_path: str) -> str:
@@ -150,12 +196,11 @@ def resolve_model(requested: str, model_path: str) -> str:
     return served
 
 
-def chat_params(data: dict) -> dict[str, Any]:
+def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
     """What the worker's chat task is asked (also the idempotency key's request hash)."""
     ext = data.get(EXTENSION) or {}
     return {
-        "max_new_tokens": (data.get("max_completion_tokens") or data.get("max_tokens")
-                           or settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
+        "max_new_tokens": max_new_tokens,
         "temperature": data.get("temperature") or 0.0,
         "top_p": data.get("top_p") or 1.0,
         "seed": data.get("seed"),

@@ -7,12 +7,13 @@ the request's ``messages`` are the conversation. Errors use OpenAI's shape
 
 from __future__ import annotations
 
+from django.conf import settings
 from drf_spectacular.utils import OpenApiExample, OpenApiResponse, extend_schema
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import actions, ports
-from tenants.api.context_limits import check_fits
+from tenants.api.context_limits import completion_room
 from tenants.api.exceptions import openai_exception_handler
 from tenants.api.permissions import request_member
 from tenants.api.throttling import ApiThrottle, ChatThrottle
@@ -66,11 +67,13 @@ class ChatCompletionsView(OpenAIView):
         conversation_id = (data.get(openai_io.EXTENSION) or {}).get("conversation")
         if conversation_id is not None:
             actions.get_conversation(member, conversation_id)  # 404 unless the caller's own
-        params = openai_io.chat_params(data)
         message = data["messages"][-1]["content"]
         texts = [m["content"] for m in data["messages"]]
-        check_fits(chat_model_path(), [*texts, *_context_texts(member)],
-                   params["max_new_tokens"])
+        requested, field = openai_io.requested_tokens(data)
+        max_new_tokens = completion_room(chat_model_path(), [*texts, *_context_texts(member)],
+                                         requested=requested, param=field,
+                                         cap=settings.CHAT_MAX_NEW_TOKENS)
+        params = openai_io.chat_params(data, max_new_tokens)
         key = idempotency_key(request)
         if data.get("stream"):
             started = ports.start_stream(member, conversation_id, message, params, key,

@@ -75,7 +75,8 @@ def test_persisting_into_a_conversation_through_the_extension(client, gpu_worker
     assert Conversation.objects.get(pk=conv).messages.count() == 4
 
 
-def test_models_and_openai_errors(client, live_server, member_key):
+def test_models_and_openai_errors(client, live_server, member_key, settings, demo_model_path):
+    settings.MODEL_PATH = str(demo_model_path)  # the web reads its context length
     ids = [m.id for m in client.models.list().data]
     assert "kvinject" in ids and len(ids) == 2
     cases = [
@@ -83,7 +84,11 @@ def test_models_and_openai_errors(client, live_server, member_key):
         (openai.BadRequestError, dict(n=2), "invalid_input", "n"),
         (openai.BadRequestError, dict(extra_body={"foo": 1}), "invalid_input", "foo"),
         (openai.BadRequestError, dict(presence_penalty=1.0), "invalid_input", "presence_penalty"),
-        (openai.BadRequestError, dict(max_tokens=10**6), "invalid_input", "max_tokens"),
+        (openai.BadRequestError, dict(max_tokens=10**6), "context_length_exceeded",
+         "max_tokens"),
+        (openai.BadRequestError, dict(tools=[{"type": "function", "function": {"name": "f"}}],
+                                      tool_choice="required"), "invalid_input", "tool_choice"),
+        (openai.BadRequestError, dict(logprobs=True), "invalid_input", "logprobs"),
         (openai.NotFoundError, dict(extra_body={"kvinject": {"conversation": 999999}}),
          "not_found", None),
     ]
