@@ -20,7 +20,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError
 
 from gpu_worker.ops.demo_ready import ReadyWatch
-from gpu_worker.ops.supervisor import Child, Supervisor, embedded_redis_check
+from gpu_worker.ops.supervisor import Child, CrashLoop, Supervisor, embedded_redis_check
 from gpu_worker.serving import host
 from injection.errors import InjectionError
 
@@ -114,5 +114,8 @@ class Command(BaseCommand):
         ]
         # A crashed child is restarted (with backoff), so is the embedded Redis; only
         # Ctrl-C / SIGTERM stops the demo, and then the embedded servers stop with it.
-        Supervisor(children, say=lambda m: self.stderr.write(f"demo: {m}"),
-                   redis_check=embedded_redis_check(settings.REDIS_URL)).run()
+        try:
+            Supervisor(children, say=lambda m: self.stderr.write(f"demo: {m}"),
+                       redis_check=embedded_redis_check(settings.REDIS_URL)).run()
+        except CrashLoop as exc:  # said in full above; exit non-zero
+            raise CommandError(str(exc).partition(";")[0]) from None
