@@ -52,6 +52,19 @@ class CacheKey(NamedTuple):
     fingerprint: str
 
 
+class SegmentSplit(NamedTuple):
+    """The injected system turn split token-exactly: the tenant's part, then the member's.
+
+    ``tenant_ids + member_ids`` are exactly the ids of the whole turn (first=True), so
+    the member's K/V computed as a continuation of the tenant's equals the whole turn's.
+    """
+
+    tenant_text: str  # template header + tenant instructions (the same for every member)
+    tenant_ids: tuple[int, ...]
+    member_text: str  # the member's preference + the end of the system turn
+    member_ids: tuple[int, ...]
+
+
 class GenerationOutput(NamedTuple):
     text: str
     token_ids: list[int]  # generated ids only
@@ -115,6 +128,9 @@ class ExecutionResult:
     history_messages: int = 0  # history messages that fitted the context
     finish_reason: str = "length"  # stop | length | cancelled (see injection.engine.stopping)
     reused_tokens: int = 0  # leading tokens whose K/V came from the conversation's last turn
+    # prompt tokens (of ``prompt_tokens``, which counts the injected turn too) whose K/V
+    # was served from a cache (L1/L2 segments, the conversation's), not recomputed
+    cached_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def cache_info(self) -> dict[str, Any]:
@@ -186,3 +202,14 @@ class PreferenceModel(ABC):
     @abstractmethod
     def count_tokens(self, text: str) -> int:
         """Token count of ``text`` without special tokens."""
+
+    # -- optional: segment chains (a model without them injects one whole segment) --
+    def split_segment(self, segment: str, context: str, instructions: str) -> SegmentSplit | None:
+        """``segment`` (the rendered turn of ``context``) as tenant + member ids, or None."""
+        return None
+
+    def compute_kv_ids(self, ids: list[int] | tuple[int, ...],
+                       parent: PackedKV | None = None) -> PackedKV:
+        """K/V of ``ids`` continuing ``parent`` (None: they start the sequence); holds only
+        ``ids``' tokens."""
+        raise NotImplementedError

@@ -10,7 +10,6 @@ the request boundary and in OOM recovery.
 from __future__ import annotations
 
 import gc
-import math
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -25,10 +24,13 @@ from injection.base import (
     PreferenceModel,
     Tier,
 )
+from injection.engine.request_checks import history_len as _history_len
+from injection.engine.request_checks import sampling_options
+from injection.engine.request_checks import validate as _validate
 from injection.errors import InvalidRequest, ModelOOMError
+from injection.kvcache.chain import SegmentChain
 from injection.kvcache.conversation import ConversationReuse, TurnGenerator
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
-from injection.kvcache.packed import PackedKV
 from injection.metrics import METRICS, Metrics
 from injection.prompting.history import fit_history
 from injection.prompting.output_filter import strip_control_chars, strip_retrieve_fact_calls
@@ -73,6 +75,7 @@ class InjectionExecutor:
         self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
         self.metrics = metrics if metrics is not None else METRICS
         self.kv_source = PreferenceKVSource(adapter, l1, l2, self.metrics)
+        self.chain = SegmentChain(adapter, self.kv_source)
         self.engine = engine
         self.conversations = ConversationReuse(
             l1, self.metrics, max_bytes=conversation_max_bytes if engine is not None else 0
@@ -99,17 +102,19 @@ class InjectionExecutor:
         """Ensure the user's system-turn K/V is cached (no generation); returns its tier."""
         if not tenant or not user_or_none(user):
             raise InvalidRequest("warm needs a tenant and a user")
-        if not preference_text.strip():
-            return Tier.NONE
         context = compose_context(instructions, preference_text)
+        if not context:
+            return Tier.NONE
         # the segment does not depend on the message that follows it
         parts = self.adapter.split_prompt(context, [{"role": "user", "content": "Hello"}])
         if not parts.segment:
             return Tier.NONE
-        _, tier, _ = self._with_oom_retry(
-            lambda: self._get_preference_kv(tenant, user, parts.segment)
-        )
-        return tier
+        split = self.chain.split(parts.segment, context, instructions)
+        if split is None and not preference_text.strip():
+            return Tier.NONE  # instructions alone are injected only as a shared segment
+        chain = self._with_oom_retry(
+            lambda: self.chain.get(tenant, user, parts.segment, split, 1.0))
+        return chain.tier
 
     def invalidate(self, tenant: str, user: str | None = None) -> dict[str, Any]:
         """Evict ``tenant``'s (or one user's) entries from L1 and L2; counts per tier."""
@@ -143,50 +148,56 @@ class InjectionExecutor:
     # -- request path -------------------------------------------------------------------
     def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
         alpha = self.effective_alpha(req.alpha)
-        sampling = {"temperature": req.temperature, "top_p": req.top_p, "seed": req.seed}
-        if req.stop:
-            sampling["stop"] = tuple(req.stop)
-        if req.on_text is not None:  # control characters never reach a stream either
-            sampling["on_text"] = lambda t: req.on_text(strip_control_chars(t)[0])
-        if req.cancelled is not None:
-            sampling["cancelled"] = req.cancelled
-        inject = req.injection_enabled and bool(req.preference_text.strip())
-        inject = inject and alpha > self.min_alpha
-        context = compose_context(req.instructions, req.preference_text if inject else "")
+        sampling = sampling_options(req)
+        # the member's preference is injected (alpha-scaled); the tenant's instructions
+        # are injected whenever they form their own shared segment, never scaled
+        personal = req.injection_enabled and bool(req.preference_text.strip())
+        personal = personal and alpha > self.min_alpha
+        context = compose_context(req.instructions, req.preference_text if personal else "")
         messages = self._fit(req, context)
-        if not inject:
+        parts = self.adapter.split_prompt(context, messages) if context else None
+        split = self.chain.split(parts.segment, context, req.instructions) if (
+            parts is not None and parts.segment) else None
+        if not personal and split is None:
             return self._plain(self.adapter.plain_prompt(context, messages), req, sampling,
                                mode="none", history=_history_len(messages))
-        parts = self.adapter.split_prompt(context, messages)
         if not parts.segment:  # the template admits no verified split: context stays text
             self.metrics.incr("injection_inline")
             return self._plain(parts.prompt, req, sampling, mode=parts.mode,
                                history=_history_len(messages))
+        member_alpha = alpha if personal else 1.0
         t0 = time.perf_counter()
         chash = content_hash(parts.segment)
-        plan = self.turns.plan(req, parts.segment, parts.prompt, chash, alpha)
-        kv, tier, fetch_ms = None, Tier.L1, 0.0  # a hit: the conversation's K/V holds it
+        plan = self.turns.plan(req, parts.segment, parts.prompt, chash, member_alpha)
+        chain, fetch_ms = None, 0.0  # a hit: the conversation's K/V holds the chain
         if plan.cached is None:
-            kv, tier, chash = self._get_preference_kv(req.tenant, req.user, parts.segment)
+            chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha)
             fetch_ms = (time.perf_counter() - t0) * 1000.0
-            assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
-        out = self.turns.run(plan, req, kv, alpha, sampling)
+            assert chain.kv.keys.is_cpu and chain.kv.values.is_cpu, "cached K/V must live on CPU"
+        kv = chain.kv if chain is not None else None
+        out = self.turns.run(plan, req, kv, 1.0, sampling)  # the chain is scaled already
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = self._strip(out.text)
+        tier = chain.tier if chain is not None else Tier.L1
         self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
-        segment = kv if kv is not None else plan.cached
-        reused = 0 if kv is not None else plan.cached.num_tokens
+        head = kv.num_tokens if kv is not None else plan.head
+        prompt_tokens = head + len(out.prompt_token_ids)
+        cached = chain.cached_tokens if chain is not None else plan.cached.num_tokens
         return ExecutionResult(
-            text=text, tier=tier, prompt_tokens=len(out.prompt_token_ids),
-            completion_tokens=len(out.token_ids), alpha_effective=alpha, content_hash=chash,
-            fingerprint=self.adapter.fingerprint,
-            kv_tokens=kv.num_tokens if kv is not None else plan.head,
-            kv_layers_count=segment.num_layers, kv_bytes_cpu=kv.nbytes if kv is not None else 0,
+            text=text, tier=tier, prompt_tokens=prompt_tokens,
+            completion_tokens=len(out.token_ids), alpha_effective=alpha if personal else 0.0,
+            content_hash=chash, fingerprint=self.adapter.fingerprint, kv_tokens=head,
+            kv_layers_count=(kv if kv is not None else plan.cached).num_layers,
+            kv_bytes_cpu=kv.nbytes if kv is not None else 0,
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
             kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
             ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
             injection_mode=parts.mode, history_messages=_history_len(messages),
-            finish_reason=out.finish_reason, reused_tokens=reused,
+            finish_reason=out.finish_reason,
+            reused_tokens=0 if chain is not None else plan.cached.num_tokens,
+            cached_tokens=min(cached, prompt_tokens),
+            extra={"segments": chain.tiers if chain is not None else {"conversation": "l1"},
+                   "preference_applied": personal},
         )
 
     def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
@@ -210,14 +221,15 @@ class InjectionExecutor:
         plan = self.turns.plan(req, "", prompt, "", 0.0)
         out = self.turns.run(plan, req, None, 1.0, sampling)
         reused = plan.cached.num_tokens if plan.cached is not None else 0
+        prompt_tokens = len(out.prompt_token_ids)
         infer_ms = (time.perf_counter() - t0) * 1000.0
         text, stripped = self._strip(out.text)
         return ExecutionResult(
-            text=text, tier=Tier.NONE, prompt_tokens=len(out.prompt_token_ids),
+            text=text, tier=Tier.NONE, prompt_tokens=prompt_tokens,
             completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
             inference_latency_ms=infer_ms, ttft_ms=out.first_token_ms, stripped_count=stripped,
             injection_mode=mode, history_messages=history, finish_reason=out.finish_reason,
-            reused_tokens=reused,
+            reused_tokens=reused, cached_tokens=min(reused, prompt_tokens),
         )
 
     def _strip(self, text: str) -> tuple[str, int]:
@@ -228,12 +240,6 @@ class InjectionExecutor:
         if controls:
             self.metrics.incr("stripped_control_chars", controls)
         return text, n
-
-    def _get_preference_kv(
-        self, tenant: str, user: str | None, text: str
-    ) -> tuple[PackedKV, Tier, str]:
-        """L1 -> L2 (promoted to L1) -> compute (single-flight, stored in L1 and L2)."""
-        return self.kv_source.get(tenant, user, text)
 
     # -- GPU memory discipline --------------------------------------------------------
     def _with_oom_retry(self, fn: Callable[[], T]) -> T:
@@ -253,25 +259,3 @@ class InjectionExecutor:
 
     def _on_cuda(self) -> bool:
         return torch.device(self.adapter.device).type == "cuda" and torch.cuda.is_available()
-
-
-def _history_len(messages: list[dict[str, str]]) -> int:
-    return sum(1 for m in messages[:-1] if m["role"] != "system")
-
-
-def _validate(req: ExecutionRequest) -> None:
-    if not req.tenant:
-        raise InvalidRequest("tenant is required")
-    msgs = list(req.messages) if isinstance(req.messages, list | tuple) else []
-    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
-        raise InvalidRequest("messages must be a list of {role, content} objects")
-    if any(m.get("role") not in ("system", "user", "assistant") for m in msgs):
-        raise InvalidRequest("message roles must be system, user or assistant")
-    if not msgs or msgs[-1]["role"] != "user" or not msgs[-1]["content"].strip():
-        raise InvalidRequest("the conversation must end with a non-empty user message")
-    if not math.isfinite(req.alpha) or req.alpha < 0:
-        raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
-    if req.max_new_tokens < 1:
-        raise InvalidRequest("max_new_tokens must be >= 1")
-    if not math.isfinite(req.temperature) or req.temperature < 0 or not 0 < req.top_p <= 1:
-        raise InvalidRequest("temperature must be >= 0 and top_p in (0, 1]")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from injection.base import CacheKey, KVStore, PreferenceModel, Tier, content_hash
@@ -42,22 +43,29 @@ class PreferenceKVSource:
         if user is None:
             return self.compute(text), Tier.COMPUTE, chash
         key = CacheKey(tenant, user, chash, self.adapter.fingerprint)
-        kv = self._get(self.l1, "l1", key)
+        kv, tier = self.fetch(key, lambda: self.adapter.compute_kv(text), kind="member")
+        return kv, tier, chash
+
+    def fetch(self, key: CacheKey, compute: Callable[[], PackedKV], *,
+              kind: str) -> tuple[PackedKV, Tier]:
+        """``key``'s entry from L1 -> L2 (promoted to L1) -> ``compute()`` (single-flight,
+        stored in L1 and L2). ``kind`` (tenant | member) splits the hit/miss counters."""
+        kv = self._get(self.l1, "l1", key, kind=kind)
         if kv is not None:
-            return kv, Tier.L1, chash
-        kv = self._get(self.l2, "l2", key)
+            return kv, Tier.L1
+        kv = self._get(self.l2, "l2", key, kind=kind)
         if kv is not None:
             kv = kv.pin_memory()  # decoded pageable -> pinned once (no-op without CUDA)
             self._put(self.l1, "l1", key, kv)
-            return kv, Tier.L2, chash
-        kv, shared = self.flight.do(key, lambda: self._compute_and_store(key, text))
+            return kv, Tier.L2
+        kv, shared = self.flight.do(key, lambda: self._compute_and_store(key, compute))
         if shared:
             self.metrics.incr("compute_shared")
-        return kv, Tier.COMPUTE, chash
+        return kv, Tier.COMPUTE
 
-    def compute(self, text: str) -> PackedKV:
+    def compute(self, text: str | Callable[[], PackedKV]) -> PackedKV:
         t0 = time.perf_counter()
-        kv = self.adapter.compute_kv(text)
+        kv = text() if callable(text) else self.adapter.compute_kv(text)
         self.metrics.incr("computes")
         self.metrics.incr("kv_bytes_computed", kv.nbytes)
         self.metrics.observe_ms("compute", (time.perf_counter() - t0) * 1000.0)
@@ -88,11 +96,11 @@ class PreferenceKVSource:
         log.warning("cache tier %s %s failed (%s); degrading", name, op, type(exc).__name__)
 
     # -- internals ----------------------------------------------------------------------
-    def _compute_and_store(self, key: CacheKey, text: str) -> PackedKV:
+    def _compute_and_store(self, key: CacheKey, compute: Callable[[], PackedKV]) -> PackedKV:
         kv = self._recheck_l1(key)  # a racing leader may have stored it
         if kv is not None:
             return kv
-        kv = self.compute(text)
+        kv = self.compute(compute)
         self._put(self.l1, "l1", key, kv)
         self._put(self.l2, "l2", key, kv)  # the tier writes asynchronously
         return kv
@@ -107,7 +115,8 @@ class PreferenceKVSource:
         return self._get(self.l1, "l1", key, count=False)
 
     def _get(
-        self, store: KVStore | None, name: str, key: CacheKey, *, count: bool = True
+        self, store: KVStore | None, name: str, key: CacheKey, *, count: bool = True,
+        kind: str = "",
     ) -> PackedKV | None:
         if store is None:
             return None
@@ -120,7 +129,10 @@ class PreferenceKVSource:
             self.fault(name, "get", ValueError("entry not on CPU"))
             return None
         if count:
-            self.metrics.incr(f"{name}_hits" if kv is not None else f"{name}_misses")
+            outcome = "hits" if kv is not None else "misses"
+            self.metrics.incr(f"{name}_{outcome}")
+            if kind:
+                self.metrics.incr(f"{kind}_{name}_{outcome}")
         return kv
 
     def _put(self, store: KVStore | None, name: str, key: CacheKey, kv: PackedKV) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteriaList
 
-from injection.base import GenerationOutput, PreferenceModel
+from injection.base import GenerationOutput, PreferenceModel, SegmentSplit
 from injection.devices import KVTimer, to_host
 from injection.engine.stopping import GenerationWatch
 from injection.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError
@@ -124,6 +124,33 @@ class ModelAdapter(PreferenceModel):
             keys = to_host(torch.stack([k for k, _ in layers]))
             values = to_host(torch.stack([v for _, v in layers]))
         return PackedKV(keys, values, ids)
+
+    def compute_kv_ids(self, ids: list[int] | tuple[int, ...],
+                       parent: PackedKV | None = None) -> PackedKV:
+        """K/V of ``ids`` as the continuation of ``parent`` (unscaled), holding only the
+        tokens of ``ids``: a chained segment. ``parent`` None: ``ids`` start the sequence."""
+        ids = list(ids)
+        start = parent.num_tokens if parent is not None else 0
+        self._check_length(start + len(ids))
+        with torch.inference_mode():
+            cache = (self.build_cache(parent, 1.0) if parent is not None
+                     else DynamicCache(config=self._cache_config))
+            out = self.model(input_ids=torch.tensor([ids], device=self.device),
+                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            layers = [(layer.keys[0, :, start:], layer.values[0, :, start:])
+                      for layer in out.past_key_values.layers]
+            del out, cache
+        with torch.no_grad():
+            keys = to_host(torch.stack([k for k, _ in layers]))
+            values = to_host(torch.stack([v for _, v in layers]))
+        return PackedKV(keys, values, ids)
+
+    def split_segment(self, segment: str, context: str, instructions: str) -> SegmentSplit | None:
+        """Tenant + member parts of the injected turn (None: one segment). Sliding-window
+        and hybrid caches keep no plain per-token K/V to chain: one segment there."""
+        if not self.supports_batching:
+            return None
+        return self.renderer.tenant_split(segment, context, instructions)
 
     def generate(
         self, prompt: str, injected: PackedKV | None, alpha: float, max_new_tokens: int,

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from injection.base import SegmentSplit
+
 __all__ = ["PromptParts", "ChatRenderer", "SEPARATOR", "compose_context"]
 
 SEPARATOR = "\n\n"
@@ -89,6 +91,24 @@ class ChatRenderer:
             if parts is not None:
                 return parts
         return PromptParts("", self.plain(context, messages), "inline")
+
+    def tenant_split(self, segment: str, context: str, instructions: str) -> SegmentSplit | None:
+        """``segment`` split after the tenant's instructions, token-exactly, or None.
+
+        The tenant part (template header + instructions) is the same text for every
+        member; it is used only when its ids are a strict prefix of the whole turn's ids
+        (a BPE merge across the boundary makes the split impossible: one segment then).
+        """
+        instructions = instructions.strip()
+        start = segment.find(context) if instructions and context.startswith(instructions) else -1
+        if start < 0:
+            return None
+        cut = start + len(instructions)
+        whole = self.encode(segment, first=True)
+        head = self.encode(segment[:cut], first=True)
+        if not head or len(head) >= len(whole) or whole[: len(head)] != head:
+            return None
+        return SegmentSplit(segment[:cut], tuple(head), segment[cut:], tuple(whole[len(head):]))
 
     # -- internals ----------------------------------------------------------------------
     def _try(self, mode: str, context: str, messages: list[dict[str, str]]) -> PromptParts | None:

@@ -101,7 +101,8 @@ def segment(adapter, pref, messages):
 def test_alpha_is_capped_and_applied_exactly(model, adapter, chat_messages, preference):
     ex = make(model, alpha_cap=0.7)
     res = ex.execute(req(chat_messages, preference, alpha=1.0, n=8))
-    assert res.alpha_effective == 0.7 and model.generates == [(True, 0.7)]
+    # the assembled chain arrives with its member values scaled: generate runs at 1.0
+    assert res.alpha_effective == 0.7 and model.generates == [(True, 1.0)]
     parts = segment(adapter, preference, chat_messages)
     kv = adapter.compute_kv(parts.segment)
     assert res.text == adapter.generate(parts.prompt, kv, 0.7, 8).text
@@ -229,7 +230,11 @@ def test_result_metrics(model, chat_messages, preference):
     assert res.inference_latency_ms > 0 and res.completion_tokens == 5
     # first token: after the K/V lookup, before the whole generation is done
     assert res.kv_fetch_latency_ms < res.ttft_ms < res.kv_fetch_latency_ms + res.inference_latency_ms
-    assert res.prompt_tokens == model.count_tokens(parts.prompt)
+    # every token the model reads before the reply: the injected turn too; none cached yet
+    assert res.prompt_tokens == kv.num_tokens + model.count_tokens(parts.prompt)
+    assert res.cached_tokens == 0
+    again = ex.execute(req(chat_messages, preference, n=5))
+    assert (again.prompt_tokens, again.cached_tokens) == (res.prompt_tokens, kv.num_tokens)
     info = res.cache_info()
     assert info["tier"] == "compute" and "text" not in info
     stats = ex.stats()

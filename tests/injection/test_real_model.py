@@ -101,3 +101,24 @@ def test_batched_replies_on_smollm2_are_the_replies_alone_and_follow_the_prefere
         assert nxt.reused_tokens > got[1].kv_tokens and nxt.text == ref.text
     finally:
         ex.close()
+
+
+def test_chained_tenant_and_member_segments_reproduce_the_system_message(smollm):
+    """Tenant instructions shared as one segment, each member's preference continuing it:
+    at alpha 1 every reply (cold, tenant warm, all cached, no preference) is the
+    system-message reply token for token."""
+    ex = InjectionExecutor(smollm, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
+                           metrics=Metrics())
+    instr = ("You are the assistant of a cooking school. Answer in one or two sentences "
+             "and be kind to beginners.")
+    msgs = [{"role": "user", "content": "What should I cook for dinner tonight?"}]
+    for user, pref in (("1", "I am vegetarian."), ("2", "I was born in Nairobi."), ("3", "")):
+        context = instr + ("\n\n" + pref if pref else "")
+        want = smollm.generate(smollm.plain_prompt(context, msgs), None, 1.0, 24)
+        for _ in range(2):
+            res = ex.execute(ExecutionRequest("t", user, msgs, pref, instructions=instr,
+                                              max_new_tokens=24))
+            assert res.injection_mode == "system" and "tenant" in res.extra["segments"]
+            assert res.text == want.text, (user, res.text, want.text)
+            assert res.completion_tokens == len(want.token_ids)
+    assert ex.metrics.get("tenant_l1_misses") == 1 and ex.metrics.get("tenant_l1_hits") == 5

@@ -1,0 +1,47 @@
+"""Checks and options of an :class:`ExecutionRequest` before the executor runs it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from injection.base import ExecutionRequest
+from injection.errors import InvalidRequest
+from injection.prompting.output_filter import strip_control_chars
+
+__all__ = ["history_len", "sampling_options", "validate"]
+
+
+def sampling_options(req: ExecutionRequest) -> dict[str, Any]:
+    """The generation's sampling, stop strings and stream callbacks."""
+    sampling: dict[str, Any] = {"temperature": req.temperature, "top_p": req.top_p,
+                                "seed": req.seed}
+    if req.stop:
+        sampling["stop"] = tuple(req.stop)
+    if req.on_text is not None:  # control characters never reach a stream either
+        sampling["on_text"] = lambda t: req.on_text(strip_control_chars(t)[0])
+    if req.cancelled is not None:
+        sampling["cancelled"] = req.cancelled
+    return sampling
+
+
+def history_len(messages: list[dict[str, str]]) -> int:
+    return sum(1 for m in messages[:-1] if m["role"] != "system")
+
+
+def validate(req: ExecutionRequest) -> None:
+    if not req.tenant:
+        raise InvalidRequest("tenant is required")
+    msgs = list(req.messages) if isinstance(req.messages, list | tuple) else []
+    if not all(isinstance(m, dict) and isinstance(m.get("content"), str) for m in msgs):
+        raise InvalidRequest("messages must be a list of {role, content} objects")
+    if any(m.get("role") not in ("system", "user", "assistant") for m in msgs):
+        raise InvalidRequest("message roles must be system, user or assistant")
+    if not msgs or msgs[-1]["role"] != "user" or not msgs[-1]["content"].strip():
+        raise InvalidRequest("the conversation must end with a non-empty user message")
+    if not math.isfinite(req.alpha) or req.alpha < 0:
+        raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
+    if req.max_new_tokens < 1:
+        raise InvalidRequest("max_new_tokens must be >= 1")
+    if not math.isfinite(req.temperature) or req.temperature < 0 or not 0 < req.top_p <= 1:
+        raise InvalidRequest("temperature must be >= 0 and top_p in (0, 1]")

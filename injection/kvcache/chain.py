@@ -1,0 +1,117 @@
+"""The injected system turn as a chain of cached segments: tenant -> member.
+
+The tenant segment (template header + the tenant's instructions) is computed once per
+tenant and shared by all its members; each member's segment (preference + end of the
+turn) is computed as the continuation of the tenant's K/V and holds only the tokens it
+adds. Keys form a hash chain: a member key hashes its parent's key with its own text,
+and the tenant is in every key (``CacheKey.tenant``), so identical instructions of two
+tenants never share an entry. The tenant segment is filed under the reserved user
+``TENANT_USER``: evicting a member leaves it, evicting the tenant drops it.
+
+Assembled for a request, the chain is one PackedKV ready to inject at alpha 1: the
+tenant's values as computed, the member's values scaled by alpha (keys never).
+A model or template without a token-exact split injects the whole turn as one segment
+(the member's, keyed as before), scaled as a whole.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import NamedTuple
+
+import torch
+
+from injection.base import CacheKey, PreferenceModel, SegmentSplit, Tier
+from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
+from injection.kvcache.packed import PackedKV
+
+__all__ = ["TENANT_USER", "ChainKV", "SegmentChain", "tenant_key"]
+
+TENANT_USER = "~tenant"  # member ids are never this: the tenant segment's slot
+_ORDER = {Tier.L1: 0, Tier.L2: 1, Tier.COMPUTE: 2}
+
+
+class ChainKV(NamedTuple):
+    """An assembled chain: inject ``kv`` at alpha 1 (the member part is already scaled)."""
+
+    kv: PackedKV
+    tier: Tier  # the coldest tier of the chain (compute if any segment was computed)
+    cached_tokens: int  # tokens of segments served from L1/L2
+    tiers: dict[str, str]  # per segment kind: l1 | l2 | compute
+    stored_bytes: int  # bytes of the cached segments this request used
+
+
+def _sha(*parts: str) -> str:
+    return hashlib.sha256("|".join(parts).encode("utf-8")).hexdigest()
+
+
+def tenant_key(tenant: str, tenant_text: str, fingerprint: str) -> CacheKey:
+    return CacheKey(tenant, TENANT_USER, _sha("tenant", content_hash(tenant_text)), fingerprint)
+
+
+class SegmentChain:
+    """Finds or computes the segments of an injected turn through ``source``'s tiers."""
+
+    def __init__(self, adapter: PreferenceModel, source: PreferenceKVSource) -> None:
+        self.adapter, self.source = adapter, source
+
+    def split(self, segment: str, context: str, instructions: str) -> SegmentSplit | None:
+        try:
+            return self.adapter.split_segment(segment, context, instructions)
+        except Exception:  # noqa: BLE001 - a tokenizer quirk costs the sharing, not the reply
+            return None
+
+    def get(self, tenant: str, user: str | None, segment: str, split: SegmentSplit | None,
+            alpha: float) -> ChainKV:
+        """The chain of ``segment`` for ``user`` of ``tenant`` (``user`` None: the member
+        part is computed and never cached; the tenant part is still shared)."""
+        if split is None:
+            kv, tier, _ = self.source.get(tenant, user, segment)
+            return _assemble([("member", kv, tier)], alpha)
+        fp = self.adapter.fingerprint
+        tkey = tenant_key(tenant, split.tenant_text, fp)
+        tkv, ttier = self._fetch(
+            tkey, lambda: self.adapter.compute_kv_ids(split.tenant_ids), "tenant",
+            split.tenant_ids)
+        member = user_or_none(user)
+
+        def compute_member() -> PackedKV:
+            return self.adapter.compute_kv_ids(split.member_ids, parent=tkv)
+
+        if member is None:
+            mkv, mtier = self.source.compute(compute_member), Tier.COMPUTE
+        else:
+            mkey = CacheKey(tenant, member, member_hash(tkey, split.member_text), fp)
+            mkv, mtier = self._fetch(mkey, compute_member, "member", split.member_ids)
+        return _assemble([("tenant", tkv, ttier), ("member", mkv, mtier)], alpha)
+
+
+    def _fetch(self, key: CacheKey, compute, kind: str,
+               ids: tuple[int, ...]) -> tuple[PackedKV, Tier]:
+        kv, tier = self.source.fetch(key, compute, kind=kind)
+        if kv.token_ids != tuple(ids):  # content-keyed: only a broken entry gets here
+            self.source.metrics.incr("segment_mismatch")
+            kv, tier = self.source.compute(compute), Tier.COMPUTE
+        return kv, tier
+
+
+def member_hash(parent: CacheKey, member_text: str) -> str:
+    """The member segment's content part: its parent's key hash chained with its text."""
+    return _sha("member", parent.content_hash, content_hash(member_text))
+
+
+def _assemble(parts: list[tuple[str, PackedKV, Tier]], alpha: float) -> ChainKV:
+    """One PackedKV of the chain; only the last (member) segment's values are scaled."""
+    *head, (_, last, _) = parts
+    scaled = last.values if alpha == 1.0 else last.scaled_values(alpha)
+    if head:
+        keys = torch.cat([kv.keys for _, kv, _ in head] + [last.keys], dim=2)
+        values = torch.cat([kv.values for _, kv, _ in head] + [scaled], dim=2)
+        ids = [t for _, kv, _ in parts for t in kv.token_ids]
+        kv = PackedKV(keys, values, ids)
+    else:
+        kv = PackedKV(last.keys, scaled, last.token_ids)
+    cached = sum(p.num_tokens for _, p, t in parts if t in (Tier.L1, Tier.L2))
+    tier = max((t for _, _, t in parts), key=_ORDER.__getitem__)
+    return ChainKV(kv, tier, cached, {k: t.value for k, _, t in parts},
+                   sum(p.nbytes for _, p, _ in parts))
