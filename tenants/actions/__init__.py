@@ -7,6 +7,7 @@ One module per concern; everything is re-exported here, so callers keep using
 from tenants.actions.base import assert_actor_may_manage, audit
 from tenants.actions.budgets import PERIODS as BUDGET_PERIODS
 from tenants.actions.budgets import (
+    check_budget,
     do_claim_chat_within_budget,
     do_clear_budget,
     do_set_budget,
@@ -63,6 +64,7 @@ from tenants.actions.tokens import do_create_api_token, do_revoke_api_token
 
 __all__ = [
     "BUDGET_PERIODS",
+    "check_budget",
     "do_claim_chat_within_budget",
     "do_clear_budget",
     "do_set_budget",

@@ -45,17 +45,22 @@ def _check_under_tenant(tenant: Tenant, tokens: int, period: str) -> None:
                                                                                "tenant's budget."]})
 
 
-@transaction.atomic
-def do_set_budget(tenant: Tenant, *, tokens: int, period: str, member: Member | None = None,
-                  actor=None) -> TokenBudget:
-    """Create or change the budget of ``tenant`` (``member`` None) or of one member."""
-    _check_authority(tenant, member, actor)
+def check_budget(tenant: Tenant, member: Member | None, tokens, period: str) -> None:
+    """InvalidInput unless ``tokens``/``period`` make a valid budget here (forms call it)."""
     if period not in PERIODS:
         raise InvalidInput(f"The period must be one of {', '.join(PERIODS)}.")
     if not isinstance(tokens, int) or tokens < 1:
         raise InvalidInput("A budget is a whole number of tokens, at least 1.")
     if member is not None:
         _check_under_tenant(tenant, tokens, period)
+
+
+@transaction.atomic
+def do_set_budget(tenant: Tenant, *, tokens: int, period: str, member: Member | None = None,
+                  actor=None) -> TokenBudget:
+    """Create or change the budget of ``tenant`` (``member`` None) or of one member."""
+    _check_authority(tenant, member, actor)
+    check_budget(tenant, member, tokens, period)
     budget = TokenBudget.objects.select_for_update().filter(tenant=tenant, member=member).first()
     before = None if budget is None else {"tokens": budget.tokens, "period": budget.period}
     if budget is None:

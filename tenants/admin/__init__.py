@@ -16,6 +16,7 @@ ModelAdmin (and re-registers User/Group for superusers only).
 from django.contrib import admin
 
 from tenants.admin.audit import AuditLogAdmin
+from tenants.admin.budgets import TokenBudgetAdmin, TokenBudgetForm
 from tenants.admin.members import (
     MemberAddForm,
     MemberAdmin,
@@ -49,6 +50,8 @@ __all__ = [
     "TenantAdmin",
     "TenantForm",
     "TenantScopedAdmin",
+    "TokenBudgetAdmin",
+    "TokenBudgetForm",
     "TokensGoWithTheirMember",
     "admin_scope",
     "in_scope",
