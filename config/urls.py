@@ -7,6 +7,7 @@ from tenants.admin import usage as admin_usage
 from tenants.admin.views import view_on_site
 from tenants.api import health, metrics
 from tenants.api import views as api
+from tenants.api.billing import views as api_billing
 from tenants.v1 import views as openai_api
 
 handler404 = "tenants.admin.errorpages.not_found"  # JSON for the API, admin look for /admin/
@@ -37,6 +38,7 @@ urlpatterns = [
          name="api-conversation"),
     path("api/preference", api.PreferenceView.as_view(), name="api-preference"),
     path("api/me", api.MeView.as_view(), name="api-me"),
+    path("api/usage", api_billing.UsageView.as_view(), name="api-usage"),
     path("api/tenant/instructions", api.TenantInstructionsView.as_view(),
          name="api-tenant-instructions"),
     path("v1/chat/completions", openai_api.ChatCompletionsView.as_view(),

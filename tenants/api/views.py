@@ -47,7 +47,8 @@ _STATUS = {
     413: "The request body is too large.",
     415: "The body is not application/json.",
     422: "This Idempotency-Key was used for a chat with another body.",
-    429: "Rate limit hit (`Retry-After`).",
+    429: "Rate limit, tokens-per-minute limit (`throttled`) or token budget "
+         "(`budget_exceeded`) hit (`Retry-After`).",
     502: "The worker failed to generate.",
     503: "A worker, the task queue or a backing service is unavailable (`Retry-After`).",
 }
