@@ -108,6 +108,8 @@ def answer(
     usage = {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
+        # prompt tokens whose K/V came from a cache (never more than prompt_tokens)
+        "cached_tokens": result.cached_tokens,
         "message_tokens": adapter.count_tokens(message),
     }
     cache = result.cache_info()
@@ -115,7 +117,8 @@ def answer(
     # content_hash: the preference text's (as GET /api/preference reports it);
     # segment_hash: the injected system turn's, i.e. the K/V's identity
     cache["segment_hash"] = cache["content_hash"]
-    applied = pref is not None and result.injection_mode != "none"
+    applied = pref is not None and result.extra.get(
+        "preference_applied", result.injection_mode != "none")
     cache["content_hash"] = pref.content_hash if applied else ""
     cache["instructions_version"] = member.tenant.instructions_version
     cache["finish_reason"] = result.finish_reason

@@ -52,7 +52,9 @@ def reply(member_id: int, message: str, variant: str, preference_text: str | Non
     started = time.monotonic()
     member = load_member(member_id)
     tokens = int(max_new_tokens or settings.CHAT_DEFAULT_MAX_NEW_TOKENS)
-    req = _request(member, message, variant, preference_text, alpha, tokens)
+    # a one-off reply: its sequence K/V is never kept as a conversation entry
+    req = dataclasses.replace(_request(member, message, variant, preference_text, alpha, tokens),
+                              reuse_conversation=False)
     pub = streams.publisher(stream_id) if stream_id else None
     if pub is not None:
         req = dataclasses.replace(req, on_text=pub.piece, cancelled=pub.cancelled)
@@ -67,7 +69,8 @@ def reply(member_id: int, message: str, variant: str, preference_text: str | Non
     return {
         "variant": variant, "reply": result.text, "tier": result.tier.value,
         "prompt_tokens": result.prompt_tokens, "completion_tokens": result.completion_tokens,
-        "kv_tokens": result.kv_tokens,  # the injected system turn (not in prompt_tokens)
+        "kv_tokens": result.kv_tokens,  # the injected system turn (counted in prompt_tokens)
+        "cached_tokens": result.cached_tokens,
         "latency_ms": round((time.monotonic() - started) * 1000, 1),
         "kv_fetch_ms": round(result.kv_fetch_latency_ms, 1),
         "inference_ms": round(result.inference_latency_ms, 1),

@@ -56,8 +56,13 @@ class ChatRequestSerializer(serializers.Serializer):
 
 
 class UsageSerializer(serializers.Serializer):
-    prompt_tokens = serializers.IntegerField()
+    prompt_tokens = serializers.IntegerField(
+        help_text="Every token the model read before the reply, the injected system turn "
+                  "(instructions + preference) included.")
     completion_tokens = serializers.IntegerField()
+    cached_tokens = serializers.IntegerField(
+        required=False, help_text="Of prompt_tokens, those whose K/V was served from the "
+                                  "cache (shared tenant segment, member segment, conversation).")
 
 
 class CacheInfoSerializer(serializers.Serializer):
