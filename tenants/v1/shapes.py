@@ -236,9 +236,13 @@ def finish_reason(cache: dict[str, Any]) -> str:
     return "length" if cache.get("finish_reason") == "length" else "stop"
 
 
-def usage(u: dict[str, Any]) -> dict[str, int]:
+def usage(u: dict[str, Any]) -> dict[str, Any]:
+    """OpenAI's usage object; ``prompt_tokens`` counts the injected system turn too and
+    ``prompt_tokens_details.cached_tokens`` the part of it served from the K/V cache."""
     prompt, done = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done}
+    cached = max(0, min(int(u.get("cached_tokens") or 0), prompt))
+    return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def model_list(model_path: str) -> dict[str, Any]:
