@@ -12,12 +12,22 @@ from tenants.admin import charts
 from tenants.admin.csvexport import csv_response
 from tenants.admin.scoping import admin_scope, scope_queryset
 from tenants.models import Tenant
+from tenants.usage import billing
 from tenants.usage import report as usage_report
 from tenants.usage.accounting import TIERS, Totals
 
-CSV_HEADER = ("group", "requests", "errors", "tokens_in", "tokens_out",
-              *(f"hit_rate_{t}" for t in TIERS), "latency_p50_ms", "latency_p95_ms",
-              "ttft_p50_ms", "ttft_p95_ms")
+# (CSV column, the page's title): CSV keeps stable machine names, the page speaks plainly.
+COLUMNS = (
+    ("group", ""), ("requests", "Replies"), ("errors", "Failed"),
+    ("tokens_in", "Prompt tokens"), ("tokens_in_cached", "of which from cache"),
+    ("tokens_in_computed", "of which computed"), ("tokens_out", "Completion tokens"),
+    ("hit_rate_l1", "Personalisation from worker memory"), ("hit_rate_l2", "from Redis"),
+    ("hit_rate_compute", "recomputed"), ("hit_rate_none", "none injected"),
+    ("latency_p50_ms", "Latency, median (ms)"), ("latency_p95_ms", "Latency, 95th pct (ms)"),
+    ("ttft_p50_ms", "First token, median (ms)"), ("ttft_p95_ms", "First token, 95th pct (ms)"),
+)
+CSV_HEADER = tuple(name for name, _ in COLUMNS)
+TITLES = tuple(title for _, title in COLUMNS)
 
 
 def _report(request) -> usage_report.Report:
@@ -37,6 +47,14 @@ def _report(request) -> usage_report.Report:
     return usage_report.build(tenants, days=days)
 
 
+def _tenant_ids(request, report: usage_report.Report) -> list[int]:
+    """The tenants the report covers (one, or every tenant the viewer may see)."""
+    if report.tenant is not None:
+        return [report.tenant.pk]
+    tenants = scope_queryset(Tenant.objects.all(), admin_scope(request))
+    return list(tenants.values_list("pk", flat=True))
+
+
 def _fmt(value, pct=False) -> str:
     if value is None:
         return ""
@@ -44,7 +62,8 @@ def _fmt(value, pct=False) -> str:
 
 
 def csv_row(t: Totals) -> tuple:
-    return (t.label, t.requests, t.errors, t.prompt_tokens, t.completion_tokens,
+    return (t.label, t.requests, t.errors, t.prompt_tokens, t.cached_tokens,
+            t.prompt_tokens - t.cached_tokens, t.completion_tokens,
             *(_fmt(t.hit_rate(tier), pct=True) for tier in TIERS),
             _fmt(t.p("latency", 50)), _fmt(t.p("latency", 95)),
             _fmt(t.p("ttft", 50)), _fmt(t.p("ttft", 95)))
@@ -65,9 +84,11 @@ def usage_view(request):
                      ("p95", [d.p("latency", 95) for d in report.days])], unit=""),
     ]
     scope = admin_scope(request)
+    ids = _tenant_ids(request, report)
     context = {
         **admin.site.each_context(request), "title": "Usage", "report": report,
-        "charts": day_charts, "header": CSV_HEADER,
+        "charts": day_charts, "header": TITLES,
+        "budgets": billing.budgets(ids), "alerts": billing.alerts(ids),
         "total_row": csv_row(report.total),
         "day_rows": [csv_row(d) for d in reversed(report.days)],
         "member_rows": [csv_row(m) for m in report.members],
@@ -80,6 +101,12 @@ def usage_view(request):
 def usage_csv(request):
     report = _report(request)
     by = request.GET.get("by", "day")
+    if by == "line":  # billing: one line per member, model and UTC day
+        ids = _tenant_ids(request, report)
+        name = report.tenant.slug if report.tenant else "all-tenants"
+        lines = billing.rows(ids, report.start, report.end)
+        return csv_response(f"usage-{name}-by-member-model-day.csv", billing.FIELDS,
+                            [[line[f] for f in billing.FIELDS] for line in lines])
     groups = report.members if by == "member" else report.days
     name = report.tenant.slug if report.tenant else "all-tenants"
     return csv_response(f"usage-{name}-by-{'member' if by == 'member' else 'day'}.csv",

@@ -9,6 +9,7 @@ import io
 import pytest
 from django.test import Client
 
+from tenants.admin.usage import CSV_HEADER
 from tests.tenants.conftest import admin_client, token_client
 from tests.tenants.test_usage import fail, record
 
@@ -37,9 +38,11 @@ def test_tenant_admin_sees_own_usage_with_charts(chats, acme):
     assert html.count('<figure class="kvi-chart">') == 3
     assert "<title>" + page.context["report"].end.isoformat() + ": requests 3</title>" in html
     assert "globex" not in html
-    total = page.context["total_row"]
-    assert total[:5] == ("total", 3, 1, 31, 13)
-    assert total[5:9] == ("33.3%", "33.3%", "33.3%", "0.0%")
+    total = dict(zip(CSV_HEADER, page.context["total_row"], strict=True))
+    assert [total[c] for c in ("group", "requests", "errors", "tokens_in", "tokens_out")] == [
+        "total", 3, 1, 31, 13]
+    assert [total[f"hit_rate_{t}"] for t in ("l1", "l2", "compute", "none")] == [
+        "33.3%", "33.3%", "33.3%", "0.0%"]
     assert [r[0] for r in page.context["member_rows"]] == ["acme/acme-user", "acme/acme-other"]
     assert 'href="/admin/usage/"' in client.get("/admin/").content.decode()
 
@@ -56,10 +59,13 @@ def test_tenant_admin_cannot_reach_another_tenant(chats, acme):
 
 def test_superuser_sees_all_tenants_or_one(chats, superuser):
     client = admin_client("root", "pw-root-123")
-    total = client.get("/admin/usage/").context["total_row"]
-    assert total[1:5] == (4, 1, 1031, 513)
+    def counts(row):
+        row = dict(zip(CSV_HEADER, row, strict=True))
+        return [row[c] for c in ("requests", "errors", "tokens_in", "tokens_out")]
+
+    assert counts(client.get("/admin/usage/").context["total_row"]) == [4, 1, 1031, 513]
     page = client.get("/admin/usage/?tenant=globex&days=7")
-    assert page.context["total_row"][1:5] == (1, 0, 1000, 500)
+    assert counts(page.context["total_row"]) == [1, 0, 1000, 500]
     assert len(page.context["day_rows"]) == 7
     rows = csv_rows(client.get("/admin/usage/export.csv?tenant=globex&days=7&by=day"))
     assert len(rows) == 7 and sum(int(r["requests"]) for r in rows) == 1
