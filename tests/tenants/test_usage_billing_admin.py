@@ -54,3 +54,13 @@ def test_billing_csv_has_a_line_per_member_model_and_day(acme, globex):
     per_member = csv_rows(client.get("/admin/usage/export.csv?by=member"))
     assert {r["group"]: r["tokens_in_cached"] for r in per_member} == {
         "acme/acme-user": "24", "acme/acme-other": "0"}
+
+
+def test_the_admin_home_shows_the_banner_to_the_tenants_admin_only(acme, globex):
+    actions.do_set_budget(acme.tenant, tokens=40, period="day")
+    store_chat(acme.user, 30, 12)  # 42 of 40: spent
+    home = admin_client("acme-admin", "pw-admin-123").get("/admin/").content.decode()
+    assert "Budget spent:" in home and "tenant acme has used 42 of 40 tokens" in home
+    assert "New chats are refused" in home
+    other = admin_client("globex-admin", "pw-admin-123").get("/admin/").content.decode()
+    assert "kvi-budget-alert" not in other and "acme" not in other
