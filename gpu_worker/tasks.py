@@ -14,7 +14,7 @@ import redis
 from celery import shared_task
 from django.conf import settings
 
-from gpu_worker.ops.logpolicy import PrivateArgsTask
+from gpu_worker.ops.taskauth import SignedTask
 from gpu_worker.routing import registry
 from gpu_worker.serving import chat_service, host, playground
 from gpu_worker.serving.runtime import serving, worker_id
@@ -27,7 +27,9 @@ log = logging.getLogger(__name__)
 # deprecated in Celery 5 and would hide the route from the settings.
 GPU_TASK = {
     "bind": True,
-    "base": PrivateArgsTask,  # what Celery logs of the args carries no text
+    # signed messages only (gpu_worker.ops.taskauth); what Celery logs of the args
+    # carries no text (gpu_worker.ops.logpolicy)
+    "base": SignedTask,
     "acks_late": True,
     "reject_on_worker_lost": True,
     "soft_time_limit": settings.CHAT_SOFT_TIME_LIMIT,

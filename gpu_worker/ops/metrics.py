@@ -35,6 +35,8 @@ STREAMS = Counter("kvi_chat_streams", "Streamed chats relayed by the web, by out
 # worker side
 CHAT_CANCELLED = Counter("kvi_chat_cancelled", "Generations stopped because the client left")
 TASKS = Counter("kvi_worker_tasks", "GPU tasks run, by task and outcome", ["task", "outcome"])
+TASKS_REFUSED = Counter("kvi_worker_task_messages_refused",
+                        "Task messages refused unrun: missing or bad signature", ["task"])
 TASK_SECONDS = Histogram("kvi_worker_task_seconds", "GPU task run time", ["task"],
                          buckets=_SECONDS)
 QUEUE_WAIT = Histogram("kvi_worker_queue_wait_seconds", "Time from enqueue to start",
