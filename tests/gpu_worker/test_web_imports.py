@@ -15,7 +15,9 @@ import django
 django.setup()
 import tenants.api.views, tenants.admin, gpu_worker.tasks
 from gpu_worker.channels import kvstore
-result = kvstore.invalidate(1, 2)  # real L2 evict + control-channel publish
+# real L2 evict + control-channel publish, for ids no test creates (tenant 1's K/V may
+# be in the shared test Redis, left by whichever test ran before)
+result = kvstore.invalidate(10**9 + 1, 10**9 + 2)
 assert result["l2_deleted"] == 0, result
 heavy = sorted(m for m in ("torch", "transformers") if m in sys.modules)
 print("heavy:", heavy)
