@@ -61,12 +61,16 @@ def _count(tokenizer: Any, texts: list[str]) -> int:
 
 
 def completion_room(model_path: str | Path, texts: list[str], *, requested: int | None,
-                    cap: int, param: str = "max_tokens") -> int:
+                    cap: int, param: str = "max_tokens", history: list[str] = (),
+                    history_cap: int | None = None) -> int:
     """``max_new_tokens`` for an OpenAI-style request, as OpenAI decides it.
 
-    ``requested`` (a ``max_tokens``) that cannot fit beside ``texts`` is OpenAI's
-    context-length error naming ``param``; one that fits is served up to the server's
-    ``cap``. Without one, the reply may run until the context is full (at most ``cap``).
+    ``texts`` must fit (the new message, the member's context); ``history`` (the earlier
+    turns) is what the worker keeps in whole turns, newest first, as far as the context and
+    ``history_cap`` allow, so it never makes a request fail. A ``requested`` length (a
+    ``max_tokens``) that cannot fit beside ``texts`` is OpenAI's context-length error naming
+    ``param``; one that fits is served up to the server's ``cap``. Without one the reply
+    may run until the context is full (at most ``cap``), history counted as it will be kept.
     """
     limits = model_limits(str(model_path))
     if limits is None:
@@ -84,7 +88,13 @@ def completion_room(model_path: str | Path, texts: list[str], *, requested: int 
     if room < 1:
         raise ContextLengthExceeded(
             f"This model's maximum context length is {max_pos} tokens. However, your "
-            f"messages and your preference need at least {prompt} tokens, which leaves no "
+            f"message and your preference need at least {prompt} tokens, which leaves no "
             f"room for a reply. Please reduce the length of the messages.", param="messages",
             needed_tokens=prompt, context_tokens=max_pos)
-    return min(requested if requested is not None else room, cap)
+    if requested is not None:
+        return min(requested, cap)
+    kept = _count(tokenizer, list(history)) + MARKUP_TOKENS * len(history)
+    kept = kept if history_cap is None else min(kept, history_cap)
+    if room - kept >= 1:  # else the worker drops history to make room
+        room -= kept
+    return min(room, cap)

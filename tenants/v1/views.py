@@ -68,11 +68,12 @@ class ChatCompletionsView(OpenAIView):
         if conversation_id is not None:
             actions.get_conversation(member, conversation_id)  # 404 unless the caller's own
         message = data["messages"][-1]["content"]
-        texts = [m["content"] for m in data["messages"]]
         requested, field = openai_io.requested_tokens(data)
-        max_new_tokens = completion_room(chat_model_path(), [*texts, *_context_texts(member)],
-                                         requested=requested, param=field,
-                                         cap=settings.CHAT_MAX_NEW_TOKENS)
+        kept, history = _kept_and_history(data["messages"])
+        max_new_tokens = completion_room(
+            chat_model_path(), [*kept, *_context_texts(member)], requested=requested,
+            param=field, cap=settings.CHAT_MAX_NEW_TOKENS, history=history,
+            history_cap=settings.CHAT_HISTORY_TOKEN_BUDGET)
         params = openai_io.chat_params(data, max_new_tokens)
         key = idempotency_key(request)
         if data.get("stream"):
@@ -88,3 +89,11 @@ class ChatCompletionsView(OpenAIView):
                                  request.kvi_request_id)
         headers = {"Idempotent-Replayed": "true"} if outcome.replayed else None
         return Response(openai_io.completion(outcome.body, model), headers=headers)
+
+
+def _kept_and_history(messages: list[dict]) -> tuple[list[str], list[str]]:
+    """What the worker always keeps (leading system messages, the new message) and the
+    turns between, which it keeps newest first as far as the context allows."""
+    head = next(i for i, m in enumerate(messages) if m["role"] != "system")
+    return ([m["content"] for m in (*messages[:head], messages[-1])],
+            [m["content"] for m in messages[head:-1]])

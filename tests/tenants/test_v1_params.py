@@ -117,6 +117,17 @@ def test_completion_room_follows_openai(real_model_path):
         completion_room(path, texts, requested=max_pos - prompt + 1, cap=10**6,
                         param="max_completion_tokens")
     assert err.value.details["param"] == "max_completion_tokens"
+    # earlier turns never make a request fail (the worker keeps what fits, newest first);
+    # without max_tokens the room left is what they will take, up to the history cap
+    turn = "Yesterday we had pasta."
+    kept = len(tokenizer.encode(turn, add_special_tokens=False).ids) + MARKUP_TOKENS
+    assert completion_room(path, texts, requested=None, cap=10**6, history=[turn]) == \
+        room - kept
+    assert completion_room(path, texts, requested=None, cap=10**6, history=[turn] * 500,
+                           history_cap=1024) == room - 1024
+    endless = ["vegetables " * max_pos]
+    assert completion_room(path, texts, requested=None, cap=10**6, history=endless) == room
+    assert completion_room(path, texts, requested=100, cap=10**6, history=endless) == 100
     # without a readable model dir nothing is refused here (the worker checks exactly)
     assert completion_room("/nonexistent", texts, requested=None, cap=77) == 77
     assert completion_room("/nonexistent", texts, requested=10**6, cap=77) == 77
