@@ -177,6 +177,12 @@ WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
 WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024**3)
 # An idle engine waits this long for a burst before its first prefill (0: start at once).
 WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)
+# The batch engine's watchdog: a scheduler busy without progress (one prefill or decoding
+# step) for this long, or dead, fails its requests (503, retryable) and the worker process
+# exits to be replaced (0: no watchdog). Far above any single step's time.
+ENGINE_WATCHDOG_SECONDS = env_float("ENGINE_WATCHDOG_SECONDS", 60.0)
+# After tripping, wait this long at most for the failed tasks to report before exiting.
+ENGINE_WATCHDOG_EXIT_GRACE = env_float("ENGINE_WATCHDOG_EXIT_GRACE", 10.0)
 KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
 

@@ -92,6 +92,13 @@ class Overloaded(WorkerUnavailable):
     code, default_message = "overloaded", "The model workers are saturated; retry later."
 
 
+class EngineUnavailable(WorkerUnavailable):
+    # Same class name as injection.errors.EngineUnavailable: a worker's engine stopped or its
+    # watchdog found it stuck; the request was not answered and the worker restarts.
+    code = "engine_unavailable"
+    default_message = "The model engine restarted while answering; retry the request."
+
+
 class ChatAbandoned(WorkerUnavailable):
     """Raised by a worker: the request passed its deadline or the web gave up on it."""
 

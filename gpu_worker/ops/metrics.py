@@ -41,6 +41,8 @@ TASK_SECONDS = Histogram("kvi_worker_task_seconds", "GPU task run time", ["task"
                          buckets=_SECONDS)
 QUEUE_WAIT = Histogram("kvi_worker_queue_wait_seconds", "Time from enqueue to start",
                        buckets=_SECONDS)
+ENGINE_WATCHDOG = Counter("kvi_engine_watchdog_trips", "Batch engine schedulers found stuck "
+                          "or dead (the worker then restarts), by reason", ["reason"])
 
 
 class QueueCollector:
@@ -96,8 +98,19 @@ class EngineCollector:
         yield from (requests, hits, misses)
         yield _counter("kvi_cache_computes", "Preference K/V recomputed", c.get("computes", 0))
         yield _counter("kvi_invalidations", "Invalidations handled", c.get("invalidations", 0))
+        yield from self._batch(stats.get("batch") or {})
         yield from self._l1(stats.get("l1") or {})
         yield from self._l2(stats.get("l2") or {})
+
+    def _batch(self, batch: dict) -> Iterator[Metric]:
+        """The batch engine's contained failures (rows failed alone, OOM shrinks, ...)."""
+        faults = CounterMetricFamily("kvi_engine_faults", "Batch engine failures contained, "
+                                     "by kind", labels=["kind"])
+        for kind in ("row_failures", "step_failures", "oom_shrinks", "resumed",
+                     "keep_kv_failures", "watchdog_trips"):
+            if kind in batch:
+                faults.add_metric([kind], batch[kind])
+        yield faults
 
     def _l1(self, l1: dict) -> Iterator[Metric]:
         if "bytes" not in l1:

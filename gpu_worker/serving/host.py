@@ -9,7 +9,9 @@ from __future__ import annotations
 import fcntl
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 from django.conf import settings
@@ -18,6 +20,14 @@ from django.core.exceptions import ImproperlyConfigured
 log = logging.getLogger(__name__)
 _lock = threading.Lock()
 _executor = None
+_on_built: list[Callable[[Any], None]] = []  # called with each executor this process builds
+
+
+def on_executor_built(hook: Callable[[Any], None]) -> None:
+    """Run ``hook(executor)`` whenever this process builds its executor (e.g. the engine
+    watchdog, which lives above this module)."""
+    if hook not in _on_built:
+        _on_built.append(hook)
 
 
 def model_path(progress=None) -> Path:
@@ -68,6 +78,8 @@ def get_executor():
     with _lock:
         if _executor is None:
             _executor = _build_executor()
+            for hook in _on_built:
+                hook(_executor)
     return _executor
 
 

@@ -26,7 +26,7 @@ from gpu_worker.errors import RedeliveryLimitExceeded
 from gpu_worker.ops import metrics
 from gpu_worker.routing import registry
 from gpu_worker.routing.agent import WorkerAgent
-from gpu_worker.serving import host
+from gpu_worker.serving import enginewatch, host
 from gpu_worker.serving.handlers import HANDLERS, evict
 from gpu_worker.serving.limits import Running, Watchdog
 from gpu_worker.serving.state import STATE
@@ -72,8 +72,14 @@ def start_serving_process() -> None:
         STATE.metrics_port = metrics.start_worker_server(
             settings.WORKER_METRICS_PORT, settings.WORKER_METRICS_ADDR
         )
+    # a stuck or dead engine scheduler fails its requests and restarts this process
+    host.on_executor_built(_watch_engine)
     if os.environ.get("WORKER_PRELOAD_MODEL", "1") == "1":
         host.get_executor()
+
+
+def _watch_engine(executor: Any) -> None:
+    enginewatch.start(executor.engine)
 
 
 def start_agent() -> None:
@@ -103,6 +109,7 @@ def shutdown() -> None:
 
 def close_serving_process() -> None:
     """The process that served requests exits: queued L2 writes land first (bounded)."""
+    enginewatch.stop()  # the engine closes now: that is no stall
     host.close_executor(settings.WORKER_L2_FLUSH_TIMEOUT)
 
 
