@@ -19,7 +19,11 @@ def to_host(t: torch.Tensor) -> torch.Tensor:
 
 
 class KVTimer:
-    """Times the cache build; on CUDA with events (no extra sync) plus the memory peak."""
+    """Times the cache build; on CUDA with events plus the memory peak.
+
+    The events are recorded on the stream without waiting; :meth:`elapsed_ms` waits for
+    the end event only (the timed work, not whatever was queued after it) before reading.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device, self.cuda = device, device.type == "cuda"
@@ -41,7 +45,10 @@ class KVTimer:
             self.peak_bytes = max(0, torch.cuda.max_memory_allocated(self.device) - self._base)
 
     def elapsed_ms(self) -> float:
-        """Call after the work that follows has synchronised (e.g. generation)."""
+        """Milliseconds the timed work took on the device (host time without CUDA)."""
         if self.cuda:
+            # elapsed_time() of an event the device has not reached yet raises (or reads a
+            # time that is not there yet): wait for the end event first
+            self._end.synchronize()
             return float(self._start.elapsed_time(self._end))
         return self._ms

@@ -90,8 +90,10 @@ class InjectionExecutor:
         try:
             result = self._with_oom_retry(lambda: self._execute_once(req))
         finally:
-            if self._on_cuda():
-                torch.cuda.empty_cache()  # the one cleanup point: the request boundary
+            if self.engine is None and self._on_cuda():
+                # the request boundary cleans up only without the batch engine: there other
+                # rows are mid-generation and only OOM recovery empties the allocator's cache
+                torch.cuda.empty_cache()
         self.metrics.incr(f"requests_tier_{result.tier.value}")
         return result
 
