@@ -1,0 +1,82 @@
+"""Token budgets end to end: live HTTP server -> real Celery worker -> Postgres, driven by
+the official openai SDK. A capped reservation ends the reply with finish_reason "length";
+concurrent requests against a small budget never overshoot it by more than one request."""
+
+from __future__ import annotations
+
+import threading
+
+import openai
+import pytest
+
+from tenants import actions
+from tenants.budgets import estimate
+from tenants.models import ChatExchange, UsageDay
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+QUESTION = "What should I cook?"
+
+
+@pytest.fixture
+def client(live_server, member_key, settings, demo_model_path):
+    settings.MODEL_PATH = str(demo_model_path)  # the web counts with the worker's tokenizer
+    return openai.OpenAI(base_url=f"{live_server.url}/v1", api_key=member_key[1],
+                         max_retries=0, timeout=180)
+
+
+def ask(client, max_tokens: int):
+    return client.chat.completions.create(
+        model="kvinject", max_tokens=max_tokens, temperature=0,
+        messages=[{"role": "user", "content": QUESTION}])
+
+
+def spent(tenant) -> int:
+    return sum(r.prompt_tokens + r.completion_tokens
+               for r in UsageDay.objects.filter(tenant=tenant))
+
+
+def test_a_capped_reservation_ends_with_length_then_the_budget_refuses(client, gpu_worker,
+                                                                      member_key):
+    member, _ = member_key
+    prompt = estimate.prompt_estimate(member, None, QUESTION, {"history": []})
+    actions.do_set_budget(member.tenant, member=member, tokens=prompt + 3, period="day")
+    r = ask(client, max_tokens=20)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 3  # what the budget held, not the 20 asked
+    with pytest.raises(openai.RateLimitError) as refused:
+        ask(client, max_tokens=20)
+    assert refused.value.code == "budget_exceeded"
+    assert refused.value.body["type"] == "insufficient_quota"
+    assert int(refused.value.response.headers["retry-after"]) > 0
+    assert spent(member.tenant) == r.usage.total_tokens
+    assert not ChatExchange.objects.filter(state="pending").exists()
+
+
+def test_concurrent_requests_never_overshoot_a_small_budget(client, gpu_worker, member_key):
+    member, _ = member_key
+    max_tokens = 8
+    one = estimate.prompt_estimate(member, None, QUESTION, {"history": []}) + max_tokens
+    budget = int(2.5 * one)
+    actions.do_set_budget(member.tenant, tokens=budget, period="day")
+    answers, refusals, start = [], [], threading.Barrier(6)
+
+    def one_request():
+        start.wait()
+        try:
+            answers.append(ask(client, max_tokens))
+        except openai.RateLimitError as exc:
+            refusals.append(exc)
+
+    threads = [threading.Thread(target=one_request) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert len(answers) + len(refusals) == 6
+    assert 2 <= len(answers) <= 3 and refusals
+    assert all(e.code == "budget_exceeded" for e in refusals)
+    total = spent(member.tenant)
+    assert total == sum(a.usage.total_tokens for a in answers)
+    biggest = max(a.usage.total_tokens for a in answers)
+    assert total <= budget + biggest, (total, budget, biggest)
+    assert not ChatExchange.objects.filter(state="pending").exists()  # all settled
