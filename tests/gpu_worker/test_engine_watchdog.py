@@ -6,6 +6,7 @@ nothing depends on the machine's speed."""
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import time
@@ -121,3 +122,38 @@ def test_the_web_answers_an_engine_failure_with_a_retryable_503():
     assert isinstance(err, web_errors.EngineUnavailable)
     assert isinstance(err, web_errors.WorkerUnavailable)  # retry_after + idempotency key
     assert err.status == 503 and err.code == "engine_unavailable"
+
+
+def test_contained_engine_faults_are_exported(demo_model_path, monkeypatch):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from gpu_worker.ops import metrics
+    from gpu_worker.serving import host
+    from injection import ExecutionRequest, build_executor
+
+    adapter = load_adapter(str(demo_model_path), device="cpu", dtype="fp32")
+    real, calls = adapter.model, []
+
+    def failing_first_prefill(**kw):
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected prefill fault")
+        return real(**kw)
+
+    ex = build_executor(adapter, batch_max=2)
+    ex.engine.adapter = copy.copy(adapter)
+    ex.engine.adapter.model = failing_first_prefill
+    failing_first_prefill.config = real.config
+    monkeypatch.setattr(host, "_executor", ex)
+    req = ExecutionRequest("t-1", "", [{"role": "user", "content": "hello"}], "", max_new_tokens=2)
+    try:
+        with pytest.raises(RuntimeError, match="injected"):
+            ex.execute(req)
+        ex.execute(req)  # the engine goes on serving
+    finally:
+        ex.close()
+    registry = CollectorRegistry()
+    registry.register(metrics.EngineCollector())
+    text = generate_latest(registry).decode()
+    assert 'kvi_engine_faults_total{kind="row_failures"} 1.0' in text
+    assert 'kvi_engine_faults_total{kind="watchdog_trips"} 0.0' in text
