@@ -187,11 +187,8 @@ KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
 
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
-# The longest reply (tokens) one chat may generate; /v1 without max_tokens runs until the
-# model stops or the context is full, up to this. A generation must end inside
-# CHAT_SOFT_TIME_LIMIT (past it the task fails and the reply is lost, where this cap ends it
-# with finish_reason "length"): 512 tokens take ~40 s at the ~13 tokens/s SmolLM2-135M
-# decodes on 2 CPU cores (docs/API.md, "Lengths"). On a GPU raise it with the time limits.
+# The longest reply (tokens); /v1 without max_tokens runs to it or to the context's end. It
+# must end inside CHAT_SOFT_TIME_LIMIT at your decode speed (docs/API.md, "Lengths").
 CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 512)
 CHAT_DEFAULT_MAX_NEW_TOKENS = env_int("CHAT_DEFAULT_MAX_NEW_TOKENS", 32)
 CHAT_HISTORY_TOKEN_BUDGET = env_int("CHAT_HISTORY_TOKEN_BUDGET", 1024)

@@ -84,6 +84,8 @@ def completion_room(model_path: str | Path, texts: list[str], *, requested: int 
             f"preference, {requested} in the completion). Please reduce the length of the "
             f"messages or the completion.", param=param, needed_tokens=prompt + requested,
             context_tokens=max_pos)
+    if requested is not None:  # refused above only if it certainly cannot fit
+        return min(requested, cap)
     room = max_pos - prompt - MARKUP_TOKENS * (len(texts) + 1)
     if room < 1:
         raise ContextLengthExceeded(
@@ -91,8 +93,6 @@ def completion_room(model_path: str | Path, texts: list[str], *, requested: int 
             f"message and your preference need at least {prompt} tokens, which leaves no "
             f"room for a reply. Please reduce the length of the messages.", param="messages",
             needed_tokens=prompt, context_tokens=max_pos)
-    if requested is not None:
-        return min(requested, cap)
     kept = _count(tokenizer, list(history)) + MARKUP_TOKENS * len(history)
     kept = kept if history_cap is None else min(kept, history_cap)
     if room - kept >= 1:  # else the worker drops history to make room

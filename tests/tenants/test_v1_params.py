@@ -117,6 +117,11 @@ def test_completion_room_follows_openai(real_model_path):
         completion_room(path, texts, requested=max_pos - prompt + 1, cap=10**6,
                         param="max_completion_tokens")
     assert err.value.details["param"] == "max_completion_tokens"
+    # a max_tokens is refused only when it certainly cannot fit (no markup reserve)
+    near = ["vegetables" + " vegetables" * (max_pos - 6)]
+    left = max_pos - sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in near)
+    assert 1 <= left < MARKUP_TOKENS * 2
+    assert completion_room(path, near, requested=left, cap=10**6) == left
     # earlier turns never make a request fail (the worker keeps what fits, newest first);
     # without max_tokens the room left is what they will take, up to the history cap
     turn = "Yesterday we had pasta."
