@@ -1,6 +1,7 @@
 """Token budgets end to end: live HTTP server -> real Celery worker -> Postgres, driven by
 the official openai SDK. A capped reservation ends the reply with finish_reason "length";
-concurrent requests against a small budget never overshoot it by more than one request."""
+concurrent requests against a small budget never overshoot it by more than one request;
+the worker's cached prompt tokens reach the usage rollup and GET /api/usage."""
 
 from __future__ import annotations
 
@@ -80,3 +81,24 @@ def test_concurrent_requests_never_overshoot_a_small_budget(client, gpu_worker, 
     biggest = max(a.usage.total_tokens for a in answers)
     assert total <= budget + biggest, (total, budget, biggest)
     assert not ChatExchange.objects.filter(state="pending").exists()  # all settled
+
+
+def test_cached_prompt_tokens_reach_the_usage_api(client, gpu_worker, member_key, live_server):
+    import json
+    import urllib.request
+
+    member, _ = member_key
+    first, second = ask(client, max_tokens=2), ask(client, max_tokens=2)  # 2nd: K/V cached
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached > 0 and first.usage.prompt_tokens == second.usage.prompt_tokens
+    row = UsageDay.objects.get(tenant=member.tenant, member_ref=member.pk)
+    reported = first.usage.prompt_tokens_details.cached_tokens + cached
+    assert (row.requests, row.cached_tokens) == (2, reported)
+    admin = actions.do_add_member(member.tenant, "boss", admin=True)
+    req = urllib.request.Request(f"{live_server.url}/api/usage", headers={
+        "Authorization": f"Token {actions.do_create_api_token(admin)}"})
+    with urllib.request.urlopen(req, timeout=30) as response:
+        body = json.load(response)
+    (line,) = body["data"]
+    assert (line["member"], line["cached_tokens"], line["computed_tokens"]) == (
+        str(member), reported, row.prompt_tokens - reported)
