@@ -57,3 +57,21 @@ def test_members_are_refused_and_bad_periods_are_400(acme):
     assert admin.get("/api/usage?start=2020-01-01&end=2026-01-01").status_code == 400
     old = admin.get("/api/usage?start=2020-01-01&end=2020-01-31")
     assert old.status_code == 200 and old.json()["data"] == []
+
+
+def test_rebuild_from_the_audit_log_keeps_cached_tokens_and_the_model(acme):
+    from tenants.models import UsageDay
+    from tenants.usage.rebuild import rebuild
+
+    store_chat(acme.user, 30, 5, cached=24)
+    store_chat(acme.user, 10, 2, cached=3)
+    store_chat(acme.other, 7, 1)
+
+    def lines():
+        return sorted((r.member_ref, r.model, r.requests, r.prompt_tokens, r.cached_tokens,
+                       r.completion_tokens) for r in UsageDay.objects.all())
+
+    live = lines()
+    assert {(line[0], line[4]) for line in live} == {(acme.user.pk, 27), (acme.other.pk, 0)}
+    UsageDay.objects.all().delete()
+    assert rebuild() == 2 and lines() == live
