@@ -3,7 +3,8 @@
 The request id is made here, never taken from the client (it names the chat's Celery
 task and audit rows, so it must be unguessable and unique); a chat answer reports the
 same id in its body. The rate-limit headers describe the tightest of the member's and
-the tenant's limits (tenants.api.throttling) after this request, in OpenAI's names.
+the tenant's limits (tenants.api.throttling) after this request, in OpenAI's names
+(``-requests``; ``-tokens``: the tokens-per-minute limits, as counted before it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,11 @@ def _decorate(request, response):
         response.headers["x-ratelimit-limit-requests"] = str(state.limit)
         response.headers["x-ratelimit-remaining-requests"] = str(max(0, state.remaining))
         response.headers["x-ratelimit-reset-requests"] = f"{state.reset_s}s"
+    tokens = getattr(request, "kvi_tpm", None)  # tokens-per-minute limits, when set
+    if tokens is not None:
+        response.headers["x-ratelimit-limit-tokens"] = str(tokens.limit)
+        response.headers["x-ratelimit-remaining-tokens"] = str(max(0, tokens.remaining))
+        response.headers["x-ratelimit-reset-tokens"] = f"{tokens.reset_s}s"
     return response
 
 

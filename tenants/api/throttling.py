@@ -193,8 +193,8 @@ class MemberTenantThrottle(BaseThrottle):
 
     def allow_request(self, request, view) -> bool:
         member = request_member(request)
-        if self.scope == "chat":
-            check_tpm(member.tenant_id, member.pk)  # first: a refusal costs no request
+        if self.scope == "chat":  # first: a refusal costs no request
+            request._request.kvi_tpm = check_tpm(member.tenant_id, member.pk)
         try:
             state = check(self.scope, member.tenant_id, member.pk)
         except Throttled as exc:
@@ -204,16 +204,18 @@ class MemberTenantThrottle(BaseThrottle):
         return True
 
 
-def check_tpm(tenant_id: int, member_id: int) -> None:
+def check_tpm(tenant_id: int, member_id: int) -> tpm.TokenState | None:
     """Tokens-per-minute limits (``CHAT_TPM_PER_MEMBER`` / ``CHAT_TPM_PER_TENANT``,
-    tenants.budgets.tpm): Throttled while the last minute's tokens reach one."""
+    tenants.budgets.tpm): Throttled while the last minute's tokens reach one; else the
+    tightest one's state (the ``x-ratelimit-*-tokens`` headers), None without limits."""
     try:
-        tpm.check(tenant_id, member_id)
+        return tpm.check(tenant_id, member_id)
     except tpm.TpmExceeded as exc:
         raise Throttled(str(exc), scope=exc.scope, retry_after=exc.retry_after,
                         limit=exc.limit, unit="tokens_per_minute") from None
     except redis.RedisError as exc:
         _degraded(exc)
+        return None
 
 
 def _remember(request, state: RateState | None) -> None:

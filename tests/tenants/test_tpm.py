@@ -33,7 +33,8 @@ def store_chat(member, prompt: int, completion: int) -> None:
 def test_no_limits_by_default_and_nothing_counted(acme, settings):
     settings.CHAT_TPM_PER_MEMBER = settings.CHAT_TPM_PER_TENANT = ""
     assert tpm.limits() == {} and tpm.check(acme.tenant.pk, acme.user.pk) is None
-    assert chat(acme.user_key).status_code == 400
+    r = chat(acme.user_key)
+    assert r.status_code == 400 and "x-ratelimit-limit-tokens" not in r
 
 
 def test_a_member_at_its_limit_is_refused_until_the_minute_passes(
@@ -43,7 +44,11 @@ def test_a_member_at_its_limit_is_refused_until_the_minute_passes(
         store_chat(acme.user, 40, 30)
     state = tpm.check(acme.tenant.pk, acme.user.pk)
     assert (state.limit, state.remaining) == (100, 30)
-    assert chat(acme.user_key).status_code == 400  # 70 of 100: admitted
+    admitted = chat(acme.user_key)
+    assert admitted.status_code == 400  # 70 of 100: admitted (then refused as invalid)
+    assert (admitted["x-ratelimit-limit-tokens"], admitted["x-ratelimit-remaining-tokens"]) == (
+        "100", "30")
+    assert admitted["x-ratelimit-reset-tokens"].endswith("s")
     with django_capture_on_commit_callbacks(execute=True):
         store_chat(acme.user, 20, 10)
     r = chat(acme.user_key)
