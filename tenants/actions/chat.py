@@ -110,14 +110,25 @@ def do_record_chat(
 
 
 @transaction.atomic
-def do_record_cancelled(member: Member, request_id: str, *, completion_tokens: int) -> None:
+def do_record_cancelled(member: Member, request_id: str, *, completion_tokens: int,
+                        prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
     """A streamed generation stopped because its client disconnected: nothing is stored,
-    the claim is abandoned (a retry with the same key generates again) and audited."""
+    the claim is abandoned (a retry with the same key generates again) and audited. The
+    tokens it used are billed (the client saw what was streamed) and count against the
+    budgets, as neither a reply nor a failure."""
     ChatExchange.objects.filter(tenant=member.tenant, member=member, request_id=request_id,
                                 state=ChatExchange.State.PENDING).update(
         state=ChatExchange.State.ABANDONED)
+    model = served_model()
     audit(member.tenant, AuditEvent.CHAT_CANCELLED, actor=member.user, target=str(member),
-          request_id=request_id, completion_tokens=completion_tokens)
+          request_id=request_id, completion_tokens=completion_tokens,
+          prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, model=model)
+    usage_rollup.account_tokens(member, prompt_tokens=prompt_tokens,
+                                completion_tokens=completion_tokens,
+                                cached_tokens=cached_tokens, model=model)
+    note_usage(member)
+    spent = prompt_tokens + completion_tokens
+    transaction.on_commit(lambda: tpm.record(member.tenant_id, member.pk, spent))
 
 
 def _fill_claim(claim, conversation, answer: Message, usage: dict, cache: dict) -> None:

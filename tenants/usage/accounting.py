@@ -52,6 +52,28 @@ def _add(hist: list[int], ms: float | None) -> list[int]:
     return hist
 
 
+def _locked_row(member: Member, day: dt.date | None, model: str | None) -> UsageDay:
+    key = {"tenant_id": member.tenant_id, "member_ref": member.pk,
+           "day": day or dt.datetime.now(dt.UTC).date(), "model": model or served_model()}
+    UsageDay.objects.bulk_create([UsageDay(**key, member_label=str(member))],
+                                 ignore_conflicts=True)
+    return UsageDay.objects.select_for_update().get(**key)
+
+
+@transaction.atomic
+def account_tokens(member: Member, *, prompt_tokens: int = 0, completion_tokens: int = 0,
+                   cached_tokens: int = 0, day: dt.date | None = None,
+                   model: str | None = None) -> None:
+    """Tokens of a chat that stored no reply but was served (a streamed reply its client
+    cancelled: what was streamed was seen): billed and held against budgets, counted
+    neither as a reply nor as a failure."""
+    row = _locked_row(member, day, model)
+    row.prompt_tokens += prompt_tokens
+    row.completion_tokens += completion_tokens
+    row.cached_tokens += min(max(0, cached_tokens), prompt_tokens)
+    row.save(update_fields=["prompt_tokens", "completion_tokens", "cached_tokens"])
+
+
 @transaction.atomic
 def account_chat(member: Member, *, ok: bool, prompt_tokens: int = 0,
                  completion_tokens: int = 0, cached_tokens: int = 0, tier: str | None = None,
@@ -60,11 +82,7 @@ def account_chat(member: Member, *, ok: bool, prompt_tokens: int = 0,
     """Count one chat (``ok``) or one failed chat in the member's row of today (UTC) for
     ``model`` (default: the served model). ``cached_tokens``: of ``prompt_tokens``, those
     served from cache rather than computed."""
-    key = {"tenant_id": member.tenant_id, "member_ref": member.pk,
-           "day": day or dt.datetime.now(dt.UTC).date(), "model": model or served_model()}
-    UsageDay.objects.bulk_create([UsageDay(**key, member_label=str(member))],
-                                 ignore_conflicts=True)
-    row = UsageDay.objects.select_for_update().get(**key)
+    row = _locked_row(member, day, model)
     if not ok:
         row.errors += 1
         row.save(update_fields=["errors"])

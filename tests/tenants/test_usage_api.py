@@ -75,3 +75,23 @@ def test_rebuild_from_the_audit_log_keeps_cached_tokens_and_the_model(acme):
     assert {(line[0], line[4]) for line in live} == {(acme.user.pk, 27), (acme.other.pk, 0)}
     UsageDay.objects.all().delete()
     assert rebuild() == 2 and lines() == live
+
+
+def test_a_cancelled_stream_bills_what_it_used_and_spends_the_budget(acme):
+    from tenants.budgets import ledger
+    from tenants.models import TokenBudget, UsageDay
+    from tenants.usage.rebuild import rebuild
+
+    actions.do_set_budget(acme.tenant, member=acme.user, tokens=100, period="day")
+    request_id = uuid.uuid4().hex
+    actions.do_claim_chat(acme.user, request_id, request_id, "h", 60.0)
+    actions.do_record_cancelled(acme.user, request_id, completion_tokens=9,
+                                prompt_tokens=20, cached_tokens=15)
+    row = UsageDay.objects.get(member_ref=acme.user.pk)
+    assert (row.requests, row.errors, row.prompt_tokens, row.cached_tokens,
+            row.completion_tokens) == (0, 0, 20, 15, 9)
+    assert ledger.standing(TokenBudget.objects.get(member=acme.user)).spent == 29
+    UsageDay.objects.all().delete()
+    rebuild()
+    again = UsageDay.objects.get(member_ref=acme.user.pk)
+    assert (again.prompt_tokens, again.cached_tokens, again.completion_tokens) == (20, 15, 9)
