@@ -71,12 +71,15 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     )
 
 
-def cancelled(member: Member, request_id: str, tokens: int, stream) -> None:
-    """The client went away mid-generation: nothing is stored; audited and counted."""
+def cancelled(member: Member, request_id: str, tokens: int, stream, *,
+              prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
+    """The client went away mid-generation: nothing is stored; audited, counted, and the
+    tokens it used billed (the client saw what was streamed)."""
     from gpu_worker.ops import metrics
 
     metrics.CHAT_CANCELLED.inc()
-    do_record_cancelled(member, request_id, completion_tokens=tokens)
+    do_record_cancelled(member, request_id, completion_tokens=tokens,
+                        prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
     stream.end("cancelled")
     raise ChatAbandoned(f"cancelled by the client after {tokens} tokens")
 
@@ -103,7 +106,8 @@ def answer(
             stream.end("error")
         raise
     if result.finish_reason == "cancelled":
-        cancelled(member, request_id, result.completion_tokens, stream)
+        cancelled(member, request_id, result.completion_tokens, stream,
+                  prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens)
     reply = result.text  # control characters already removed by the engine (NUL included)
     usage = {
         "prompt_tokens": result.prompt_tokens,
