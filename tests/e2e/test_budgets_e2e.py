@@ -102,3 +102,31 @@ def test_cached_prompt_tokens_reach_the_usage_api(client, gpu_worker, member_key
     (line,) = body["data"]
     assert (line["member"], line["cached_tokens"], line["computed_tokens"]) == (
         str(member), reported, row.prompt_tokens - reported)
+
+
+def test_a_stream_its_client_leaves_spends_what_it_used(gpu_worker, member_key, asgi_server):
+    from tenants.budgets import ledger
+    from tenants.models import AuditEvent, AuditLog, TokenBudget
+    from tests.e2e.conftest import wait_for
+
+    member, key = member_key
+    actions.do_set_budget(member.tenant, member=member, tokens=100_000, period="month")
+    sdk = openai.OpenAI(base_url=f"{asgi_server.url}/v1", api_key=key, max_retries=0,
+                        timeout=180)
+    response = sdk.chat.completions.create(
+        model="kvinject", messages=[{"role": "user", "content": QUESTION}], max_tokens=1800,
+        temperature=0, stream=True)
+    for chunk in response:
+        if chunk.choices and chunk.choices[0].delta.content:
+            break
+    response.close()  # the client goes away mid-reply, having seen some of it
+    row = wait_for(lambda: AuditLog.objects.filter(
+        tenant=member.tenant, event_type=AuditEvent.CHAT_CANCELLED).first(), 60,
+        "the worker's cancel audit row")
+    used = row.data["prompt_tokens"] + row.data["completion_tokens"]
+    assert row.data["prompt_tokens"] > 0 and 1 <= row.data["completion_tokens"] < 900
+    assert spent(member.tenant) == used
+    wait_for(lambda: not ChatExchange.objects.filter(state="pending").exists(), 30,
+             "the claim leaving pending")
+    st = ledger.standing(TokenBudget.objects.get(member=member))
+    assert (st.spent, st.reserved) == (used, 0)  # billed, and the reservation released
