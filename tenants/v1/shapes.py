@@ -201,7 +201,8 @@ def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
     ext = data.get(EXTENSION) or {}
     return {
         "max_new_tokens": max_new_tokens,
-        "temperature": data.get("temperature") or 0.0,
+        # OpenAI's default is 1 (sampling); 0 is greedy
+        "temperature": 1.0 if data.get("temperature") is None else data["temperature"],
         "top_p": data.get("top_p") or 1.0,
         "seed": data.get("seed"),
         "stop": data.get("stop") or [],
