@@ -13,6 +13,7 @@ can never both take the last tokens. Chats of tenants without budgets lock nothi
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from typing import NamedTuple
 
 from django.db import connection
@@ -25,7 +26,9 @@ from tenants.models import ChatExchange, Member, TokenBudget
 THRESHOLDS = (80, 100)  # percent of a budget whose crossing is audited once per period
 
 # One statement, so one snapshot: a chat settling concurrently is counted either as its
-# reservation or as its real usage, never as neither.
+# reservation or as its real usage, never as neither. Only today's rollup rows change
+# (a chat is accounted on the UTC day it is stored), so the days before today are summed
+# once per period and day (``_before_today``) and each admission sums today's rows only.
 _STANDING = """
 SELECT
   (SELECT coalesce(sum(reserved_tokens), 0) FROM tenants_chatexchange
@@ -34,6 +37,11 @@ SELECT
   (SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM tenants_usageday
     WHERE tenant_id = %(t)s AND (%(m)s::bigint IS NULL OR member_ref = %(m)s)
       AND day >= %(start)s)
+"""
+_BEFORE = """
+SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM tenants_usageday
+WHERE tenant_id = %(t)s AND (%(m)s::bigint IS NULL OR member_ref = %(m)s)
+  AND day >= %(start)s AND day < %(today)s
 """
 
 
@@ -60,10 +68,28 @@ class Standing(NamedTuple):
 
 def standing(budget: TokenBudget, at: dt.datetime | None = None) -> Standing:
     start = period_start(budget.period, at)
+    today = period_start("day", at)
     with connection.cursor() as cur:
-        cur.execute(_STANDING, {"t": budget.tenant_id, "m": budget.member_id, "start": start})
+        cur.execute(_STANDING, {"t": budget.tenant_id, "m": budget.member_id, "start": today})
         reserved, spent = cur.fetchone()
-    return Standing(budget, start, int(spent), int(reserved))
+    earlier = _before_today(budget.tenant_id, budget.member_id, start, today)
+    return Standing(budget, start, int(spent) + earlier, int(reserved))
+
+
+@functools.lru_cache(maxsize=4096)
+def _before_today(tenant_id: int, member_id: int | None, start: dt.date,
+                  today: dt.date) -> int:
+    """Tokens spent from ``start`` up to yesterday (fixed once the day has passed)."""
+    if start >= today:
+        return 0
+    with connection.cursor() as cur:
+        cur.execute(_BEFORE, {"t": tenant_id, "m": member_id, "start": start, "today": today})
+        return int(cur.fetchone()[0])
+
+
+def forget_past_spend() -> None:
+    """Drop the per-process sums of past days (after ``tenants.usage.rebuild``)."""
+    _before_today.cache_clear()
 
 
 def _applicable(member: Member):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from django.db import connection, transaction
 
+from tenants.budgets import ledger
 from tenants.budgets.estimate import served_model
 from tenants.models import UsageDay
 from tenants.usage.accounting import BASE_MS, NBUCKETS, RATIO, TIERS
@@ -71,4 +72,5 @@ def rebuild() -> int:
             setattr(row, attr, hist)
     UsageDay.objects.all().delete()
     UsageDay.objects.bulk_create(rows.values(), batch_size=2000)
+    transaction.on_commit(ledger.forget_past_spend)  # this process's sums of past days
     return len(rows)

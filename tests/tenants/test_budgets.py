@@ -177,3 +177,25 @@ def test_concurrent_chats_never_overshoot_a_budget_by_more_than_one_request():
     assert refused and admitted and len(refused) + len(admitted) == 12
     assert budget - (prompt + 1) <= total <= budget + one_request
     assert total == sum(admitted) + len(admitted) * (prompt + extra)
+
+
+@pytest.mark.django_db
+def test_a_months_spend_counts_every_day_of_the_month_and_no_other(acme):
+    import datetime as dt
+
+    budget = actions.do_set_budget(acme.tenant, tokens=10_000, period="month")
+    mine = actions.do_set_budget(acme.tenant, member=acme.user, tokens=500, period="month")
+    at = dt.datetime(2026, 3, 15, 12, tzinfo=dt.UTC)
+    for day, member, tokens in ((dt.date(2026, 2, 28), acme.user, 1000),
+                                (dt.date(2026, 3, 1), acme.user, 100),
+                                (dt.date(2026, 3, 14), acme.other, 20),
+                                (dt.date(2026, 3, 15), acme.user, 3)):
+        UsageDay.objects.create(tenant=acme.tenant, member_ref=member.pk, day=day,
+                                member_label=str(member), model="m", prompt_tokens=tokens)
+    assert ledger.standing(budget, at).spent == 123
+    assert ledger.standing(mine, at).spent == 103
+    # today's rows are read live; the days before are fixed once passed
+    UsageDay.objects.filter(day=dt.date(2026, 3, 15)).update(prompt_tokens=30)
+    assert ledger.standing(budget, at).spent == 150
+    at_new_month = dt.datetime(2026, 4, 1, tzinfo=dt.UTC)  # a new period: nothing spent yet
+    assert ledger.standing(budget, at_new_month).spent == 0
