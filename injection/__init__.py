@@ -75,6 +75,7 @@ def build_executor(
     batch_kv_budget_bytes: int = 0,
     batch_join_wait_ms: float = 0.0,
     conversation_max_bytes: int = 128 * MiB,
+    conversation_l1_max_bytes: int = 1 * GiB,
 ) -> InjectionExecutor:
     """An executor with a TenantLRU L1 and, given a Redis client, an HMAC-signed L2.
 
@@ -83,7 +84,8 @@ def build_executor(
     ``key_generation`` must match the one maintenance tools sign with.
     ``batch_max`` >= 1 puts a :class:`BatchEngine` in front of the model (continuous
     batching of up to that many rows, conversation K/V reuse up to
-    ``conversation_max_bytes`` per conversation); 0 generates one request at a time.
+    ``conversation_max_bytes`` per conversation, in an L1 of ``conversation_l1_max_bytes``
+    of its own); 0 generates one request at a time.
     Models whose cache has sliding-window or hybrid layers always use the latter.
     """
     from injection.engine.executor import InjectionExecutor
@@ -107,5 +109,11 @@ def build_executor(
 
         engine = BatchEngine(adapter, max_batch=batch_max, kv_budget_bytes=batch_kv_budget_bytes,
                              join_wait_ms=batch_join_wait_ms)
+    # conversation links in an L1 of their own: they never evict tenant/member segments
+    conv_l1 = TenantLRU(
+        max_bytes=conversation_l1_max_bytes, max_entries=l1_max_entries,
+        tenant_quota_bytes=min(l1_tenant_quota_bytes, conversation_l1_max_bytes),
+    ) if engine is not None and conversation_max_bytes > 0 else None
     return InjectionExecutor(adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics,
-                             engine=engine, conversation_max_bytes=conversation_max_bytes)
+                             engine=engine, conversation_max_bytes=conversation_max_bytes,
+                             conversation_l1=conv_l1)

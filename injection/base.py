@@ -102,6 +102,9 @@ class ExecutionRequest:
     cancelled: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
     history_token_budget: int | None = None  # cap on history tokens (None: context only)
     reuse_conversation: bool = True  # continue the conversation's cached K/V when possible
+    # the caller's stable id of the conversation (/api/chat: the stored one); None: the
+    # conversation is known by the hash chain of its messages (/v1)
+    conversation_id: str | None = None
 
 
 @dataclass

@@ -13,7 +13,7 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from tenants import actions
-from tenants.models import Member, Preference, Tenant
+from tenants.models import Conversation, Member, Preference, Tenant
 
 
 @receiver(post_save, sender=Preference, dispatch_uid="kvi-preference-saved")
@@ -31,6 +31,13 @@ def _member_deleted(sender, instance: Member, **kwargs) -> None:
 def _member_saved(sender, instance: Member, created: bool, **kwargs) -> None:
     if not created and not instance.active:  # a deactivated member's K/V is dead weight
         actions.invalidate_on_commit(instance.tenant_id, instance.pk)
+
+
+@receiver(post_delete, sender=Conversation, dispatch_uid="kvi-conversation-deleted")
+def _conversation_deleted(sender, instance: Conversation, **kwargs) -> None:
+    # its K/V links are filed under the member: the member's scope drops them (and the
+    # member's segment, recomputed once, P tokens)
+    actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
 
 
 @receiver(post_save, sender=Tenant, dispatch_uid="kvi-tenant-saved")

@@ -10,6 +10,7 @@ from django.conf import settings
 from gpu_worker.channels import streams
 from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest
+from injection.prompting.history import block_start
 from tenants.actions import do_record_cancelled, do_record_chat, get_conversation
 from tenants.errors import ChatAbandoned, InactiveAccount, NotFound
 from tenants.models import Conversation, Member, Message, Preference
@@ -29,26 +30,23 @@ def load_conversation(member: Member, conversation_id: int | None) -> Conversati
 
 
 def recent_history(conv: Conversation | None, budget: int, limit: int = 400) -> list[dict]:
-    """The conversation's newest messages, oldest-first: at most ``limit``, and a rough
-    pre-cut at ``budget`` stored tokens. The engine then keeps the whole turns that fit
-    the model's context exactly."""
+    """The conversation's newest messages, oldest-first: at most ``limit``, pre-cut in
+    blocks (``block_start``) at twice ``budget`` stored tokens, so the window's first
+    message stays put for many turns. The engine then keeps, in blocks too, the whole
+    turns that fit the budget and the model's context exactly."""
     if conv is None:
         return []
-    picked: list[dict] = []
-    used = 0
-    newest_first = Message.objects.filter(tenant=conv.tenant_id, conversation=conv).order_by(
-        "-created_at", "-id"
-    )[:limit]
-    for msg in newest_first.iterator():
-        used += msg.token_count
-        if picked and used > budget:
-            break
-        picked.append({"role": msg.role, "content": msg.content})
-    return picked[::-1]
+    rows = list(Message.objects.filter(tenant=conv.tenant_id, conversation=conv).order_by(
+        "-created_at", "-id").values_list("pk", "token_count")[: limit * 4])[::-1]
+    start = block_start([n for _, n in rows], 2 * max(1, budget))
+    keep = [pk for pk, _ in rows[start:]][-limit:]
+    picked = Message.objects.filter(tenant=conv.tenant_id, pk__in=keep).order_by(
+        "created_at", "id")
+    return [{"role": m.role, "content": m.content} for m in picked]
 
 
 def build_request(member: Member, pref: Preference | None, messages: list[dict], params: dict,
-                  stream=None):
+                  stream=None, conversation_id: str | None = None):
     alpha = params.get("alpha")
     if alpha is None:
         alpha = pref.alpha if pref else DEFAULT_ALPHA
@@ -68,6 +66,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         history_token_budget=settings.CHAT_HISTORY_TOKEN_BUDGET,
         on_text=stream.piece if stream is not None else None,
         cancelled=stream.cancelled if stream is not None else None,
+        conversation_id=conversation_id,
     )
 
 
@@ -100,7 +99,11 @@ def answer(
     messages = [*history, {"role": "user", "content": message}]
     stream = streams.publisher(request_id) if params.get("stream") else None
     try:
-        result = executor.execute(build_request(member, pref, messages, params, stream))
+        # /api/chat continues a stored conversation: its K/V link is keyed by its id
+        # (/v1 sends the messages: keyed by their hash chain)
+        conv_key = f"api:{conv.pk}" if conv is not None and params.get("history") is None else None
+        result = executor.execute(build_request(member, pref, messages, params, stream,
+                                                conv_key))
     except Exception:
         if stream is not None:
             stream.end("error")

@@ -27,9 +27,10 @@ from injection.base import (
 from injection.engine.request_checks import history_len as _history_len
 from injection.engine.request_checks import sampling_options
 from injection.engine.request_checks import validate as _validate
+from injection.engine.turns import TurnGenerator, join
 from injection.errors import InvalidRequest, ModelOOMError
 from injection.kvcache.chain import SegmentChain
-from injection.kvcache.conversation import ConversationReuse, TurnGenerator
+from injection.kvcache.conversation import ConversationStore
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.metrics import METRICS, Metrics
 from injection.prompting.history import fit_history
@@ -68,6 +69,7 @@ class InjectionExecutor:
         metrics: Metrics | None = None,
         engine: Any = None,
         conversation_max_bytes: int = 0,
+        conversation_l1: KVStore | None = None,
     ) -> None:
         if not 0.0 <= min_alpha < alpha_cap:
             raise ValueError("need 0 <= min_alpha < alpha_cap")
@@ -77,9 +79,10 @@ class InjectionExecutor:
         self.kv_source = PreferenceKVSource(adapter, l1, l2, self.metrics)
         self.chain = SegmentChain(adapter, self.kv_source)
         self.engine = engine
-        self.conversations = ConversationReuse(
-            l1, self.metrics, max_bytes=conversation_max_bytes if engine is not None else 0
-        )
+        self.conv_l1 = conversation_l1 if conversation_l1 is not None else l1
+        self.conversations = ConversationStore(
+            self.conv_l1, l2, self.metrics,
+            max_bytes=conversation_max_bytes if engine is not None else 0)
         self.turns = TurnGenerator(adapter, engine, self.conversations)
 
     # -- public API -------------------------------------------------------------------
@@ -123,6 +126,12 @@ class InjectionExecutor:
         if not tenant:
             raise InvalidRequest("invalidate needs a tenant")
         out = self.kv_source.evict(tenant, user)
+        if self.conv_l1 is not self.l1:  # conversation links in their own L1
+            try:
+                out["l1"] = (out["l1"] or 0) + self.conv_l1.evict(tenant, user)
+            except Exception as exc:  # a tier fault is reported, not raised
+                self.kv_source.fault("l1", "evict", exc)
+                out["l1_error"] = type(exc).__name__
         self.metrics.incr("invalidations")
         return out
 
@@ -133,6 +142,9 @@ class InjectionExecutor:
             "fingerprint": self.adapter.fingerprint,
             "batch": self.engine.stats() if self.engine is not None else None,
             **self.kv_source.tier_stats(),
+            "conversations_l1": (self.conv_l1.stats()
+                                 if self.conv_l1 is not None and self.conv_l1 is not self.l1
+                                 else None),
         }
 
     def close(self) -> None:
@@ -162,44 +174,38 @@ class InjectionExecutor:
             parts is not None and parts.segment) else None
         if not personal and split is None:
             return self._plain(self.adapter.plain_prompt(context, messages), req, sampling,
-                               mode="none", history=_history_len(messages))
+                               mode="none", messages=messages)
         if not parts.segment:  # the template admits no verified split: context stays text
             self.metrics.incr("injection_inline")
-            return self._plain(parts.prompt, req, sampling, mode=parts.mode,
-                               history=_history_len(messages))
+            return self._plain(parts.prompt, req, sampling, mode=parts.mode, messages=messages)
         member_alpha = alpha if personal else 1.0
         t0 = time.perf_counter()
         chash = content_hash(parts.segment)
-        plan = self.turns.plan(req, parts.segment, parts.prompt, chash, member_alpha)
-        chain, fetch_ms = None, 0.0  # a hit: the conversation's K/V holds the chain
-        if plan.cached is None:
-            chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha)
-            fetch_ms = (time.perf_counter() - t0) * 1000.0
-            assert chain.kv.keys.is_cpu and chain.kv.values.is_cpu, "cached K/V must live on CPU"
-        kv = chain.kv if chain is not None else None
-        out = self.turns.run(plan, req, kv, 1.0, sampling)  # the chain is scaled already
+        plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True)
+        chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha)
+        fetch_ms = (time.perf_counter() - t0) * 1000.0
+        assert chain.kv.keys.is_cpu and chain.kv.values.is_cpu, "cached K/V must live on CPU"
+        # the chain is scaled already; a conversation hit continues its link after it
+        out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = self._strip(out.text)
-        tier = chain.tier if chain is not None else Tier.L1
-        self.metrics.observe_ms(f"fetch_{tier.value}", fetch_ms)
-        head = kv.num_tokens if kv is not None else plan.head
+        head = chain.kv.num_tokens
+        self.turns.keep(plan, req, messages, text, out, head, chash, member_alpha)
+        self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
+        reused = plan.cached.num_tokens if plan.cached is not None else 0
         prompt_tokens = head + len(out.prompt_token_ids)
-        cached = chain.cached_tokens if chain is not None else plan.cached.num_tokens
         return ExecutionResult(
-            text=text, tier=tier, prompt_tokens=prompt_tokens,
+            text=text, tier=chain.tier, prompt_tokens=prompt_tokens,
             completion_tokens=len(out.token_ids), alpha_effective=alpha if personal else 0.0,
             content_hash=chash, fingerprint=self.adapter.fingerprint, kv_tokens=head,
-            kv_layers_count=(kv if kv is not None else plan.cached).num_layers,
-            kv_bytes_cpu=kv.nbytes if kv is not None else 0,
+            kv_layers_count=chain.kv.num_layers, kv_bytes_cpu=chain.kv.nbytes,
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
             kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
             ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
             injection_mode=parts.mode, history_messages=_history_len(messages),
-            finish_reason=out.finish_reason,
-            reused_tokens=0 if chain is not None else plan.cached.num_tokens,
-            cached_tokens=min(cached, prompt_tokens),
-            extra={"segments": chain.tiers if chain is not None else {"conversation": "l1"},
-                   "preference_applied": personal},
+            finish_reason=out.finish_reason, reused_tokens=reused,
+            cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
+            extra={"segments": chain.tiers, "preference_applied": personal},
         )
 
     def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
@@ -216,16 +222,18 @@ class InjectionExecutor:
 
     def _plain(
         self, prompt: str, req: ExecutionRequest, sampling: dict[str, Any], *, mode: str,
-        history: int,
+        messages: list[dict[str, str]],
     ) -> ExecutionResult:
         """No injection and no preference K/V (tier NONE); the conversation's may be reused."""
         t0 = time.perf_counter()
-        plan = self.turns.plan(req, "", prompt, "", 0.0)
-        out = self.turns.run(plan, req, None, 1.0, sampling)
+        plan = self.turns.plan(req, messages, prompt, "", 0.0, injected=False)
+        out = self.turns.run(plan, req, plan.cached, sampling)
         reused = plan.cached.num_tokens if plan.cached is not None else 0
         prompt_tokens = len(out.prompt_token_ids)
         infer_ms = (time.perf_counter() - t0) * 1000.0
         text, stripped = self._strip(out.text)
+        self.turns.keep(plan, req, messages, text, out, 0, "", 0.0)
+        history = _history_len(messages)
         return ExecutionResult(
             text=text, tier=Tier.NONE, prompt_tokens=prompt_tokens,
             completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,

@@ -1,35 +1,36 @@
-"""Conversation K/V reuse: a finished turn's whole sequence K/V, kept in L1 for the next turn.
+"""Conversation K/V: the link of the chain after the injected turn, in L1 and Redis.
 
-After a turn the engine hands back the K/V of everything it processed (injected system
-turn, history, the new user turn, the reply). It is stored in the worker's L1 (the same
-tenant partition, byte accounting, quotas and ``check_integrity()`` as preference
-entries) under a :class:`CacheKey` whose ``user`` is the member and whose content part
-hashes the conversation's opening message, the injected segment, alpha and the model.
+After a turn the engine hands back the K/V of everything it processed; what is kept is
+only the part after the injected system turn (history, the new user turn, the reply):
+the tenant and member segments before it are cached on their own. An entry is keyed
+(``CacheKey``: tenant, member, content hash, model) by
+
+* the conversation's identity: the caller's id (``/api/chat``: the stored conversation)
+  or the hash chain of the messages before the new one (``/v1``: the next turn looks up
+  the hash of this turn's messages + the reply), hashed with
+* the injected turn's hash and alpha (a changed preference, instructions or alpha misses).
+
 The next turn's tokens are compared with the stored ones: the longest common prefix is
-reused and only the rest is prefilled. So:
-
-* never shared across members or tenants (the key holds both; L1 is tenant-partitioned);
-* a changed preference or tenant instructions (segment hash), alpha or model misses;
-* a trimmed history changes the first tokens after the segment: the common prefix ends
-  there and the turn falls back to a full prefill of the prompt;
-* a re-tokenised reply that differs from the generated ids only shortens the reuse.
-
-Entries live in L1 only (never Redis): they are large and only useful to the worker that
-the member's affinity routing sends the conversation to.
+reused and only the rest is prefilled, so a trimmed history or a re-tokenised reply
+only shortens the reuse. Entries go to L1 (their own budget when the executor has a
+conversation L1) and to Redis (same codec, HMAC, tenant-scoped names, the member's
+index: evicting the member or the tenant drops them), so a turn on another worker or
+after a restart continues from cache. Admission: a turn without history (a one-shot
+request, or a conversation's first turn) is not stored; turns with history (the
+conversation goes on) are, so one-shot requests never fill the cache.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-from typing import Any, NamedTuple
+from typing import Any
 
-from injection.base import CacheKey, ExecutionRequest, KVStore
-from injection.kvcache.kvsource import user_or_none
+from injection.base import CacheKey, KVStore
 from injection.kvcache.packed import PackedKV
 from injection.metrics import Metrics
 
-__all__ = ["ConversationReuse", "TurnGenerator", "TurnPlan", "common_prefix"]
+__all__ = ["ConversationStore", "common_prefix", "messages_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -43,32 +44,38 @@ def common_prefix(a: tuple[int, ...] | list[int], b: list[int]) -> int:
     return i
 
 
-class ConversationReuse:
-    """Finds and keeps whole-sequence K/V of members' conversations in L1."""
+def messages_hash(messages: list[dict[str, str]]) -> str:
+    """Hash chain of the messages (role and content of each, in order)."""
+    h = hashlib.sha256(b"msgs").hexdigest()
+    for m in messages:
+        h = hashlib.sha256("\x1f".join((h, m["role"], m["content"])).encode()).hexdigest()
+    return h
 
-    def __init__(self, l1: KVStore | None, metrics: Metrics, *, max_bytes: int) -> None:
-        self.l1, self.metrics, self.max_bytes = l1, metrics, int(max_bytes)
+
+class ConversationStore:
+    """Finds and keeps the conversation links of members' conversations."""
+
+    def __init__(self, l1: KVStore | None, l2: KVStore | None, metrics: Metrics, *,
+                 max_bytes: int) -> None:
+        self.l1, self.l2, self.metrics, self.max_bytes = l1, l2, metrics, int(max_bytes)
 
     @property
     def enabled(self) -> bool:
         return self.l1 is not None and self.max_bytes > 0
 
-    def key(self, tenant: str, user: str, messages: list[dict[str, str]], segment_hash: str,
-            alpha: float, fingerprint: str) -> CacheKey:
-        """The slot of this member's conversation (its opening message identifies it)."""
-        opening = next((m["content"] for m in messages if m["role"] != "system"), "")
-        parts = ["conv", hashlib.sha256(opening.encode()).hexdigest(), segment_hash,
-                 f"{float(alpha):.6f}"]
+    def key(self, tenant: str, user: str, ident: str, segment_hash: str, alpha: float,
+            fingerprint: str) -> CacheKey:
+        parts = ["conv", ident, segment_hash, f"{float(alpha):.6f}"]
         return CacheKey(tenant, user, hashlib.sha256("|".join(parts).encode()).hexdigest(),
                         fingerprint)
 
-    def lookup(self, key: CacheKey, full_ids: list[int], min_tokens: int) -> PackedKV | None:
-        """The stored K/V cut to its common prefix with ``full_ids``, if that covers at
-        least ``min_tokens`` (the injected segment) and leaves a token to prefill."""
+    def lookup(self, key: CacheKey, prompt_ids: list[int]) -> PackedKV | None:
+        """The stored link cut to its common prefix with ``prompt_ids`` (the tokens after
+        the injected turn), leaving at least one token to prefill; None: a miss."""
         stored = self._get(key)
-        n = common_prefix(stored.token_ids, full_ids) if stored is not None else 0
-        n = min(n, len(full_ids) - 1)
-        if stored is None or n < max(1, min_tokens):
+        n = common_prefix(stored.token_ids, prompt_ids) if stored is not None else 0
+        n = min(n, len(prompt_ids) - 1)
+        if stored is None or n < 1:
             self.metrics.incr("conv_misses")
             return None
         self.metrics.incr("conv_hits")
@@ -77,90 +84,45 @@ class ConversationReuse:
             return stored
         return PackedKV(stored.keys[:, :, :n], stored.values[:, :, :n], stored.token_ids[:n])
 
-    def keep(self, key: CacheKey, kv: PackedKV | None) -> bool:
-        """Store a finished turn's sequence K/V (replacing the slot's previous one)."""
-        if kv is None or not self.enabled:
+    # -- storage --------------------------------------------------------------------------
+    def keep(self, key: CacheKey, kv: PackedKV, *, replaces: CacheKey | None = None) -> bool:
+        """Store a turn's link (L1 and Redis) and drop the one it supersedes."""
+        if not self.enabled:
             return False
         assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
         if kv.nbytes > self.max_bytes:
             self.metrics.incr("conv_too_large")
             return False
-        try:
-            return bool(self.l1.put(key, kv))
-        except Exception as exc:  # a faulty tier costs the reuse, never the reply
-            self.metrics.incr("l1_errors")
-            log.warning("conversation K/V not kept (%s)", type(exc).__name__)
-            return False
+        if replaces is not None and replaces != key:
+            for name, store in (("l1", self.l1), ("l2", self.l2)):
+                self._call(name, store, "discard", replaces)
+        stored = bool(self._call("l1", self.l1, "put", key, kv))
+        self._call("l2", self.l2, "put", key, kv)
+        self.metrics.incr("conv_stored")
+        return stored
 
     def _get(self, key: CacheKey) -> PackedKV | None:
         if not self.enabled:
             return None
+        for name, store in (("l1", self.l1), ("l2", self.l2)):
+            kv = self._call(name, store, "get", key)
+            if kv is not None and kv.keys.is_cpu and kv.values.is_cpu:
+                self.metrics.incr(f"conversation_{name}_hits")
+                if name == "l2":
+                    self._call("l1", self.l1, "put", key, kv)
+                return kv
+            if store is not None:
+                self.metrics.incr(f"conversation_{name}_misses")
+        return None
+
+    def _call(self, name: str, store: Any, op: str, *args: Any) -> Any:
+        """A tier operation; a faulty tier costs the reuse, never the reply."""
+        fn = getattr(store, op, None) if store is not None else None
+        if fn is None:
+            return None
         try:
-            kv: Any = self.l1.get(key)
+            return fn(*args)
         except Exception as exc:
-            self.metrics.incr("l1_errors")
-            log.warning("conversation K/V lookup failed (%s)", type(exc).__name__)
+            self.metrics.incr(f"{name}_errors")
+            log.warning("conversation K/V %s on %s failed (%s)", op, name, type(exc).__name__)
             return None
-        if kv is not None and not (kv.keys.is_cpu and kv.values.is_cpu):
-            return None
-        return kv
-
-
-class TurnPlan(NamedTuple):
-    """What a turn will run on, decided before any preference K/V is fetched."""
-
-    key: CacheKey | None  # the conversation's slot (None: no reuse for this request)
-    prompt: str
-    prompt_ids: list[int] | None  # encoded once, when the engine runs the turn
-    cached: PackedKV | None  # the conversation's K/V to continue (None: a miss)
-    rest: list[int]  # with ``cached``: the tokens after it, to prefill
-    head: int = 0  # tokens of the injected segment (counted when the conversation is looked up)
-
-
-class TurnGenerator:
-    """How a turn is generated: one ``adapter.generate``, or a row of the batch engine that
-    keeps the sequence K/V and continues the conversation's when it can."""
-
-    def __init__(self, adapter: Any, engine: Any, reuse: ConversationReuse) -> None:
-        self.adapter, self.engine, self.reuse = adapter, engine, reuse
-
-    def plan(self, req: ExecutionRequest, segment: str, prompt: str, chash: str,
-             alpha: float) -> TurnPlan:
-        """Encode the turn once and look its conversation up (``cached``: a hit)."""
-        key = self._key(req, chash, alpha if segment else 0.0)
-        if self.engine is None:
-            return TurnPlan(key, prompt, None, None, [])
-        renderer = self.adapter.renderer
-        prompt_ids = renderer.encode(prompt, first=not segment)
-        if key is None:
-            return TurnPlan(key, prompt, prompt_ids, None, [])
-        head = renderer.encode(segment, first=True) if segment else []
-        full = head + prompt_ids
-        cached = self.reuse.lookup(key, full, min_tokens=len(head))
-        rest = full[cached.num_tokens:] if cached is not None else []
-        return TurnPlan(key, prompt, prompt_ids, cached, rest, len(head))
-
-    def run(self, plan: TurnPlan, req: ExecutionRequest, kv: PackedKV | None, alpha: float,
-            sampling: dict[str, Any]) -> Any:
-        """Generate: on the conversation's K/V (a hit), else after ``kv`` (or from scratch);
-        with an engine the sequence K/V is kept for the next turn."""
-        if self.engine is None:
-            return self.adapter.generate(plan.prompt, kv, alpha, req.max_new_tokens, **sampling)
-        keep = plan.key is not None
-        if plan.cached is not None:
-            out = self.engine.run(plan.cached, 1.0, plan.rest, req.max_new_tokens, keep_kv=True,
-                                  prompt_ids=plan.prompt_ids, **sampling)
-        else:
-            out = self.engine.run(kv, alpha, plan.prompt_ids, req.max_new_tokens, keep_kv=keep,
-                                  **sampling)
-        if keep:
-            self.reuse.keep(plan.key, out.sequence_kv)
-        return out
-
-    def _key(self, req: ExecutionRequest, chash: str, alpha: float) -> CacheKey | None:
-        """This member's conversation slot (its opening message as sent identifies it)."""
-        user = user_or_none(req.user)
-        if not (self.reuse.enabled and req.reuse_conversation and user):
-            return None
-        return self.reuse.key(req.tenant, user, list(req.messages), chash, alpha,
-                              self.adapter.fingerprint)

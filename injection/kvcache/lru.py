@@ -129,6 +129,12 @@ class TenantLRU(KVStore):
             self._invalidations += len(keys)
             return len(keys)
 
+    def discard(self, key: CacheKey) -> bool:
+        """Drop one entry (a conversation's superseded link); True if it was there."""
+        with self._lock:
+            t = self._tenants.get(key.tenant)
+            return t is not None and self._remove(t, key) is not None
+
     def clear(self, tenant: str | None = None) -> int:
         """Drop every entry (of ``tenant`` if given); returns how many."""
         if tenant is not None:

@@ -104,8 +104,13 @@ class RedisKVTier(L2Maintenance, KVStore):
         if not self._available(key.tenant):
             return None
         name = self.signer.redis_key(key)
-        try:
-            blob = self.client.get(name)
+        index = self.signer.user_index_key(key.tenant, key.user)
+        try:  # a hit refreshes the entry's TTL (and its user index's, which must outlive it)
+            with self.client.pipeline(transaction=False) as p:
+                p.get(name)
+                p.expire(name, self.ttl_seconds)
+                p.expire(index, self.ttl_seconds)
+                blob = p.execute(raise_on_error=True)[0]
         except FAULTS as e:
             if wrong_type(e):
                 self._reject(key, name, e)
@@ -137,6 +142,20 @@ class RedisKVTier(L2Maintenance, KVStore):
             self._count(key.tenant, "skipped_writes")
             return False
         return True
+
+    def discard(self, key: CacheKey) -> bool:
+        """Delete one entry (a superseded conversation link), its queued write included;
+        False on a Redis fault (counted; the entry then expires with its TTL)."""
+        self._writer.cancel(lambda k: k == key)
+        name = self.signer.redis_key(key)
+        try:
+            with self.client.pipeline(transaction=True) as p:
+                p.delete(name)
+                p.srem(self.signer.user_index_key(key.tenant, key.user), name)
+                return bool(p.execute()[0])
+        except FAULTS as e:
+            self._fault(key.tenant, "delete", e)
+            return False
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every accepted write has finished; False on timeout."""

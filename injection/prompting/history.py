@@ -52,6 +52,10 @@ def fit_history(
             f"with the requested max_new_tokens"
         )
     turns = whole_turns(history)
+    if turns and history_cap:
+        kept = _block_trim(count, head, turns, tail, base, history_cap, limit)
+        if kept is not None:
+            return head + _flatten(turns[len(turns) - kept:]) + tail
 
     def fits(k: int) -> bool:
         if k == 0:
@@ -64,6 +68,43 @@ def fit_history(
         mid = (lo + hi + 1) // 2
         lo, hi = (mid, hi) if fits(mid) else (lo, mid - 1)
     return head + (_flatten(turns[-lo:]) if lo else []) + tail
+
+
+def block_start(sizes: Sequence[int], cap: int) -> int:
+    """Index of the first of ``sizes`` (oldest first) to keep so the kept ones fit ``cap``,
+    dropping the oldest in blocks of ``cap // 2``: the cut moves only when the total passes
+    another half of the cap, so the kept prefix (and its cached K/V) stays the same for
+    many turns instead of sliding every turn."""
+    total = sum(sizes)
+    if total <= cap:
+        return 0
+    step = max(1, cap // 2)
+    target = -(-(total - cap) // step) * step  # ceil to the next block
+    dropped = 0
+    for i, size in enumerate(sizes):
+        if dropped >= target:
+            return i
+        dropped += size
+    return len(sizes)
+
+
+def _block_trim(count: Callable[[list[Message]], int], head: list[Message],
+                turns: list[list[Message]], tail: list[Message], base: int, cap: int,
+                limit: int | None) -> int | None:
+    """How many newest turns to keep under ``cap`` by :func:`block_start` (None: the
+    block cut does not fit the context; the caller then keeps the most that fit)."""
+    full = count(head + _flatten(turns) + tail)
+    if full - base <= cap and (limit is None or full <= limit):
+        return len(turns)
+    # each turn's size depends on that turn alone (not on the new message or the
+    # window), so the same turns give the same cut on every request
+    alone = count(head)
+    start = block_start([count(head + turn) - alone for turn in turns], cap)
+    kept = len(turns) - start
+    n = count(head + _flatten(turns[start:]) + tail) if kept else base
+    if n - base <= cap and (limit is None or n <= limit):
+        return kept
+    return None
 
 
 def _flatten(turns: list[list[Message]]) -> list[Message]:

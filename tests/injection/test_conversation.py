@@ -38,20 +38,27 @@ def test_each_turn_continues_the_last_ones_kv_and_answers_the_same(reusing, plai
     got, want = _talk(reusing, QUESTIONS), _talk(plain, QUESTIONS)
     assert [r.text for r in got] == [r.text for r in want]
     assert got[0].reused_tokens == 0 and got[0].tier is Tier.COMPUTE
-    for prev, turn in zip(got, got[1:], strict=False):
+    # admission: the first turn leaves a ghost, the second (the conversation goes on) is
+    # stored, every later one continues it
+    assert got[1].reused_tokens == 0 and got[1].cached_tokens == got[1].kv_tokens
+    for prev, turn in zip(got[1:], got[2:], strict=False):
         # everything up to the last reply is reused: more each turn
         assert turn.tier is Tier.L1 and turn.reused_tokens > prev.reused_tokens
-    assert reusing.metrics.snapshot()["counters"]["conv_hits"] == len(QUESTIONS) - 1
+        assert turn.cached_tokens == turn.kv_tokens + turn.reused_tokens < turn.prompt_tokens
+    assert reusing.metrics.snapshot()["counters"]["conv_hits"] == len(QUESTIONS) - 2
     reusing.l1.check_integrity()
 
 
 def test_conversation_entries_are_byte_accounted_per_member_and_evicted_with_them(reusing):
     _talk(reusing, QUESTIONS[:2])
-    before = reusing.l1.stats()["per_tenant"]["t1"]["bytes"]
-    assert before > 0 and len(reusing.l1) == 2  # the preference entry + the conversation
+    conv = reusing.conv_l1
+    assert conv is not reusing.l1  # conversations have their own budget
+    assert conv.stats()["per_tenant"]["t1"]["bytes"] > 0 and len(conv) == 1
+    assert len(reusing.l1) == 1  # the member's segment
     assert reusing.invalidate("t1", "u1")["l1"] == 2
-    assert len(reusing.l1) == 0
+    assert len(reusing.l1) == len(conv) == 0
     reusing.l1.check_integrity()
+    conv.check_integrity()
 
 
 @pytest.mark.parametrize("change", [
@@ -91,7 +98,7 @@ def test_no_preference_conversations_are_continued_too(reusing, plain):
     got = _talk(reusing, QUESTIONS[:3], pref="")
     want = _talk(plain, QUESTIONS[:3], pref="")
     assert [r.text for r in got] == [r.text for r in want]
-    assert got[0].tier is Tier.NONE and got[2].reused_tokens > got[1].reused_tokens > 0
+    assert got[0].tier is Tier.NONE and got[2].reused_tokens > got[1].reused_tokens == 0
 
 
 def test_reuse_can_be_turned_off_per_request(reusing):

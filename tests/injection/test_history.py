@@ -52,6 +52,27 @@ def test_fit_keeps_the_most_recent_whole_turns_that_fit(limit):
         assert words([m for t in more for m in t] + TAIL) > limit
 
 
+def test_over_the_cap_history_is_dropped_in_blocks_so_its_start_is_stable():
+    """A growing conversation past its cap: the kept history always fits, and its first
+    message changes only when another half-cap of tokens has been added (not every
+    turn), so the cached prefix of the history is reused across turns."""
+    cap, history, starts, changes = 100, [], [], 0
+    for turn in range(40):
+        tail = [msg("user", f"question {turn} " + "word " * 6)]
+        kept = fit_history(words, history, tail, limit=None, history_cap=cap)
+        assert words(kept) - words(tail) <= cap
+        first = kept[0] if len(kept) > 1 else None
+        if starts and first is not starts[-1]:
+            changes += 1
+            if starts[-1] is not None:  # a block went: more than one turn at once
+                assert history.index(first) - history.index(starts[-1]) >= 4
+        starts.append(first)
+        history += [*tail, msg("assistant", f"answer {turn} " + "word " * 8)]
+    total = words(history)  # ~26 tokens a turn: a per-turn slide would change ~35 times
+    assert 0 < changes <= total // (cap // 2) < 35
+    assert words(kept) - words(tail) > cap // 2 - 30  # not more than a block dropped
+
+
 def test_history_cap_bounds_the_history_tokens_alone():
     kept = fit_history(words, HISTORY, TAIL, limit=None, history_cap=8)
     assert kept == [*HISTORY[-2:], *TAIL]  # the newest turn costs 8, two turns cost 13

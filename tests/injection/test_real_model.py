@@ -98,7 +98,14 @@ def test_batched_replies_on_smollm2_are_the_replies_alone_and_follow_the_prefere
         msgs = [*history, {"role": "user", "content": "And a dessert?"}]
         nxt = ex.execute(ExecutionRequest("t", "u1", msgs, p, max_new_tokens=16))
         ref = smollm.generate(smollm.plain_prompt(p, msgs), None, 1.0, 16)
-        assert nxt.reused_tokens > got[1].kv_tokens and nxt.text == ref.text
+        assert nxt.text == ref.text and nxt.cached_tokens == nxt.kv_tokens  # segment cached
+        # a one-shot turn is not stored; from the first turn with history on, the
+        # conversation's link is kept and the next turn continues it
+        history = [*msgs, {"role": "assistant", "content": nxt.text}]
+        msgs = [*history, {"role": "user", "content": "And a drink?"}]
+        third = ex.execute(ExecutionRequest("t", "u1", msgs, p, max_new_tokens=16))
+        ref = smollm.generate(smollm.plain_prompt(p, msgs), None, 1.0, 16)
+        assert third.reused_tokens > got[1].prompt_tokens and third.text == ref.text
     finally:
         ex.close()
 

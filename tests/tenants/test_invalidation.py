@@ -139,3 +139,17 @@ def test_redis_down_never_breaks_the_write(member, settings):
     settings.REDIS_URL = "redis://127.0.0.1:1/0"
     pref = actions.do_set_preference(member, text="still saved")  # on_commit is robust
     assert Preference.objects.get(pk=pref.pk).text == "still saved"
+
+
+def test_deleting_a_conversation_drops_the_members_kv_links(member, subscriber):
+    """A conversation's K/V links are filed under its member: deleting it invalidates the
+    member's scope after commit (Redis entries of that member gone)."""
+    from tenants.models import Conversation
+
+    conv = Conversation.objects.create(tenant=member.tenant, member=member, title="t")
+    key = put_l2_entry(member)
+    subscriber.drain(0.3)
+    actions.do_delete_conversation(member, conv.pk)
+    messages = subscriber.drain(2.0, until=bool)
+    assert [(m["op"], m["user"]) for m in messages] == [("invalidate", str(member.pk))]
+    assert kvstore.l2_tier().get(key) is None

@@ -1,0 +1,84 @@
+"""How a turn is generated and what of it is kept: one ``adapter.generate``, or a row of
+the batch engine that continues the conversation's cached link and keeps the next one."""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from injection.base import CacheKey, ExecutionRequest
+from injection.kvcache.conversation import ConversationStore, messages_hash
+from injection.kvcache.kvsource import user_or_none
+from injection.kvcache.packed import PackedKV
+
+__all__ = ["TurnGenerator", "TurnPlan", "join"]
+
+
+class TurnPlan(NamedTuple):
+    """What a turn will run on, decided before the injected segments are fetched."""
+
+    key: CacheKey | None  # the conversation's slot (None: no reuse for this request)
+    prompt: str
+    prompt_ids: list[int] | None  # the tokens after the injected turn, encoded once
+    cached: PackedKV | None  # the conversation's link to continue (None: a miss)
+    admitted: bool = False  # the turn's link is stored (see ConversationStore)
+
+
+def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
+    """The injected chain followed by the conversation's link (one PackedKV)."""
+    if head is None or tail is None:
+        return head if tail is None else tail
+    return PackedKV(torch.cat([head.keys, tail.keys], 2), torch.cat([head.values, tail.values], 2),
+                    (*head.token_ids, *tail.token_ids))
+
+
+class TurnGenerator:
+    def __init__(self, adapter: Any, engine: Any, store: ConversationStore) -> None:
+        self.adapter, self.engine, self.store = adapter, engine, store
+
+    def plan(self, req: ExecutionRequest, messages: list[dict[str, str]], prompt: str,
+             chash: str, alpha: float, *, injected: bool) -> TurnPlan:
+        """Encode the turn once and look its conversation up (``cached``: a hit)."""
+        if self.engine is None:
+            return TurnPlan(None, prompt, None, None)
+        prompt_ids = self.adapter.renderer.encode(prompt, first=not injected)
+        user = user_or_none(req.user)
+        if not (self.store.enabled and req.reuse_conversation and user):
+            return TurnPlan(None, prompt, prompt_ids, None)
+        key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
+                        else messages_hash(messages[:-1]), chash, alpha)
+        cached = self.store.lookup(key, prompt_ids)
+        # admission: a turn with history is a conversation going on; one-shots are not kept
+        admitted = cached is not None or any(m["role"] != "system" for m in messages[:-1])
+        if not admitted:
+            self.store.metrics.incr("conv_not_admitted")
+        return TurnPlan(key, prompt, prompt_ids, cached, admitted)
+
+    def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
+            sampling: dict[str, Any]) -> Any:
+        """Generate after ``prefix`` (the injected chain, with the conversation's link
+        joined on a hit; values already scaled) at alpha 1."""
+        if self.engine is None:
+            return self.adapter.generate(plan.prompt, prefix, 1.0, req.max_new_tokens, **sampling)
+        done = plan.cached.num_tokens if plan.cached is not None else 0
+        return self.engine.run(prefix, 1.0, plan.prompt_ids[done:], req.max_new_tokens,
+                               keep_kv=plan.admitted, prompt_ids=plan.prompt_ids, **sampling)
+
+    def keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
+             reply: str, out: Any, head: int, chash: str, alpha: float) -> None:
+        """Store the turn's link (what follows the ``head`` injected tokens) under the key
+        the next turn looks up."""
+        seq = out.sequence_kv
+        if plan.key is None or not plan.admitted or seq is None:
+            return
+        user = user_or_none(req.user)
+        nxt = plan.key if req.conversation_id else self._key(
+            req, user, messages_hash([*messages, {"role": "assistant", "content": reply}]),
+            chash, alpha)
+        link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
+        self.store.keep(nxt, link, replaces=plan.key if plan.cached is not None else None)
+
+    def _key(self, req: ExecutionRequest, user: str, ident: str, chash: str,
+             alpha: float) -> CacheKey:
+        return self.store.key(req.tenant, user, ident, chash, alpha, self.adapter.fingerprint)
