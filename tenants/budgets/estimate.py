@@ -3,13 +3,15 @@
 Counted with the model's own tokenizer (``tenants.api.context_limits.model_limits``,
 the light ``tokenizers`` library: the web never loads the model): the message, the
 history the worker will put before it (``/v1``: the request's messages; ``/api/chat``:
-the stored conversation up to ``CHAT_HISTORY_TOKEN_BUDGET``), the tenant instructions
-and the member's preference, plus the chat template's markup per message. Without a
+the stored conversation up to ``CHAT_HISTORY_TOKEN_BUDGET``), tool definitions, the
+tenant instructions and the member's preference, plus the chat template's markup per
+message. Without a
 local model directory, four characters count as one token.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from django.conf import settings
@@ -63,6 +65,8 @@ def prompt_estimate(member: Member, conversation_id: int | None, message: str,
     texts = ([str(m.get("content") or "") for m in history] if history is not None
              else _stored_history(member, conversation_id))
     texts.append(message)
+    if params.get("tools"):  # rendered into the prompt where the template supports them
+        texts.append(json.dumps(params["tools"], separators=(",", ":")))
     pref = Preference.objects.filter(tenant=member.tenant_id, member=member).first()
     context = [member.tenant.instructions, pref.text if pref is not None and pref.enabled
                else ""]

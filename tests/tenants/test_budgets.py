@@ -199,3 +199,22 @@ def test_a_months_spend_counts_every_day_of_the_month_and_no_other(acme):
     assert ledger.standing(budget, at).spent == 150
     at_new_month = dt.datetime(2026, 4, 1, tzinfo=dt.UTC)  # a new period: nothing spent yet
     assert ledger.standing(budget, at_new_month).spent == 0
+
+
+@pytest.mark.django_db
+def test_the_prompt_estimate_counts_history_context_and_tools(acme):
+    from tenants.budgets.estimate import TEMPLATE_TOKENS_PER_MESSAGE, prompt_estimate
+
+    bare = prompt_estimate(acme.user, None, "What should I cook?", {"history": []})
+    assert bare > 2 * TEMPLATE_TOKENS_PER_MESSAGE  # the message, preference, markup
+    history = [{"role": "user", "content": "Hello there, I need help with dinner."},
+               {"role": "assistant", "content": "Of course: what do you have at home?"}]
+    tools = [{"type": "function", "function": {"name": "get_current_timestamp",
+                                               "description": "The time now.",
+                                               "parameters": {"type": "object"}}}]
+    longer = prompt_estimate(acme.user, None, "What should I cook?", {"history": history})
+    assert longer > bare + 2 * TEMPLATE_TOKENS_PER_MESSAGE
+    assert prompt_estimate(acme.user, None, "What should I cook?",
+                           {"history": [], "tools": tools}) > bare + 10
+    stored = prompt_estimate(acme.user, acme.conversation.pk, "What should I cook?", {})
+    assert stored > bare  # /api/chat: the stored conversation's messages count too
