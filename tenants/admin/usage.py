@@ -77,8 +77,10 @@ def usage_view(request):
                     [("requests", [d.requests for d in report.days]),
                      ("errors", [d.errors for d in report.days])]),
         charts.bars("Tokens per day", labels,
-                    [("in", [d.prompt_tokens for d in report.days]),
-                     ("out", [d.completion_tokens for d in report.days])]),
+                    [("prompt, computed", [d.prompt_tokens - d.cached_tokens
+                                           for d in report.days]),
+                     ("prompt, from cache", [d.cached_tokens for d in report.days]),
+                     ("completion", [d.completion_tokens for d in report.days])]),
         charts.bars("Latency per day (ms)", labels,
                     [("p50", [d.p("latency", 50) for d in report.days]),
                      ("p95", [d.p("latency", 95) for d in report.days])], unit=""),
