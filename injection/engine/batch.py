@@ -50,8 +50,7 @@ class BatchEngine(EngineFaults):
     Args:
         adapter: the loaded model (plain full-attention cache layers).
         max_batch: rows decoded together at most.
-        kv_budget_bytes: bound on the batch's padded K/V (0: none); one row alone is
-            always admitted.
+        kv_budget_bytes: bound on the batch's padded K/V (0: none; one row always fits).
         join_wait_ms: when idle, wait this long for more rows before the first prefill.
         clock: monotonic seconds for the scheduler's heartbeat (``watchdog.py``).
     """
@@ -69,14 +68,12 @@ class BatchEngine(EngineFaults):
                                       None) or 1.0)
         self._waiting: deque[RowJob] = deque()
         self._rows: list[RowJob] = []
-        self._batch = BatchCache()
-        self._cond = threading.Condition()
+        self._batch, self._cond = BatchCache(), threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed, self._stop_error = False, EngineUnavailable("the batch engine stopped")
         self._oom_cap = self.max_batch
         self._admitting: RowJob | None = None  # popped from the queue, being prefilled
-        self.clock, self.busy = clock, False
-        self.beat_at = clock()
+        self.clock, self.busy, self.beat_at = clock, False, clock()
         self.counters = dict.fromkeys(COUNTERS, 0)
         _LIVE.add(self)
 
@@ -127,10 +124,11 @@ class BatchEngine(EngineFaults):
             self._thread.join(timeout)
 
     # -- scheduler --------------------------------------------------------------------
-    def _ensure_thread(self) -> None:
-        if self._thread is None or not self._thread.is_alive():
-            self._thread = threading.Thread(target=self._loop, name="batch-engine", daemon=True)
-            self._thread.start()
+    def _ensure_thread(self) -> None:  # one that died busy is left to the watchdog
+        if self._thread is None or not (self._thread.is_alive() or self.busy):
+            thread = threading.Thread(target=self._loop, name="batch-engine", daemon=True)
+            thread.start()  # published once alive: progress() never sees it unstarted
+            self._thread = thread
 
     def _loop(self) -> None:
         while True:
@@ -224,6 +222,8 @@ class BatchEngine(EngineFaults):
         batch, then their callers wake. A row whose sampling or callbacks raise fails alone."""
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
         for job, pick in picks:
+            if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it
+                continue
             try:
                 if not isinstance(pick, int):
                     seen = job.input_ids + job.gen if job.sampler.penalty != 1.0 else None

@@ -36,10 +36,10 @@ class _Stuck:
             assert self.release.wait(60)
 
 
-def _caller(eng, prompt, kv, box, key):
+def _caller(eng, prompt, kv, box, key, **opts):
     def run():
         try:
-            box[key] = eng.generate(prompt, kv, 1.0, 12)
+            box[key] = eng.generate(prompt, kv, 1.0, 12, **opts)
         except BaseException as exc:  # noqa: BLE001 - checked by the test
             box[key] = exc
 
@@ -66,7 +66,8 @@ def test_a_stuck_scheduler_is_detected_and_its_requests_fail_fast(adapter, stuck
     clock.t += 3600
     assert dog.check() is None  # idle for an hour: not stuck
     box: dict = {}
-    running = _caller(eng, prompt, kv, box, "running")
+    pieces: list[str] = []
+    running = _caller(eng, prompt, kv, box, "running", on_text=pieces.append)
     assert stuck.entered.wait(60)
     waiting = _caller(eng, prompt, kv, box, "waiting")  # max_batch 1: it queues
     _until(lambda: eng.stats()["waiting"] == 1, "the second request queued")
@@ -83,6 +84,10 @@ def test_a_stuck_scheduler_is_detected_and_its_requests_fail_fast(adapter, stuck
         eng.generate(prompt, kv, 1.0, 4)
     clock.t += 3600
     assert dog.check() is None  # trips once
+    sent = list(pieces)
+    stuck.release.set()  # the hung forward returns after all
+    eng._thread.join(60)
+    assert not eng._thread.is_alive() and pieces == sent  # nothing more for a failed row
 
 
 def test_the_watchdog_thread_trips_on_its_own(adapter, stuck_engine):
