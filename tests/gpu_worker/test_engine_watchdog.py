@@ -157,3 +157,22 @@ def test_contained_engine_faults_are_exported(demo_model_path, monkeypatch):
     text = generate_latest(registry).decode()
     assert 'kvi_engine_faults_total{kind="row_failures"} 1.0' in text
     assert 'kvi_engine_faults_total{kind="watchdog_trips"} 0.0' in text
+
+
+def test_the_worker_watches_the_engine_of_the_executor_it_builds(monkeypatch, settings,
+                                                                  demo_model_path):
+    from gpu_worker.serving import host, runtime
+
+    settings.MODEL_PATH, settings.KV_L2_ENABLED = str(demo_model_path), False
+    settings.WORKER_BATCH_MAX, settings.ENGINE_WATCHDOG_SECONDS = 2, 45
+    monkeypatch.setattr(host, "_executor", None)
+    monkeypatch.setattr(host, "_on_built", [])
+    host.on_executor_built(runtime._watch_engine)  # what start_serving_process registers
+    ex = host.get_executor()
+    try:
+        dog = enginewatch._current
+        assert dog is not None and dog.engine is ex.engine and dog.stall_after == 45
+        assert dog._thread is not None and dog._thread.is_alive()
+    finally:
+        runtime.close_serving_process()  # stops the watchdog, closes the executor
+    assert enginewatch._current is None and host.current_executor() is None
