@@ -133,3 +133,22 @@ def test_a_dead_scheduler_thread_is_detected(adapter, monkeypatch):
     finally:
         eng.close()
     assert isinstance(box["running"], EngineUnavailable)
+
+
+def test_a_scheduler_stuck_in_a_prefill_fails_the_row_being_admitted(adapter):
+    clock, stuck = FakeClock(), _Stuck(at=1)  # the very first forward: the row's prefill
+    eng = BatchEngine(_with_model(adapter, _Faulty(adapter.model, stuck)), clock=clock)
+    dog = EngineWatchdog(eng, stall_after=30)
+    prompt, kv = _row(adapter, PREFS[0], QUESTION)
+    box: dict = {}
+    try:
+        running = _caller(eng, prompt, kv, box, "running")
+        assert stuck.entered.wait(60)
+        assert eng.stats()["active"] == 0 and eng.stats()["waiting"] == 0  # in neither list
+        clock.t += 31
+        assert dog.check() == "stuck"
+        running.join(60)
+    finally:
+        stuck.release.set()
+        eng.close()
+    assert isinstance(box["running"], EngineUnavailable)
