@@ -12,7 +12,7 @@ from django.db import connection
 
 from tenants import actions
 from tenants.budgets import ledger
-from tenants.budgets.periods import seconds_to_reset
+from tenants.budgets.periods import period_start, seconds_to_reset
 from tenants.errors import BudgetExceeded, Forbidden, InvalidInput
 from tenants.models import AuditEvent, AuditLog, ChatExchange, TokenBudget, UsageDay
 
@@ -60,6 +60,13 @@ def test_the_command_sets_changes_and_clears_budgets_audited(acme):
         tenant_cmd("budget", "acme", "--member", "acme-other", "--tokens", "5000")
     with pytest.raises(CommandError, match="Unknown user"):
         tenant_cmd("budget", "acme", "--member", "globex-user", "--tokens", "5")
+    shown = tenant_cmd("budget", "acme").splitlines()
+    assert shown == [
+        "acme (whole tenant): 0 of 1000 tokens spent this month (since "
+        f"{period_start('month')}, 0.0%), 0 held by running chats",
+        f"acme/acme-user: 0 of 100 tokens spent this day (since {period_start('day')}, 0.0%), "
+        "0 held by running chats"]
+    assert len(tenant_cmd("budget", "acme", "--member", "acme-user").splitlines()) == 1
     assert "removed" in tenant_cmd("budget", "acme", "--member", "acme-user", "--clear")
     assert "had no budget" in tenant_cmd("budget", "acme", "--member", "acme-user", "--clear")
     rows = AuditLog.objects.filter(tenant=acme.tenant, event_type=AuditEvent.BUDGET_CHANGED)

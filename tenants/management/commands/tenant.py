@@ -12,6 +12,7 @@ from tenants import actions
 from tenants.errors import PlatformError
 from tenants.models import Member, Tenant
 from tenants.origin import CliCommandMixin
+from tenants.usage import billing
 
 
 class Command(CliCommandMixin, BaseCommand):
@@ -37,7 +38,8 @@ class Command(CliCommandMixin, BaseCommand):
         tok.add_argument("--expires-days", type=float, default=None,
                          help="Refuse the token after this many days (default: never).")
         bud = sub.add_parser("budget", help="Set (--tokens/--period) or remove (--clear) the "
-                             "token budget of a tenant, or of one member (--member).")
+                             "token budget of a tenant, or of one member (--member); "
+                             "neither: show the budgets and their spend this period.")
         bud.add_argument("slug")
         bud.add_argument("--member", default=None, help="Username: a member's own budget.")
         bud.add_argument("--tokens", type=int, default=None,
@@ -98,8 +100,15 @@ class Command(CliCommandMixin, BaseCommand):
             self.stdout.write(f"removed the budget of {who}" if removed
                               else f"{who} had no budget")
             return
-        if opts["tokens"] is None:
-            raise CommandError("Give --tokens N (and --period day|month), or --clear.")
+        if opts["tokens"] is None:  # no change asked: show the budgets and their spend
+            for line in billing.budgets([tenant.pk]):
+                if member is None or line["member"] == str(member):
+                    who_ = line["member"] or f"{tenant.slug} (whole tenant)"
+                    self.stdout.write(
+                        f"{who_}: {line['spent']} of {line['tokens']} tokens spent this "
+                        f"{line['period']} (since {line['period_start']}, {line['percent']}%), "
+                        f"{line['reserved']} held by running chats")
+            return
         budget = actions.do_set_budget(tenant, member=member, tokens=opts["tokens"],
                                        period=opts["period"])
         self.stdout.write(f"budget of {who}: {budget.tokens} tokens "
