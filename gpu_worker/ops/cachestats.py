@@ -50,10 +50,25 @@ def cache_stats(scope: Scope) -> dict[str, Any]:
         "live_workers": sorted(registry.live_workers()),
         "workers_unconfirmed": replies.missing,
         "tenants": out_tenants,
+        "kinds": _kinds(replies),
     }
     if scope.tenant is None:
         report["totals"] = _totals(out_tenants, l2_sizes)
     return report
+
+
+def _kinds(replies) -> dict[str, dict[str, Any]]:
+    """Tenant segments, member segments and conversation links, summed over the workers:
+    L1 entries/bytes and hits/misses per tier (worker-wide, not per tenant)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in replies:
+        for kind, row in (((r.get("stats") or {}).get("kinds")) or {}).items():
+            agg = out.setdefault(kind, defaultdict(int))
+            for f, n in row.items():
+                agg[f] += int(n or 0)
+    return {k: {**v, "hit_rate": hit_rate(v["l1_hits"] + v["l2_hits"],
+                                          max(0, v["l1_misses"] - v["l2_hits"]))}
+            for k, v in ((k, dict(v)) for k, v in out.items())}
 
 
 def _sum_per_tenant(replies, tier: str, fields, ids) -> dict[str, dict[str, int]]:

@@ -50,7 +50,7 @@ def on_clear_all(message: dict) -> dict[str, Any]:
     executor = host.current_executor()
     dropped = 0
     if executor is not None:
-        dropped = executor.l1.clear() if executor.l1 is not None else 0
+        dropped = executor.clear_l1()  # segments and conversation links
         if executor.l2 is not None:
             executor.l2.flush(timeout=5.0)
         executor.metrics.incr("invalidations")

@@ -158,7 +158,7 @@ def set_key_generation(generation: str) -> bool:
         ex.l2.signer = CacheKeySigner(
             settings.KV_SIGNING_SECRET, key_generation=generation, namespace=old.namespace
         )
-        dropped = ex.l1.clear() if ex.l1 is not None else 0
+        dropped = ex.clear_l1()
     log.warning("L2 signing key generation %s -> %s; dropped %d L1 entries",
                 old.key_generation, generation, dropped)
     return True

@@ -29,7 +29,7 @@ from injection.engine.request_checks import sampling_options
 from injection.engine.request_checks import validate as _validate
 from injection.engine.turns import TurnGenerator, join
 from injection.errors import InvalidRequest, ModelOOMError
-from injection.kvcache.chain import SegmentChain
+from injection.kvcache.chain import SegmentChain, kind_stats
 from injection.kvcache.conversation import ConversationStore
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.metrics import METRICS, Metrics
@@ -135,6 +135,11 @@ class InjectionExecutor:
         self.metrics.incr("invalidations")
         return out
 
+    def clear_l1(self) -> int:
+        """Drop every L1 entry (segments and conversation links); returns how many."""
+        stores = [self.l1] + ([self.conv_l1] if self.conv_l1 is not self.l1 else [])
+        return sum(store.clear() for store in stores if store is not None)
+
     def stats(self) -> dict[str, Any]:
         """Engine counters plus each tier's own ``stats()``."""
         return {
@@ -142,6 +147,7 @@ class InjectionExecutor:
             "fingerprint": self.adapter.fingerprint,
             "batch": self.engine.stats() if self.engine is not None else None,
             **self.kv_source.tier_stats(),
+            "kinds": kind_stats(self.metrics.snapshot()["counters"], self.l1, self.conv_l1),
             "conversations_l1": (self.conv_l1.stats()
                                  if self.conv_l1 is not None and self.conv_l1 is not self.l1
                                  else None),

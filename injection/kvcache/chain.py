@@ -17,7 +17,7 @@ A model or template without a token-exact split injects the whole turn as one se
 from __future__ import annotations
 
 import hashlib
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import torch
 
@@ -25,7 +25,8 @@ from injection.base import CacheKey, PreferenceModel, SegmentSplit, Tier
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["TENANT_USER", "ChainKV", "SegmentChain", "tenant_key"]
+__all__ = ["KINDS", "TENANT_USER", "ChainKV", "SegmentChain", "kind_of", "kind_stats",
+           "tenant_key"]
 
 TENANT_USER = "~tenant"  # member ids are never this: the tenant segment's slot
 _ORDER = {Tier.L1: 0, Tier.L2: 1, Tier.COMPUTE: 2}
@@ -39,6 +40,30 @@ class ChainKV(NamedTuple):
     cached_tokens: int  # tokens of segments served from L1/L2
     tiers: dict[str, str]  # per segment kind: l1 | l2 | compute
     stored_bytes: int  # bytes of the cached segments this request used
+
+
+KINDS = ("tenant", "member", "conversation")
+
+
+def kind_of(key: CacheKey) -> str:
+    """A segment entry's kind by its key (conversation links live in their own L1)."""
+    return "tenant" if key.user == TENANT_USER else "member"
+
+
+def kind_stats(counters: dict[str, int], l1: Any, conv_l1: Any) -> dict[str, dict[str, int]]:
+    """Per kind: L1 entries and bytes, hits and misses per tier (this process's counters)."""
+    out = {k: {"entries": 0, "bytes": 0} for k in KINDS}
+    stores = [(l1, kind_of)] + ([(conv_l1, lambda k: "conversation")]
+                                if conv_l1 is not None and conv_l1 is not l1 else [])
+    for store, classify in stores:
+        usage = getattr(store, "usage_by", None)
+        for kind, row in (usage(classify) if usage is not None else {}).items():
+            for f, n in row.items():
+                out[kind][f] += n
+    for kind, row in out.items():
+        for f in ("l1_hits", "l1_misses", "l2_hits", "l2_misses"):
+            row[f] = int(counters.get(f"{kind}_{f}", 0))
+    return out
 
 
 def _sha(*parts: str) -> str:

@@ -21,10 +21,12 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from injection.base import CacheKey, KVStore
+from injection.kvcache.lru_plan import _NEW, _Simulation
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["TenantLRU"]
@@ -135,6 +137,17 @@ class TenantLRU(KVStore):
             t = self._tenants.get(key.tenant)
             return t is not None and self._remove(t, key) is not None
 
+    def usage_by(self, classify: Callable[[CacheKey], str]) -> dict[str, dict[str, int]]:
+        """Entries and bytes per class of key (e.g. tenant / member segments)."""
+        out: dict[str, dict[str, int]] = {}
+        with self._lock:
+            for t in self._tenants.values():
+                for k, e in t.entries.items():
+                    row = out.setdefault(classify(k), {"entries": 0, "bytes": 0})
+                    row["entries"] += 1
+                    row["bytes"] += e.nbytes
+        return out
+
     def clear(self, tenant: str | None = None) -> int:
         """Drop every entry (of ``tenant`` if given); returns how many."""
         if tenant is not None:
@@ -242,49 +255,6 @@ class TenantLRU(KVStore):
         over = [n for n in active if (sim.bytes[n] if by_bytes else sim.count[n]) > share]
         # Over a bound, some tenant is always over its share (pigeonhole).
         return min(over or active, key=lambda n: sim.head(n)[2])
-
-
-_NEW = object()  # marks the entry being inserted in a _Simulation
-
-
-class _Simulation:
-    """Per-tenant bytes/counts and LRU cursors as they would be after a put."""
-
-    def __init__(self, tenants: dict[str, _Tenant], key: CacheKey, size: int, tick: int):
-        self._tenants, self._key, self._size, self._tick = tenants, key, size, tick
-        self.bytes = {n: t.bytes for n, t in tenants.items() if t.entries}
-        self.count = {n: len(t.entries) for n, t in tenants.items() if t.entries}
-        old = tenants[key.tenant].entries.get(key) if key.tenant in tenants else None
-        self.bytes[key.tenant] = self.bytes.get(key.tenant, 0) + size - (old.nbytes if old else 0)
-        self.count[key.tenant] = self.count.get(key.tenant, 0) + (0 if old else 1)
-        self.total_bytes, self.total_count = sum(self.bytes.values()), sum(self.count.values())
-        self.evicted: list[CacheKey] = []
-        self._cursors: dict[str, Any] = {}
-        self._heads: dict[str, tuple[Any, int, int]] = {}
-
-    def _walk(self, name: str):
-        """(key, nbytes, tick) oldest first, skipping a replaced entry, newcomer last."""
-        t = self._tenants.get(name)
-        for k, e in t.entries.items() if t else ():
-            if k != self._key:
-                yield k, e.nbytes, e.tick
-        if name == self._key.tenant:
-            yield _NEW, self._size, self._tick
-
-    def head(self, name: str) -> tuple[Any, int, int]:
-        if name not in self._heads:
-            cur = self._cursors.setdefault(name, self._walk(name))
-            self._heads[name] = next(cur)
-        return self._heads[name]
-
-    def pop(self, name: str) -> None:
-        k, nbytes, _ = self.head(name)
-        del self._heads[name]
-        self.bytes[name] -= nbytes
-        self.count[name] -= 1
-        self.total_bytes -= nbytes
-        self.total_count -= 1
-        self.evicted.append(k)
 
 
 def _require(ok: bool, msg: str) -> None:

@@ -75,13 +75,21 @@ def test_stats_reports_tiers_per_tenant_from_every_live_worker(pair, shop):
 
     report = kvcache("stats", "--tenant", "shop")
     l1, l2 = l1_of(report, "shop"), report["tenants"]["shop"]["l2"]
-    # both preferences, and alice's conversation K/V (L1 only: kept for its next turn)
-    assert l1["entries"] == 3 and l1["bytes"] > 0
+    # both preferences; alice's one-shot chat is not kept as a conversation (admission)
+    assert l1["entries"] == 2 and l1["bytes"] > 0
     assert l1["hits"] >= 1 and 0 < l1["hit_rate"] <= 1
-    assert l2["entries"] == 2 and l2["bytes"] > 0  # conversation K/V never goes to Redis
+    assert l2["entries"] == 2 and l2["bytes"] > 0
     rows = {r["worker"]: r for r in report["workers"]}
     assert {w.hostname for w in pair} <= set(rows) <= set(report["live_workers"]) | set(rows)
-    assert sum(rows[w.hostname]["l1"]["entries"] for w in pair) == 3
+    assert sum(rows[w.hostname]["l1"]["entries"] for w in pair) == 2
+    # per kind (worker-wide): no instructions, so no tenant segment; the chat hit alice's
+    kinds = report["kinds"]
+    assert set(kinds) == {"tenant", "member", "conversation"}
+    assert kinds["member"]["entries"] >= 2 and kinds["member"]["l1_hits"] >= 1
+    assert kinds["conversation"]["entries"] == 0 and kinds["member"]["bytes"] > 0
+    out = StringIO()
+    call_command("kvcache", "stats", "--tenant", "shop", stdout=out)
+    assert "conversation" in out.getvalue() and "member" in out.getvalue()
     assert all(rows[w.hostname]["pool"] == "solo" for w in pair)
 
     everyone = kvcache("stats")

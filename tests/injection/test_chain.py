@@ -177,3 +177,15 @@ def test_eviction_scopes_redis_round_trip(adapter, l2):
     ask(ex, "u1")
     out = ex.invalidate("t1")
     assert out == {"l1": 3, "l2": 3} and ex.l1.stats()["per_tenant"]["other"]["entries"] == 2
+
+
+def test_stats_per_kind(adapter):
+    ex = make(adapter)
+    for user in ("u1", "u2", "u1"):
+        ask(ex, user)
+    kinds = ex.stats()["kinds"]
+    assert (kinds["tenant"]["entries"], kinds["member"]["entries"]) == (1, 2)
+    assert kinds["tenant"]["l1_hits"] == 2 and kinds["tenant"]["l1_misses"] == 1
+    assert kinds["member"]["l1_hits"] == 1 and kinds["member"]["l1_misses"] == 2
+    assert kinds["tenant"]["bytes"] + kinds["member"]["bytes"] == ex.l1.stats()["bytes"]
+    assert kinds["conversation"]["entries"] == 0  # no engine here: no conversation links

@@ -110,6 +110,12 @@ class Command(CliCommandMixin, BaseCommand):
             w(f"{slug:<20} {a['entries']:>10} {_mb(a['bytes']):>8} {_pct(a['hit_rate']):>7} "
               f"{b['entries']:>10} {_mb(b['bytes']):>8} {_pct(b['hit_rate']):>7} "
               f"{b['rejects']:>10}")
+        if r.get("kinds"):
+            w(f"{'kind':<20} {'L1 entries':>10} {'L1 MB':>8} {'L1 hits':>8} {'L1 miss':>8} "
+              f"{'L2 hits':>8} {'L2 miss':>8}")
+        for kind, k in (r.get("kinds") or {}).items():
+            w(f"{kind:<20} {k['entries']:>10} {_mb(k['bytes']):>8} {k['l1_hits']:>8} "
+              f"{k['l1_misses']:>8} {k['l2_hits']:>8} {k['l2_misses']:>8}")
 
     def _print_clear(self, r):
         self.stdout.write(f"cleared {r['scope']}: {r['l1_deleted']} L1 entries on "
