@@ -31,10 +31,6 @@ def test_v1_answers_openais_quota_error_with_retry_after(acme):
     assert "budget" in error["message"] and error["scope"] == "member"
     assert 0 < int(r["Retry-After"]) <= seconds_to_reset("day")
     assert not ChatExchange.objects.filter(member=acme.user).exists()  # nothing claimed
-    # the other member has no budget of their own and the tenant none: not refused here
-    r = token_client(acme.other_key).post("/v1/chat/completions", {**CHAT, "stream": True},
-                                          content_type="application/json")
-    assert r.status_code != 429
 
 
 @pytest.mark.django_db
