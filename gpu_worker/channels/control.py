@@ -113,7 +113,9 @@ def request(op: str, timeout: float | None = None, **payload: Any) -> Replies:
     ``redis.RedisError`` when Redis is unreachable (callers report it and fail).
     """
     timeout = settings.KVCACHE_CONTROL_TIMEOUT if timeout is None else timeout
-    client = make_client(timeout + 5.0)
+    # every call has a short socket deadline (a hung Redis fails it in seconds); the
+    # wait for replies is a series of short blocking pops within that deadline
+    client = make_client(settings.REDIS_SOCKET_TIMEOUT)
     reply_to = f"kviw:reply:{uuid.uuid4().hex}"
     message = {"op": op, "ts": time.time(), "reply_to": reply_to, **payload}
     receivers = int(client.publish(channel(), sign(message)))
@@ -125,9 +127,9 @@ def request(op: str, timeout: float | None = None, **payload: Any) -> Replies:
             left = deadline - time.monotonic()
             if left <= 0:
                 break
-            item = client.blpop([reply_to], timeout=left)
+            item = client.blpop([reply_to], timeout=1)  # whole seconds: any Redis version
             if item is None:
-                break
+                continue
             reply = verify(item[1])
             if reply is not None:
                 replies.append(reply)

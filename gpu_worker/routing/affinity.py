@@ -19,10 +19,24 @@ import redis
 from django.conf import settings
 
 from gpu_worker.routing import registry
+from injection.kvcache.redis_client import connect
 from tenants.errors import Overloaded
 
 log = logging.getLogger(__name__)
 OVERLOAD_RETRY_AFTER = 2  # seconds
+ROUTING_SOCKET_TIMEOUT = 0.5  # a hung Redis costs a chat ~1 s here, not seconds per read
+_clients: dict[str, redis.Redis] = {}
+
+
+def routing_client() -> redis.Redis:
+    """Routing and the capacity check are optimisations, never gates: read with a short
+    deadline (a dispatch that needs Redis reports a hung one itself)."""
+    url = settings.REDIS_URL
+    client = _clients.get(url)
+    if client is None:
+        client = _clients.setdefault(url, connect(
+            url, socket_timeout=ROUTING_SOCKET_TIMEOUT, health_check_interval=30))
+    return client
 
 
 class Route(NamedTuple):
@@ -36,7 +50,7 @@ def choose_queue(member_id: int | str, client: redis.Redis | None = None) -> Rou
     if not settings.WORKER_AFFINITY_ENABLED:
         return Route(shared, "disabled")
     try:
-        client = client or registry.redis_client()
+        client = client or routing_client()
         worker = registry.affinity(member_id, client)
         if worker is None:
             return Route(shared, "no_affinity")
@@ -67,7 +81,7 @@ def check_capacity(client: redis.Redis | None = None) -> None:
     if not limit:
         return
     try:
-        depth = (client or registry.redis_client()).llen(registry.SHARED_QUEUE)
+        depth = (client or routing_client()).llen(registry.SHARED_QUEUE)
     except redis.RedisError:
         return  # dispatching reports an unreachable broker itself
     if depth >= limit:

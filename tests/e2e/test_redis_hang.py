@@ -1,0 +1,100 @@
+"""A hung Redis (SIGSTOP: accepts connections, never answers) gives deadlines, not hangs.
+
+Everything here runs against a throwaway Redis of the test's own (never the session's):
+the web in its own process, ``manage.py kvcache stats`` as a command. While Redis is
+stopped a chat gets its documented JSON 503 within its deadline and the command exits
+non-zero with a clear message; after SIGCONT both work again by themselves.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.throwaway import ThrowawayRedis, WebServer
+from tests.workers import (
+    ROOT,
+    WorkerProcess,
+    database_url_from_settings,
+    wait_for,
+    worker_env,
+)
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# the deadlines this test holds the platform to (generous upper bounds: they are what a
+# client may wait at most, not how fast this machine is)
+CHAT_DEADLINE_S = 60
+STATS_DEADLINE_S = 90
+
+
+@pytest.fixture
+def hung_site(tmp_path, demo_model_path):
+    from django.db import connection
+
+    from tenants import actions
+
+    rd = ThrowawayRedis(tmp_path / "redis").start()
+    env = {**worker_env(database_url_from_settings(connection.settings_dict), demo_model_path),
+           "DJANGO_SETTINGS_MODULE": "config.settings", "REDIS_URL": rd.url,
+           "CELERY_BROKER_URL": rd.url, "CELERY_RESULT_BACKEND": rd.url,
+           "CHAT_RESULT_TIMEOUT": "60"}
+    env.pop("KVI_TEST_REDIS_DB", None)
+    tenant = actions.do_create_tenant("hang")
+    key = actions.do_create_api_token(actions.do_add_member(tenant, "hal", preference="tea"))
+    worker = WorkerProcess("hang", env, tmp_path)
+    web = WebServer(env, tmp_path / "web.log")
+    try:
+        # the session's Celery app cannot ping it (another broker): its log says it
+        wait_for(lambda: " ready." in worker.log_tail(200), 180, "the worker to be ready")
+        yield rd, web, env, {"Authorization": f"Token {key}"}
+    finally:
+        os.kill(rd.proc.pid, signal.SIGCONT)  # never leave a stopped process behind
+        web.stop()
+        worker.stop()
+        rd.kill()
+
+
+def timed(fn, *args, **kw):
+    started = time.monotonic()
+    out = fn(*args, **kw)
+    return out, time.monotonic() - started
+
+
+def kvcache_stats(env) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "manage.py", "kvcache", "stats"], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=STATS_DEADLINE_S + 60)
+
+
+def chat(web, auth):
+    return timed(web.request, "POST", "/api/chat", {"message": "hi", "max_new_tokens": 2},
+                 auth)
+
+
+def test_a_stopped_redis_gives_json_503s_in_time_and_recovery_after(hung_site):
+    rd, web, env, auth = hung_site
+    (status, body, _), _ = chat(web, auth)
+    assert status == 200 and body["reply"] is not None, (status, body, web.log_tail())
+    os.kill(rd.proc.pid, signal.SIGSTOP)
+    try:
+        (status, body, headers), took = chat(web, auth)
+        print(f"chat while Redis is stopped: {status} in {took:.1f}s")
+        assert status == 503, (status, body, web.log_tail())
+        assert body["error"]["code"] in ("worker_unavailable", "service_unavailable"), body
+        assert int(headers["Retry-After"]) > 0
+        assert took < CHAT_DEADLINE_S, web.log_tail()
+        out, took = timed(kvcache_stats, env)
+        print(f"kvcache stats while Redis is stopped: rc={out.returncode} in {took:.1f}s")
+        assert out.returncode != 0 and "Redis" in out.stderr, out.stdout + out.stderr
+        assert took < STATS_DEADLINE_S
+    finally:
+        os.kill(rd.proc.pid, signal.SIGCONT)
+    # recovered by itself: the same web process and worker answer again
+    (status, body, _), took = chat(web, auth)
+    print(f"chat after SIGCONT: {status} in {took:.1f}s")
+    assert status == 200 and body["reply"] is not None, (status, body, web.log_tail())
+    assert kvcache_stats(env).returncode == 0
