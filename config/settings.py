@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config import embedded
+from config import deadlines, embedded
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = embedded.VAR_DIR
@@ -104,16 +104,7 @@ REDIS_URL = embedded.redis_url()
 os.environ.setdefault("DATABASE_URL", DATABASE_URL)
 os.environ.setdefault("REDIS_URL", REDIS_URL)
 DATABASES = {"default": embedded.parse_database_url(DATABASE_URL)}
-# Deadlines on Postgres: a server that accepts connections but never answers fails a new
-# connection within DB_CONNECT_TIMEOUT s; a statement running longer than
-# DB_STATEMENT_TIMEOUT_MS is cancelled by the server (0: no limit, e.g. for a long
-# migration). Both surface as the JSON 503 of the error contract.
-DB_CONNECT_TIMEOUT = env_int("DB_CONNECT_TIMEOUT", 5)
-DB_STATEMENT_TIMEOUT_MS = env_int("DB_STATEMENT_TIMEOUT_MS", 30000)
-DATABASES["default"].setdefault("OPTIONS", {}).update({
-    "connect_timeout": DB_CONNECT_TIMEOUT,
-    "options": f"-c statement_timeout={DB_STATEMENT_TIMEOUT_MS}",
-})
+DATABASES["default"].setdefault("OPTIONS", {}).update(deadlines.postgres_options())
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -156,8 +147,7 @@ CHAT_HARD_TIME_LIMIT = env_int("CHAT_HARD_TIME_LIMIT", 100)
 # The web waits past the soft limit, so a request that runs long gets the worker's
 # clear error rather than a bare 503.
 CHAT_RESULT_TIMEOUT = env_float("CHAT_RESULT_TIMEOUT", 90.0)
-# dead idempotency claims (abandoned, or pending past their deadline) are deleted by the
-# worker agents after this long; a retry with such a key then simply claims it afresh
+# dead idempotency claims (abandoned / pending past deadline) are pruned after this long
 CHAT_CLAIM_RETENTION = env_float("CHAT_CLAIM_RETENTION", 86400.0)
 CHAT_CLAIM_PRUNE_INTERVAL = env_float("CHAT_CLAIM_PRUNE_INTERVAL", 600.0)
 
@@ -275,33 +265,8 @@ if not CHAT_SOFT_TIME_LIMIT < CHAT_HARD_TIME_LIMIT < CELERY_VISIBILITY_TIMEOUT:
     raise RuntimeError(
         "need CHAT_SOFT_TIME_LIMIT < CHAT_HARD_TIME_LIMIT < CELERY_VISIBILITY_TIMEOUT"
     )
-# Deadlines on every Redis socket (broker, results): a Redis that hangs (SIGSTOP, a full
-# network buffer) fails a call within REDIS_SOCKET_TIMEOUT instead of blocking for ever;
-# idle connections are checked before reuse (health_check_interval). A publish is retried
-# once, so a chat's dispatch gives up within ~2-3 socket timeouts (docs/OPERATIONS.md).
-REDIS_SOCKET_TIMEOUT = env_float("REDIS_SOCKET_TIMEOUT", 3.0)
-REDIS_CONNECT_TIMEOUT = env_float("REDIS_CONNECT_TIMEOUT", 3.0)
-REDIS_HEALTH_CHECK_INTERVAL = env_int("REDIS_HEALTH_CHECK_INTERVAL", 15)
-_REDIS_DEADLINES = {"socket_timeout": REDIS_SOCKET_TIMEOUT,
-                    "socket_connect_timeout": REDIS_CONNECT_TIMEOUT,
-                    "health_check_interval": REDIS_HEALTH_CHECK_INTERVAL,
-                    "socket_keepalive": True}
-CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
-                                   **_REDIS_DEADLINES}
-CELERY_BROKER_CONNECTION_TIMEOUT = REDIS_CONNECT_TIMEOUT
-CELERY_TASK_PUBLISH_RETRY_POLICY = {"max_retries": 1, "interval_start": 0,
-                                    "interval_step": 0.5, "interval_max": 0.5}
-CELERY_RESULT_BACKEND_TRANSPORT_OPTIONS = {
-    "visibility_timeout": CELERY_VISIBILITY_TIMEOUT,
-    # the result backend's own reconnect loop (default: 20 tries) is what the web's
-    # result wait would otherwise sit in while Redis hangs
-    "retry_policy": {"max_retries": 1, "interval_start": 0, "interval_step": 0.5,
-                     "interval_max": 0.5},
-}
-CELERY_REDIS_SOCKET_TIMEOUT = REDIS_SOCKET_TIMEOUT
-CELERY_REDIS_SOCKET_CONNECT_TIMEOUT = REDIS_CONNECT_TIMEOUT
-CELERY_REDIS_SOCKET_KEEPALIVE = True
-CELERY_REDIS_BACKEND_HEALTH_CHECK_INTERVAL = REDIS_HEALTH_CHECK_INTERVAL
+# transport options and deadlines on every Redis and Postgres socket (config.deadlines)
+globals().update(deadlines.settings(CELERY_VISIBILITY_TIMEOUT))
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 
 # --- Worker scale-out ---------------------------------------------------------------
