@@ -61,3 +61,24 @@ def test_the_l2_tier_misses_instead_of_hanging_and_recovers(stoppable):
     got = tier.get(key())
     assert got is not None and got.num_tokens == kv().num_tokens
     tier.close()
+
+
+def test_a_full_redis_refuses_l2_writes_and_keeps_serving_reads(stoppable):
+    """maxmemory reached with noeviction (the production setting): a write is refused and
+    counted, the request goes on without L2; what is stored still reads back."""
+    client = connect(stoppable.url, socket_timeout=SOCKET_TIMEOUT)
+    tier = RedisKVTier(client, CacheKeySigner(SECRET), async_writes=False,
+                       retry_after_s=0.0)
+    assert tier.put(key(user="kept"), kv()) is True
+    used = int(client.info("memory")["used_memory"])
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", str(used + 1024))
+    try:
+        assert tier.put(key(user="new"), kv(T=512)) is False  # OOM: refused, not raised
+        assert tier.stats()["errors"] == 1
+        assert tier.get(key(user="new")) is None
+        assert tier.get(key(user="kept")) is not None
+    finally:
+        client.config_set("maxmemory", "0")
+    assert tier.put(key(user="new"), kv(T=512)) is True  # room again: writes resume
+    tier.close()
