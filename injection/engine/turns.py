@@ -3,6 +3,7 @@ the batch engine that continues the conversation's cached link and keeps the nex
 
 from __future__ import annotations
 
+import logging
 from typing import Any, NamedTuple
 
 import torch
@@ -13,6 +14,8 @@ from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["TurnGenerator", "TurnPlan", "join"]
+
+log = logging.getLogger(__name__)
 
 
 class TurnPlan(NamedTuple):
@@ -68,7 +71,16 @@ class TurnGenerator:
     def keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
              reply: str, out: Any, head: int, chash: str, alpha: float) -> None:
         """Store the turn's link (what follows the ``head`` injected tokens) under the key
-        the next turn looks up."""
+        the next turn looks up. Bookkeeping after the reply is final: a failure here costs
+        the next turn's reuse, never this reply."""
+        try:
+            self._keep(plan, req, messages, reply, out, head, chash, alpha)
+        except Exception as exc:
+            self.store.metrics.incr("conv_keep_errors")
+            log.warning("conversation link not kept (%s)", type(exc).__name__)
+
+    def _keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
+              reply: str, out: Any, head: int, chash: str, alpha: float) -> None:
         seq = out.sequence_kv
         if plan.key is None or not plan.admitted or seq is None:
             return

@@ -234,3 +234,31 @@ def test_an_error_outside_any_row_leaves_an_engine_that_serves_the_next_request(
         eng.close()
     assert again.token_ids == alone.token_ids
     assert eng.stats()["active"] == 0 and eng.stats()["waiting"] == 0
+
+
+def test_a_failing_conversation_store_never_fails_the_finished_reply(adapter, monkeypatch):
+    """The executor's post-reply bookkeeping (the turn's link into L1/Redis) raising: the
+    replies are the ones a healthy executor gives; only the reuse is lost (counted)."""
+    from injection import build_executor
+    from injection.base import ExecutionRequest
+    from injection.kvcache.conversation import ConversationStore
+    from injection.metrics import Metrics
+
+    def two_turns(ex):
+        first = [{"role": "user", "content": QUESTION}]
+        r1 = ex.execute(ExecutionRequest("t", "u1", first, PREFS[0], max_new_tokens=8))
+        nxt = [*first, {"role": "assistant", "content": r1.text},
+               {"role": "user", "content": "And for dessert?"}]
+        r2 = ex.execute(ExecutionRequest("t", "u1", nxt, PREFS[0], max_new_tokens=8))
+        ex.close()
+        return [r1.text, r2.text], ex.metrics.snapshot()["counters"]
+
+    want, healthy = two_turns(build_executor(adapter, batch_max=2, metrics=Metrics()))
+
+    def broken(*_a, **_k):
+        raise MemoryError("injected: no room to keep the link")
+
+    monkeypatch.setattr(ConversationStore, "keep", broken)
+    got, counters = two_turns(build_executor(adapter, batch_max=2, metrics=Metrics()))
+    assert healthy.get("conv_stored", 0) >= 1  # the healthy run keeps a link
+    assert got == want and counters.get("conv_keep_errors", 0) >= 1
