@@ -135,4 +135,6 @@ def _fill_claim(claim, conversation, answer: Message, usage: dict, cache: dict) 
     claim.state = claim.State.DONE
     claim.conversation, claim.reply, claim.cache = conversation, answer, cache
     claim.usage = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
+    if "cached_tokens" in usage:  # a replay answers what the first answer said
+        claim.usage["cached_tokens"] = usage["cached_tokens"]
     claim.save(update_fields=["state", "conversation", "reply", "usage", "cache", "updated_at"])

@@ -7,12 +7,15 @@ Bounds are checked on the value as sent, so what the OpenAPI schema says (``maxL
 
 from __future__ import annotations
 
+import re
+
 from django.core.validators import RegexValidator
 from rest_framework import serializers
 
 # JSON-schema patterns (also enforced here): PostgreSQL text cannot hold NUL.
 NO_NUL = r"^[^\x00]*$"
 NOT_BLANK_NO_NUL = r"^[^\x00]*[^\x00\s][^\x00]*$"
+_FULL_DATE = re.compile(r"\d{4}-\d{2}-\d{2}")
 
 
 class StrictCharField(serializers.CharField):
@@ -51,3 +54,17 @@ class StrictBooleanField(serializers.BooleanField):
         if not isinstance(data, bool):
             self.fail("invalid")
         return data
+
+
+class StrictDateField(serializers.DateField):
+    """A calendar day exactly as OpenAPI's ``date`` format (RFC 3339 full-date,
+    ``YYYY-MM-DD``): no week dates, no basic ``YYYYMMDD``, no one-digit months."""
+
+    default_error_messages = {"invalid": "Not a date (YYYY-MM-DD)."}
+
+    def to_internal_value(self, data):
+        if not isinstance(data, str) or not _FULL_DATE.fullmatch(data):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+

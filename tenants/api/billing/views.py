@@ -8,6 +8,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema, inline_seriali
 from rest_framework import serializers
 from rest_framework.response import Response
 
+from tenants.api.fields import StrictDateField
 from tenants.api.permissions import request_member
 from tenants.api.views import MemberView, _errors
 from tenants.errors import Forbidden, InvalidInput
@@ -15,8 +16,8 @@ from tenants.usage import billing
 
 
 class UsageQuerySerializer(serializers.Serializer):
-    start = serializers.DateField(required=False, help_text="First UTC day (YYYY-MM-DD).")
-    end = serializers.DateField(required=False, help_text="Last UTC day (default: today).")
+    start = StrictDateField(required=False, help_text="First UTC day (YYYY-MM-DD).")
+    end = StrictDateField(required=False, help_text="Last UTC day (default: today).")
     days = serializers.IntegerField(required=False, min_value=1, max_value=billing.MAX_DAYS,
                                     help_text="Without start: the last N days (default 30).")
 
