@@ -1,14 +1,15 @@
-"""The requests Open WebUI (0.12, default settings, native function calling) sends to an
-OpenAI connection, replayed over plain HTTP against the live server and a real worker:
+"""The requests Open WebUI 0.12.4 (default settings: native function calling) sends to an
+OpenAI connection, replayed over plain HTTP against the live server and a real worker. The
+shapes were captured from a real Open WebUI 0.12.4 talking to this platform through a logging
+proxy (docs/CLIENTS.md), prompts shortened:
 
-* the chat: ``stream: true``, ``stream_options.include_usage`` (Open WebUI forces it when
-  streaming), its built-in tools in ``tools``, no ``max_tokens``;
-* the title task: ``max_completion_tokens: 1000`` (``max_tokens: 1000`` for Ollama-owned
-  models), ``stream: false``;
-* the follow-up suggestions task: no length, ``stream: false``.
+* the chat: ``{"stream": true, "model", "messages", "tools": [its 36 built-in tools]}``,
+  no ``max_tokens``, no ``stream_options``;
+* the title task: ``{"model", "messages", "stream": false, "max_tokens": 1000}`` (its source
+  sends ``max_completion_tokens: 1000`` for non-Ollama models in some versions: both here);
+* the follow-up suggestions and tags tasks: ``{"model", "messages", "stream": false}``.
 
-Open WebUI itself is not installed here; the shapes follow its source (routers/openai.py,
-routers/tasks.py, tools/builtin.py), with the prompts paraphrased. Every one must be answered.
+Every one must be answered.
 """
 
 from __future__ import annotations
@@ -18,39 +19,35 @@ import json
 import pytest
 import requests
 
+from tenants.models import Message
+
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-# Open WebUI's built-in tools (tools/builtin.py), as it converts them to OpenAI functions.
-BUILTIN = {
-    "get_current_timestamp": {}, "calculate_timestamp": {"days_ago": "integer"},
-    "search_web": {"query": "string"}, "fetch_url": {"url": "string"},
-    "generate_image": {"prompt": "string"}, "edit_image": {"prompt": "string"},
-    "search_memories": {"query": "string"}, "add_memory": {"content": "string"},
-    "replace_memory_content": {"memory_id": "string", "content": "string"},
-    "delete_memory": {"memory_id": "string"}, "list_memories": {},
-    "search_notes": {"query": "string"}, "view_note": {"note_id": "string"},
-    "write_note": {"title": "string", "content": "string"},
-    "replace_note_content": {"note_id": "string", "content": "string"},
-    "search_chats": {"query": "string"}, "view_chat": {"chat_id": "string"},
-    "list_knowledge_bases": {}, "search_knowledge_bases": {"query": "string"},
-    "search_knowledge_files": {"query": "string"}, "query_knowledge_files": {"query": "string"},
-    "view_knowledge_file": {"file_id": "string"}, "view_file": {"file_id": "string"},
-    "search_channels": {"query": "string"}, "search_channel_messages": {"query": "string"},
-    "view_channel_message": {"message_id": "string"}, "view_channel_thread": {"id": "string"},
-    "execute_code": {"code": "string"}, "notify": {"message": "string"},
-    "list_memory_paths": {}, "read_memory_path": {"path": "string"},
-    "update_memories": {"content": "string"}, "search_automations": {"query": "string"},
-    "create_automation": {"name": "string"}, "list_skills": {}, "view_skill": {"name": "string"},
-}
+# The 36 tool names Open WebUI 0.12.4 sent with a chat (in its order); each as it converts a
+# built-in tool: {"type": "function", "function": {name, description, parameters}}.
+BUILTIN = [
+    "get_current_timestamp", "calculate_timestamp", "ask_user", "list_knowledge_bases",
+    "search_knowledge_bases", "query_knowledge_bases", "grep_knowledge_files",
+    "search_knowledge_files", "query_knowledge_files", "view_knowledge_file", "search_chats",
+    "view_chat", "search_memories", "list_memory_paths", "read_memory_path", "list_memories",
+    "update_memory", "add_memory", "replace_memory_content", "delete_memory", "search_notes",
+    "view_note", "write_note", "replace_note_content", "create_skill", "create_tasks",
+    "update_task", "create_automation", "update_automation", "list_automations",
+    "toggle_automation", "delete_automation", "search_calendar_events",
+    "create_calendar_event", "update_calendar_event", "delete_calendar_event",
+]
 TOOLS = [{"type": "function", "function": {
     "name": name, "description": f"Open WebUI built-in tool {name}.",
-    "parameters": {"type": "object", "required": list(args),
-                   "properties": {a: {"type": t, "description": a} for a, t in args.items()}}}}
-    for name, args in BUILTIN.items()]
+    "parameters": {"properties": {} if i % 2 else {"query": {"type": "string",
+                                                             "description": "What to find."}},
+                   "type": "object"}}} for i, name in enumerate(BUILTIN)]
 HISTORY = "USER: What should I cook tonight?\nASSISTANT: A vegetable curry."
 TITLE = ("### Task:\nWrite a short title of 3-5 words, with an emoji, for the chat below.\n"
          "### Output:\nOnly the title.\n### Chat History:\n<chat_history>\n"
          f"{HISTORY}\n</chat_history>")
+TAGS = ("### Task:\nGenerate 1-3 broad tags for the chat below.\n### Output:\n"
+        "JSON format: { \"tags\": [\"tag1\"] }\n"
+        f"### Chat History:\n<chat_history>\n{HISTORY}\n</chat_history>")
 FOLLOW_UP = ("### Task:\nSuggest 3-5 follow-up questions the user could ask next.\n"
              "### Output:\nJSON format: { \"follow_ups\": [\"Question 1?\"] }\n"
              f"### Chat History:\n<chat_history>\n{HISTORY}\n</chat_history>")
@@ -79,8 +76,7 @@ def test_a_streamed_chat_with_the_builtin_tools_is_answered(connection, gpu_work
     messages = [{"role": "system", "content": "You are a helpful assistant."},
                 {"role": "user", "content": "What should I cook tonight?"}]
     for _turn in range(2):  # the second turn carries the first reply as history
-        body = {"model": model, "messages": messages, "stream": True,
-                "stream_options": {"include_usage": True}, "tools": TOOLS}
+        body = {"stream": True, "model": model, "messages": messages, "tools": TOOLS}
         r = session.post(f"{base}/chat/completions", json=body, stream=True, timeout=180)
         assert r.status_code == 200, r.text
         assert r.headers["Content-Type"].startswith("text/event-stream")
@@ -88,19 +84,19 @@ def test_a_streamed_chat_with_the_builtin_tools_is_answered(connection, gpu_work
         assert lines[-1] == "data: [DONE]" and all(ln.startswith("data: ") for ln in lines)
         events = [json.loads(ln[6:]) for ln in lines[:-1]]
         assert "error" not in events[-1], events[-1]
-        choices = [e["choices"][0] for e in events if e["choices"]]
+        choices = [e["choices"][0] for e in events]
         reply = "".join(c["delta"].get("content") or "" for c in choices)
         assert reply.strip() and not any(c["delta"].get("tool_calls") for c in choices)
         assert choices[-1]["finish_reason"] in ("stop", "length")
-        usage = events[-1]["usage"]  # include_usage: the last event, with no choices
-        assert events[-1]["choices"] == [] and usage["completion_tokens"] > 0
+        assert all(c["finish_reason"] is None for c in choices[:-1])
+        stored = Message.objects.filter(role="assistant").latest("id")
         # no max_tokens: until the model stops, the server's cap or the context is full
-        assert usage["prompt_tokens"] + usage["completion_tokens"] <= max_pos
+        assert stored.content == reply and stored.token_count <= max_pos
         messages = [*messages, {"role": "assistant", "content": reply},
                     {"role": "user", "content": "And for dessert?"}]
 
 
-@pytest.mark.parametrize("length", [{"max_completion_tokens": 1000}, {"max_tokens": 1000}])
+@pytest.mark.parametrize("length", [{"max_tokens": 1000}, {"max_completion_tokens": 1000}])
 def test_the_title_task_is_answered(connection, gpu_worker, length):
     session, base, model = connection
     body = {"model": model, "messages": [{"role": "user", "content": TITLE}], "stream": False,
@@ -113,10 +109,10 @@ def test_the_title_task_is_answered(connection, gpu_worker, length):
     assert answer["choices"][0]["finish_reason"] in ("stop", "length")
 
 
-def test_the_follow_up_task_is_answered(connection, gpu_worker):
+@pytest.mark.parametrize("prompt", [FOLLOW_UP, TAGS], ids=["follow_up", "tags"])
+def test_the_follow_up_and_tags_tasks_are_answered(connection, gpu_worker, prompt):
     session, base, model = connection
-    body = {"model": model, "messages": [{"role": "user", "content": FOLLOW_UP}],
-            "stream": False}
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "stream": False}
     r = session.post(f"{base}/chat/completions", json=body, timeout=180)
     assert r.status_code == 200, r.text
     assert r.json()["choices"][0]["message"]["content"].strip()
