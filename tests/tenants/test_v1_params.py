@@ -136,3 +136,20 @@ def test_completion_room_follows_openai(real_model_path):
     # without a readable model dir nothing is refused here (the worker checks exactly)
     assert completion_room("/nonexistent", texts, requested=None, cap=77) == 77
     assert completion_room("/nonexistent", texts, requested=10**6, cap=77) == 77
+
+
+def test_sampling_defaults_are_openais():
+    from tenants.v1.shapes import CompletionRequestSerializer, chat_params
+
+    def params(**body):
+        s = CompletionRequestSerializer(data={"model": "kvinject", "messages": [
+            {"role": "user", "content": "hi"}], **body})
+        assert s.is_valid(), s.errors
+        return chat_params(s.validated_data, 8)
+
+    assert (params()["temperature"], params()["top_p"]) == (1.0, 1.0)  # OpenAI: 1 and 1
+    assert params(temperature=0)["temperature"] == 0  # greedy when asked
+    assert params(temperature=0.7, top_p=0.9, seed=3)["seed"] == 3
+    assert params(stop="END")["stop"] == ["END"] and params()["stop"] == []
+    # no template renders tools: the worker is asked exactly what it is asked without them
+    assert params(tools=[TOOL], tool_choice="auto", parallel_tool_calls=True) == params()
