@@ -101,6 +101,23 @@ class EngineCollector:
         yield from self._batch(stats.get("batch") or {})
         yield from self._l1(stats.get("l1") or {})
         yield from self._l2(stats.get("l2") or {})
+        yield from self._kinds(stats.get("kinds") or {})
+
+    def _kinds(self, kinds: dict) -> Iterator[Metric]:
+        """Tenant segments, member segments and conversation links: L1 size, hits/misses."""
+        size = GaugeMetricFamily("kvi_kind_bytes", "L1 bytes by kind", labels=["kind"])
+        count = GaugeMetricFamily("kvi_kind_entries", "L1 entries by kind", labels=["kind"])
+        hits = CounterMetricFamily("kvi_kind_hits", "Hits by kind and tier",
+                                   labels=["kind", "tier"])
+        misses = CounterMetricFamily("kvi_kind_misses", "Misses by kind and tier",
+                                     labels=["kind", "tier"])
+        for kind, k in kinds.items():
+            size.add_metric([kind], k.get("bytes", 0))
+            count.add_metric([kind], k.get("entries", 0))
+            for tier in ("l1", "l2"):
+                hits.add_metric([kind, tier], k.get(f"{tier}_hits", 0))
+                misses.add_metric([kind, tier], k.get(f"{tier}_misses", 0))
+        yield from (size, count, hits, misses)
 
     def _batch(self, batch: dict) -> Iterator[Metric]:
         """The batch engine's contained failures (rows failed alone, OOM shrinks, ...)."""

@@ -53,4 +53,8 @@ def test_engine_collector_exports_tiers_l1_bytes_and_per_tenant_figures(loaded_e
     l1_bytes = loaded_executor.l1.bytes_used
     assert l1_bytes > 0 and f"kvi_l1_bytes {float(l1_bytes)}" in text
     assert f'kvi_l1_tenant_bytes{{tenant="t-7"}} {float(l1_bytes)}' in text
+    # per kind: no instructions, so the member's segment is the whole injected turn
+    assert f'kvi_kind_bytes{{kind="member"}} {float(l1_bytes)}' in text
+    assert 'kvi_kind_hits_total{kind="member",tier="l1"} 1.0' in text
+    assert 'kvi_kind_entries{kind="tenant"} 0.0' in text
     assert "kvi_l2_rejects_total 0.0" in text
