@@ -107,9 +107,8 @@ class ConversationStore:
         for name, store in (("l1", self.l1), ("l2", self.l2)):
             kv = self._call(name, store, "get", key)
             if kv is not None and kv.keys.is_cpu and kv.values.is_cpu:
+                # not promoted to L1 from L2: the turn replaces the link when it finishes
                 self.metrics.incr(f"conversation_{name}_hits")
-                if name == "l2":
-                    self._call("l1", self.l1, "put", key, kv)
                 return kv
             if store is not None:
                 self.metrics.incr(f"conversation_{name}_misses")
