@@ -244,8 +244,9 @@ def render(conv, st, ttft_new, ttft_full, ttft_r, ttft_rf, restart_pct, warm, ed
          f"{st['redis_bytes'] / st['ideal']:.2f}x",
          f"{st['redis_bytes'] / mib:.1f} MiB in {st['redis_entries']} entries; I={st['I']}, "
          f"ΣP={st['P']}, ΣC={st['C']} tokens, {st['bpt']} B/token"],
-        ["old design's segments alone (a private I + P per member) / Redis now",
-         f"{st['old_segments'] / st['redis_bytes']:.1f}x", f"{st['old_segments'] / mib:.1f} MiB"],
+        ["segment bytes: old design (a private I + P per member) / now (I once + ΣP)",
+         f"{st['old_segments'] / ((st['I'] + st['P']) * st['bpt']):.1f}x",
+         f"{st['old_segments'] / mib:.1f} MiB vs {(st['I'] + st['P']) * st['bpt'] / mib:.1f} MiB"],
         ["new member first-reply TTFT, tenant segment warm / full prefill (goal <= 0.3)",
          f"{ttft_new / ttft_full:.2f}x", f"{ttft_new:.0f} ms vs {ttft_full:.0f} ms (median of 3)"],
         ["turns after turn 1 with >= 50 % of the prompt cached (goal >= 90 %)",

@@ -49,8 +49,10 @@ class TurnGenerator:
         user = user_or_none(req.user)
         if not (self.store.enabled and req.reuse_conversation and user):
             return TurnPlan(None, prompt, prompt_ids, None)
+        # /v1: the hash chain of the messages as sent (not of the window that fits), so
+        # a trimmed history still finds, and then replaces, its conversation's link
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
-                        else messages_hash(messages[:-1]), chash, alpha)
+                        else messages_hash(list(req.messages)[:-1]), chash, alpha)
         cached = self.store.lookup(key, prompt_ids)
         # admission: a turn with history is a conversation going on; one-shots are not kept
         admitted = cached is not None or any(m["role"] != "system" for m in messages[:-1])
@@ -86,10 +88,10 @@ class TurnGenerator:
             return
         user = user_or_none(req.user)
         nxt = plan.key if req.conversation_id else self._key(
-            req, user, messages_hash([*messages, {"role": "assistant", "content": reply}]),
+            req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
             chash, alpha)
         link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
-        self.store.keep(nxt, link, replaces=plan.key if plan.cached is not None else None)
+        self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
 
     def _key(self, req: ExecutionRequest, user: str, ident: str, chash: str,
              alpha: float) -> CacheKey:

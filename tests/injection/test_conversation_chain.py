@@ -109,3 +109,6 @@ def test_a_history_trimmed_in_blocks_keeps_being_continued(executors, plain):
     # past it most turns still continue their link: the cut moves in blocks (a sliding
     # window would change the history's start, and miss, on every turn)
     assert sum(1 for n, _ in reused[2:] if n > 0) >= 7, reused
+    # the link is keyed by the messages as sent: a cut replaces it, never orphans it
+    assert len(ex.conv_l1) == 1
+    assert ex.l2.stats(scan=True)["per_tenant"]["t1"]["entries"] == 3  # 2 segments + 1 link
