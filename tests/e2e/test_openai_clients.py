@@ -128,3 +128,27 @@ def test_llamaindex_openai_like_chat_and_stream(base_url, member_key, sdk, gpu_w
                      is_chat_model=True, max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat(ask)
+
+
+def test_litellm_sdk_reaches_the_platform_as_an_openai_backend(base_url, member_key, sdk,
+                                                               gpu_worker, monkeypatch):
+    """LiteLLM (what its proxy uses to call a backend): the ``openai/`` provider with
+    ``api_base`` and a member's key. The proxy server itself is not started here."""
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network at import
+    import litellm
+
+    expected = reference(sdk)
+    ask = dict(model="openai/kvinject", api_base=base_url, api_key=member_key[1],
+               messages=[{"role": "user", "content": QUESTION}], max_tokens=8, temperature=0,
+               num_retries=0, timeout=180)
+    answer = litellm.completion(**ask)
+    assert answer.choices[0].message.content == expected
+    assert answer.usage.completion_tokens <= 8
+    streamed = "".join(c.choices[0].delta.content or "" for c in
+                       litellm.completion(stream=True, **ask) if c.choices)
+    assert streamed == expected
+    with pytest.raises(litellm.BadRequestError) as err:  # refused here, LiteLLM maps it
+        litellm.completion(**{**ask, "response_format": {"type": "json_object"}})
+    assert "response_format: 'json_object' is not supported by this server" in str(err.value)
+    with pytest.raises(litellm.AuthenticationError):
+        litellm.completion(**{**ask, "api_key": "kvi_wrong"})
