@@ -276,7 +276,10 @@ def render(conv, st, ttft_new, ttft_full, ttft_r, ttft_rf, restart_pct, warm, ed
         table(["measure", "ratio", "detail"], rows),
         "",
         "L1 per kind after the conversations (each worker holds its own copy of the tenant "
-        "segment; conversation links have their own L1):",
+        "segment; conversation links have their own L1). A worker's conversation L1 also "
+        "still holds links that the other worker has since replaced (only the replacing "
+        "worker and Redis drop them; the others' copies wait for the conversation L1's "
+        "LRU), so L1 conversation bytes are above one link per conversation:",
         "",
         table(["worker", "kind", "entries", "MiB"], l1),
     ])
