@@ -52,13 +52,20 @@ def test_concurrent_chats_share_batches_and_each_reply_is_the_one_alone(batching
             assert r["worker"] == batching_worker.hostname
             assert r["reply"] == _expected(alone, m, p, "What should I cook?")
 
-        # the next turn continues the first turn's K/V on the same worker
-        nxt = send_chat(members[0], "And for dessert?", max_new_tokens=8,
-                        conversation=replies[0]["conversation"])
+        # a first turn is not kept (admission); the second is, and the third continues its
+        # K/V on the same worker
+        conv = replies[0]["conversation"]
+        nxt = send_chat(members[0], "And for dessert?", max_new_tokens=8, conversation=conv)
         second = nxt.result.get(timeout=120)
         assert nxt.route.reason == "affinity"
-        assert second["cache"]["reused_tokens"] > replies[0]["cache"]["kv_tokens"]
         assert second["cache"]["tier"] == "l1" and second["cache"]["history_messages"] == 2
+        assert second["cache"]["cached_tokens"] == second["cache"]["kv_tokens"] > 0
+        third = send_chat(members[0], "And a drink?", max_new_tokens=8,
+                          conversation=conv).result.get(timeout=120)
+        assert third["cache"]["reused_tokens"] > second["cache"]["reused_tokens"]
+        assert third["cache"]["reused_tokens"] > replies[0]["cache"]["kv_tokens"]
+        assert third["usage"]["cached_tokens"] == (third["cache"]["kv_tokens"]
+                                                   + third["cache"]["reused_tokens"])
 
 
 def test_the_heartbeat_advertises_the_batch_slots(batching_worker):
