@@ -69,6 +69,11 @@ class IdempotencyKeyReused(PlatformError):
     )
 
 
+class InvalidPeriod(PlatformError):
+    # Well-formed dates that make no period (reversed, or too long): 422, not a 400.
+    status, code, default_message = 422, "invalid_period", "That period cannot be reported."
+
+
 class PayloadTooLarge(PlatformError):
     status, code, default_message = 413, "payload_too_large", "The request body is too large."
 

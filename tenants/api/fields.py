@@ -11,6 +11,7 @@ import re
 
 from django.core.validators import RegexValidator
 from rest_framework import serializers
+from rest_framework.fields import empty
 
 # JSON-schema patterns (also enforced here): PostgreSQL text cannot hold NUL.
 NO_NUL = r"^[^\x00]*$"
@@ -61,6 +62,10 @@ class StrictDateField(serializers.DateField):
     ``YYYY-MM-DD``): no week dates, no basic ``YYYYMMDD``, no one-digit months."""
 
     default_error_messages = {"invalid": "Not a date (YYYY-MM-DD)."}
+
+    def get_value(self, dictionary):
+        # DRF reads an empty query parameter (``?start=``) as absent; it is a bad date
+        return dictionary.get(self.field_name, empty)
 
     def to_internal_value(self, data):
         if not isinstance(data, str) or not _FULL_DATE.fullmatch(data):

@@ -46,7 +46,8 @@ _STATUS = {
          "a chat with this Idempotency-Key still running (`Retry-After`).",
     413: "The request body is too large.",
     415: "The body is not application/json.",
-    422: "This Idempotency-Key was used for a chat with another body.",
+    422: "Well-formed but unprocessable (an Idempotency-Key reused for another body; a "
+         "period that cannot be reported).",
     429: "Rate limit, tokens-per-minute limit (`throttled`) or token budget "
          "(`budget_exceeded`) hit (`Retry-After`).",
     502: "The worker failed to generate.",

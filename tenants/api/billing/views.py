@@ -11,7 +11,7 @@ from rest_framework.response import Response
 from tenants.api.fields import StrictDateField
 from tenants.api.permissions import request_member
 from tenants.api.views import MemberView, _errors
-from tenants.errors import Forbidden, InvalidInput
+from tenants.errors import Forbidden, InvalidPeriod
 from tenants.usage import billing
 
 
@@ -43,7 +43,7 @@ class UsageView(MemberView):
     """Billable usage of the caller's tenant: one line per member, model and UTC day."""
 
     @extend_schema(parameters=[UsageQuerySerializer],
-                   responses={200: OpenApiResponse(_PAGE), **_errors(400)},
+                   responses={200: OpenApiResponse(_PAGE), **_errors(400, 422)},
                    summary="Your tenant's usage per member, model and day, and its budgets "
                            "(tenant admins)")
     def get(self, request):
@@ -56,7 +56,7 @@ class UsageView(MemberView):
         try:
             start, end = billing.window(q.get("start"), q.get("end"), q.get("days", 30))
         except ValueError as exc:
-            raise InvalidInput(f"Bad period: {exc}.") from exc
+            raise InvalidPeriod(f"Bad period: {exc}.") from exc
         ids = [member.tenant_id]
         return Response({"tenant": member.tenant.slug, "start": start.isoformat(),
                          "end": end.isoformat(), "data": billing.rows(ids, start, end),
