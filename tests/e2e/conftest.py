@@ -18,6 +18,23 @@ import pytest
 from tests.workers import wait_for
 
 FAST_HEARTBEAT = {"WORKER_HEARTBEAT_INTERVAL": "0.5", "WORKER_HEARTBEAT_TTL": "4"}
+
+
+@pytest.fixture(autouse=True)
+def _fresh_kv_cache():
+    """Tenant and member ids restart with every test database: K/V entries an earlier test
+    left under the same ids (segments and conversation links, in Redis and in the session's
+    workers' L1) are dropped first, so a test's counts and tiers are its own."""
+    import redis
+
+    from gpu_worker.channels import control, kvstore
+
+    try:
+        kvstore.l2_tier().evict_all()
+        control.request("clear_all", timeout=3)
+    except redis.RedisError:  # a test that takes Redis down cleans up after itself
+        pass
+    yield
 LONG_TOKENS = 1800  # a few seconds of generation on the demo model: time to kill mid-way
 
 

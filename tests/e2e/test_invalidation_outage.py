@@ -82,8 +82,8 @@ def test_edit_during_a_redis_outage_reaches_every_worker(gpu_worker, redis_outag
     member = member_with_preference("outage", "olga", "I am vegetarian.")
     tenant = member.tenant_id
     assert chat_now(member)["cache"]["tier"] == "compute"
-    # the preference's K/V and the conversation's (kept for its next turn)
-    wait_for(lambda: sum(l1_by_worker(tenant).values()) == 2, 20, "the entries in an L1")
+    # the preference's K/V (a first turn's conversation is not kept: admission)
+    wait_for(lambda: sum(l1_by_worker(tenant).values()) == 1, 20, "the entry in an L1")
     wait_for(lambda: l2_entries(tenant) == 1, 20, "the L2 write")
     needle = f"invalidated tenant={tenant} user={member.pk}"
     seen = gpu_worker.log_tail(100_000).count(needle)
