@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 # client may wait at most, not how fast this machine is)
 CHAT_DEADLINE_S = 60
 STATS_DEADLINE_S = 90
+RESULT_TIMEOUT_S = 60  # CHAT_RESULT_TIMEOUT of the web under test
 
 
 @pytest.fixture
@@ -42,7 +43,7 @@ def hung_site(tmp_path, demo_model_path):
     env = {**worker_env(database_url_from_settings(connection.settings_dict), demo_model_path),
            "DJANGO_SETTINGS_MODULE": "config.settings", "REDIS_URL": rd.url,
            "CELERY_BROKER_URL": rd.url, "CELERY_RESULT_BACKEND": rd.url,
-           "CHAT_RESULT_TIMEOUT": "60"}
+           "CHAT_RESULT_TIMEOUT": str(RESULT_TIMEOUT_S)}
     env.pop("KVI_TEST_REDIS_DB", None)
     tenant = actions.do_create_tenant("hang")
     key = actions.do_create_api_token(actions.do_add_member(tenant, "hal", preference="tea"))
@@ -51,9 +52,10 @@ def hung_site(tmp_path, demo_model_path):
     try:
         # the session's Celery app cannot ping it (another broker): its log says it
         wait_for(lambda: " ready." in worker.log_tail(200), 180, "the worker to be ready")
-        yield rd, web, env, {"Authorization": f"Token {key}"}
+        yield rd, web, env, {"Authorization": f"Token {key}"}, worker
     finally:
-        os.kill(rd.proc.pid, signal.SIGCONT)  # never leave a stopped process behind
+        for pid in (rd.proc.pid, worker.pid):  # never leave a stopped process behind
+            os.kill(pid, signal.SIGCONT)
         web.stop()
         worker.stop()
         rd.kill()
@@ -77,7 +79,7 @@ def chat(web, auth):
 
 
 def test_a_stopped_redis_gives_json_503s_in_time_and_recovery_after(hung_site):
-    rd, web, env, auth = hung_site
+    rd, web, env, auth, _ = hung_site
     (status, body, _), _ = chat(web, auth)
     assert status == 200 and body["reply"] is not None, (status, body, web.log_tail())
     os.kill(rd.proc.pid, signal.SIGSTOP)
@@ -104,3 +106,42 @@ def test_a_stopped_redis_gives_json_503s_in_time_and_recovery_after(hung_site):
     print(f"chat after SIGCONT: {status} in {took:.1f}s")
     assert status == 200 and body["reply"] is not None, (status, body, web.log_tail())
     assert kvcache_stats(env).returncode == 0
+
+
+def test_redis_stopped_while_the_web_waits_is_a_json_503_in_time(hung_site):
+    import threading
+
+    from tenants.models import ChatExchange
+
+    rd, web, env, auth, worker = hung_site
+    os.kill(worker.pid, signal.SIGSTOP)  # held: the web is certainly still waiting
+    answer = []
+    thread = threading.Thread(target=lambda: answer.append(chat_long(web, auth)))
+    thread.start()
+    claim = wait_for(lambda: ChatExchange.objects.filter(state="pending").first(), 60,
+                     "the chat to be claimed")
+    # the web subscribes to the result's channel, publishes, then waits for the result
+    # (the published task may already sit in the stopped worker's socket: not observable)
+    channel = f"celery-task-meta-{claim.request_id}"
+    wait_for(lambda: dict(rd.client().pubsub_numsub(channel)).get(channel.encode()), 60,
+             "the web to wait for the result")
+    os.kill(rd.proc.pid, signal.SIGSTOP)
+    try:
+        thread.join(timeout=CHAT_DEADLINE_S + 60)
+        assert answer, "no answer at all"
+        (status, body, headers), took = answer[0]
+        print(f"chat waiting when Redis stopped: {status} in {took:.1f}s")
+        assert status == 503 and body["error"]["code"] == "worker_unavailable", body
+        assert int(headers["Retry-After"]) > 0
+        assert took < RESULT_TIMEOUT_S + 30  # the web's wait, plus its socket deadlines
+    finally:
+        os.kill(rd.proc.pid, signal.SIGCONT)
+        os.kill(worker.pid, signal.SIGCONT)
+    # the worker takes the abandoned chat and refuses it: nothing is stored
+    wait_for(lambda: "refused" in worker.log_tail(200), 120, "the worker to refuse it")
+    assert not ChatExchange.objects.filter(state="done").exists()
+
+
+def chat_long(web, auth):
+    return timed(web.request, "POST", "/api/chat", {"message": "hi", "max_new_tokens": 256},
+                 auth)
