@@ -41,18 +41,22 @@ def test_soft_limit_raises_inside_the_running_task():
 def test_hard_limit_hands_the_wedged_task_to_on_hard():
     wedged = []
     wd = Watchdog(on_hard=wedged.append)
-    release = threading.Event()
+    release, entered = threading.Event(), threading.Event()
 
     def task():
         with wd.guard("t-hard", soft=None, hard=0.1):
-            release.wait(5)  # stuck in native code: no bytecode to interrupt
+            entered.set()
+            release.wait(60)  # stuck in native code: no bytecode to interrupt
 
     th = threading.Thread(target=task)
     th.start()
-    time.sleep(0.15)
-    wd.check()
+    assert entered.wait(60)  # inside the guard, however slow the machine
+    deadline = time.monotonic() + 60
+    while not wedged and time.monotonic() < deadline:  # past the hard limit
+        wd.check()
+        time.sleep(0.01)
     release.set()
-    th.join(2)
+    th.join(10)
     assert [e.task_id for e in wedged] == ["t-hard"]
 
 
