@@ -77,3 +77,20 @@ def test_api_chat_reports_cached_tokens_in_usage_and_cache(live_server, gpu_work
     assert 0 < warm["cache"]["cached_tokens"] == warm["usage"]["cached_tokens"]
     assert warm["usage"]["cached_tokens"] <= warm["usage"]["prompt_tokens"]
     assert warm["cache"]["extra"]["segments"] == {"tenant": "l1", "member": "l1"}
+
+
+def test_v1_conversation_continues_its_link_by_the_messages_hash_chain(live_server, gpu_worker,
+                                                                       tenant):
+    alice = client_for(live_server, tenant, "alice", "I am vegetarian.")
+    msgs = [{"role": "user", "content": "What should I cook?"}]
+    cached_by_turn = []
+    for follow_up in ("And for dessert?", "Which drink goes with it?", "How long?"):
+        r = alice.chat.completions.create(model="kvinject", max_tokens=4, temperature=0,
+                                          messages=msgs)
+        cached_by_turn.append((cached(r.usage), r.usage.prompt_tokens))
+        msgs += [{"role": "assistant", "content": r.choices[0].message.content},
+                 {"role": "user", "content": follow_up}]
+    (c1, _), (c2, p2), (c3, p3) = cached_by_turn
+    # turn 1: nothing cached; turn 2: the segments (its link is then kept); turn 3 also
+    # continues turn 2's link: more of a longer prompt comes from cache
+    assert c1 == 0 and 0 < c2 < p2 and c2 < c3 < p3
