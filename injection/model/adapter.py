@@ -26,36 +26,11 @@ from injection.devices import KVTimer, to_host
 from injection.engine.stopping import GenerationWatch
 from injection.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError
 from injection.kvcache.packed import PackedKV
+from injection.model.dtypes import resolve_dtype
 from injection.model.fingerprint import model_fingerprint
 from injection.prompting.template import ChatRenderer, PromptParts
 
 __all__ = ["ModelAdapter", "load_adapter", "resolve_dtype"]
-
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-}
-
-
-def resolve_dtype(dtype: str | torch.dtype | None, *, device: torch.device, config: Any) -> torch.dtype:
-    """Explicit dtype wins; else the config's dtype on CUDA and fp32 on CPU."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    if isinstance(dtype, str):
-        try:
-            return _DTYPES[dtype.lower()]
-        except KeyError:
-            raise ValueError(f"unknown dtype {dtype!r}; use one of {sorted(_DTYPES)}") from None
-    if device.type == "cuda":
-        cfg = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-        if isinstance(cfg, str):
-            cfg = _DTYPES.get(cfg.lower())
-        if isinstance(cfg, torch.dtype):
-            return cfg
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    return torch.float32
-
 
 def load_adapter(
     model_path: str | Path, *, device: str | torch.device | None = None,
