@@ -205,3 +205,20 @@ def test_open_streams_do_not_hold_a_thread_each(client, gpu_worker, asgi_server)
     for s in opened:
         s.close()
     assert first.choices[0].delta.content and during <= before + 2, (before, during)
+    # the worker cancels the six one by one, writing usage and audit rows: let it finish
+    # before the test database is flushed (a TRUNCATE racing those writes can deadlock)
+    wait_for(lambda: worker_idle(gpu_worker.hostname), 180, "the cancelled streams to end")
+
+
+def worker_idle(hostname: str) -> bool:
+    """Nothing queued for, or running on, the worker, and no chat claim still pending."""
+    from gpu_worker.channels.control import redis_client
+    from gpu_worker.routing import registry
+
+    r = redis_client()
+    names = [q + sub for q in (registry.SHARED_QUEUE, registry.worker_queue(hostname))
+             for sub in ("", *(f"{registry.PRIORITY_SEP}{p}" for p in registry.PRIORITY_STEPS))]
+    queued = sum(r.llen(name) for name in names)  # kombu keeps a list per priority
+    running = r.hlen(registry.inflight_key(hostname))
+    return queued == 0 and running == 0 and not ChatExchange.objects.filter(
+        state="pending").exists()

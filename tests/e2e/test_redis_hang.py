@@ -138,7 +138,9 @@ def test_redis_stopped_while_the_web_waits_is_a_json_503_in_time(hung_site):
         os.kill(rd.proc.pid, signal.SIGCONT)
         os.kill(worker.pid, signal.SIGCONT)
     # the worker takes the abandoned chat and refuses it: nothing is stored
-    wait_for(lambda: "refused" in worker.log_tail(200), 120, "the worker to refuse it")
+    # (the whole log: the reconnect warnings after the outage push it out of any tail)
+    refusal = f"chat request_id={claim.request_id} refused"
+    wait_for(lambda: refusal in worker.log_tail(100_000), 120, "the worker to refuse it")
     assert not ChatExchange.objects.filter(state="done").exists()
 
 
