@@ -31,12 +31,13 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
     return tenant
 
 
-TENANT_FIELDS = ("name", "active", "audit_message_text")
+TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens")
 
 
 @transaction.atomic
 def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
-    """Change name/active/audit_message_text; audited old -> new (only what changed)."""
+    """Change name/active/audit_message_text/max_completion_tokens; audited old -> new (only
+    what changed)."""
     if unknown := set(changes) - set(TENANT_FIELDS):
         raise InvalidInput(f"Cannot change {', '.join(sorted(unknown))} of a tenant.")
     if "name" in changes and not (changes["name"] or "").strip():

@@ -14,7 +14,8 @@ from tenants.models import Tenant
 class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
-        fields = ("slug", "name", "active", "audit_message_text", "instructions")
+        fields = ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
+                  "instructions")
         widgets = {"instructions": forms.Textarea(attrs={"rows": 4, "cols": 80})}
 
     def clean_slug(self):
@@ -38,8 +39,8 @@ class TenantAdmin(TenantScopedAdmin):
         return obj.members.count()
 
     def get_fields(self, request, obj=None):
-        return ("slug", "name", "active", "audit_message_text", "instructions",
-                "instructions_version", "created_at")
+        return ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
+                "instructions", "instructions_version", "created_at")
 
     def get_readonly_fields(self, request, obj=None):
         ro = ["created_at", "instructions_version"]

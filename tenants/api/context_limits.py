@@ -14,6 +14,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from django.conf import settings
+
 from tenants.errors import ContextLengthExceeded
 
 __all__ = ["check_fits", "completion_room", "model_limits"]
@@ -98,3 +100,10 @@ def completion_room(model_path: str | Path, texts: list[str], *, requested: int 
     if room - kept >= 1:  # else the worker drops history to make room
         room -= kept
     return min(room, cap)
+
+
+def completion_cap(tenant) -> int:
+    """The most tokens one reply may have for ``tenant``'s members: its own cap when set,
+    never above the server's ``CHAT_MAX_NEW_TOKENS``."""
+    own = getattr(tenant, "max_completion_tokens", None)
+    return min(settings.CHAT_MAX_NEW_TOKENS, own) if own else settings.CHAT_MAX_NEW_TOKENS

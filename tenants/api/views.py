@@ -15,7 +15,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import actions
-from tenants.api.context_limits import check_fits
+from tenants.api.context_limits import check_fits, completion_cap
 from tenants.api.pagination import PARAMETERS, StrictLimitOffsetPagination
 from tenants.api.permissions import request_member
 from tenants.api.serializers import (
@@ -104,7 +104,9 @@ class ChatView(MemberView):
         if conversation_id is not None:
             actions.get_conversation(member, conversation_id)  # 404 unless the caller's own
         params = {
-            "max_new_tokens": data.get("max_new_tokens", settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
+            # the tenant's own cap shortens a longer ask (the reply ends "length")
+            "max_new_tokens": min(data.get("max_new_tokens", settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
+                                  completion_cap(member.tenant)),
             "temperature": data.get("temperature", 0.0),
             "top_p": data.get("top_p", 1.0),
             "alpha": data.get("alpha"),

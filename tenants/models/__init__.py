@@ -32,6 +32,12 @@ class Tenant(models.Model):
                   "turn. Changing them recomputes every member's cached personalisation.",
     )
     instructions_version = models.PositiveIntegerField(default=1)
+    # Most tokens one reply may generate for this tenant's members (empty: the server's
+    # CHAT_MAX_NEW_TOKENS, which also bounds this). /v1 without max_tokens runs to it.
+    max_completion_tokens = models.PositiveIntegerField(
+        null=True, blank=True, validators=[MinValueValidator(1)],
+        help_text="Most tokens one reply may have (empty: the server's limit, "
+                  "CHAT_MAX_NEW_TOKENS, which also bounds this value).")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

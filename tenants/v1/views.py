@@ -13,7 +13,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from tenants import actions, ports
-from tenants.api.context_limits import completion_room
+from tenants.api.context_limits import completion_cap, completion_room
 from tenants.api.exceptions import openai_exception_handler
 from tenants.api.permissions import request_member
 from tenants.api.throttling import ApiThrottle, ChatThrottle
@@ -72,7 +72,7 @@ class ChatCompletionsView(OpenAIView):
         kept, history = _kept_and_history(data["messages"])
         max_new_tokens = completion_room(
             chat_model_path(), [*kept, *_context_texts(member)], requested=requested,
-            param=field, cap=settings.CHAT_MAX_NEW_TOKENS, history=history,
+            param=field, cap=completion_cap(member.tenant), history=history,
             history_cap=settings.CHAT_HISTORY_TOKEN_BUDGET)
         params = openai_io.chat_params(data, max_new_tokens)
         key = idempotency_key(request)

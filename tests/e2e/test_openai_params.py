@@ -99,3 +99,25 @@ def test_a_max_tokens_beyond_the_context_is_openais_error(client, demo_model_pat
                                                  "max_completion_tokens")
     assert err.value.type == "invalid_request_error"
     assert f"maximum context length is {max_pos} tokens" in err.value.message
+
+
+def test_a_tenants_own_cap_bounds_every_reply(client, gpu_worker, member_key, live_server):
+    """Tenant.max_completion_tokens: /v1 without max_tokens runs to it (not the server's
+    cap), a longer ask is answered up to it; /api/chat the same."""
+    import requests
+
+    from tenants import actions
+
+    member, key = member_key
+    actions.do_update_tenant(member.tenant, max_completion_tokens=3)
+    for kw in ({}, {"max_tokens": 50}):
+        reply = create(client, temperature=0, **kw)
+        assert reply.usage.completion_tokens <= 3, kw
+        assert reply.choices[0].finish_reason == "length" or reply.usage.completion_tokens < 3
+    native = requests.post(f"{live_server.url}/api/chat", timeout=180,
+                           headers={"Authorization": f"Token {key}"},
+                           json={"message": "What should I cook?", "max_new_tokens": 50})
+    assert native.status_code == 200, native.text
+    assert native.json()["usage"]["completion_tokens"] <= 3
+    actions.do_update_tenant(member.tenant, max_completion_tokens=None)  # the server's cap
+    assert create(client, temperature=0, max_tokens=8).usage.completion_tokens <= 8
