@@ -137,10 +137,11 @@ def test_redis_stopped_while_the_web_waits_is_a_json_503_in_time(hung_site):
     finally:
         os.kill(rd.proc.pid, signal.SIGCONT)
         os.kill(worker.pid, signal.SIGCONT)
-    # the worker takes the abandoned chat and refuses it: nothing is stored
-    # (the whole log: the reconnect warnings after the outage push it out of any tail)
-    refusal = f"chat request_id={claim.request_id} refused"
-    wait_for(lambda: refusal in worker.log_tail(100_000), 120, "the worker to refuse it")
+    # the web gave the claim up before it answered: whenever the task reaches the worker
+    # (at once, or when the broker restores a message caught in flight by the outage) it
+    # can only be refused (tests/e2e/test_chat_faults.py watches a refusal happen)
+    claim.refresh_from_db()
+    assert claim.state == "abandoned"
     assert not ChatExchange.objects.filter(state="done").exists()
 
 
