@@ -132,7 +132,8 @@ async def _pieces(conn, request_id: str, ready: Callable[[], bool],
                 metrics.STREAMS.labels("forged").inc()
                 log.warning("stream %s: an entry failed authentication; relaying stops", key)
                 return
-            if b"end" in fields:
+            if b"end" in fields:  # read to its end by its only reader: gone now, not in
+                await _drop(conn, key)  # STREAM_TTL (an idle platform keeps no streams)
                 return
             if int(fields[b"o"]) != sent:  # a lost piece: the result supplies the rest
                 metrics.STREAMS.labels("gap").inc()
@@ -140,6 +141,13 @@ async def _pieces(conn, request_id: str, ready: Callable[[], bool],
             text = fields[b"t"].decode()
             sent += len(text)
             yield text
+
+
+async def _drop(conn, key: str) -> None:
+    try:
+        await conn.delete(key)
+    except redis.RedisError as exc:  # it expires anyway (streams.STREAM_TTL)
+        log.warning("stream %s not deleted (%s); it expires", key, exc)
 
 
 def _final(member, started: Started, timeout: float) -> dict[str, Any]:

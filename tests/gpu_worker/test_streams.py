@@ -45,7 +45,10 @@ def test_the_workers_pieces_are_relayed_in_order(request_id):
         pub.piece(piece)
         pub._flush(time.monotonic())
     pub.end("done")
+    key = streams.stream_key(request_id)
+    assert registry.redis_client().exists(key)
     assert "".join(_relayed(request_id)) == "Hello, wörld"
+    assert not registry.redis_client().exists(key)  # read to its end: deleted, not left to expire
 
 
 def _forgeries(request_id: str, offset: int) -> dict[str, dict]:
