@@ -37,7 +37,8 @@ MARKS = {"redis": "redis-server", "postgres": "postgres"}
 
 
 def service_pids(service: str) -> list[int]:
-    """Every process of the embedded ``service`` started from this checkout."""
+    """Every process of the embedded ``service`` started from this checkout, and their
+    children (a Postgres backend per open connection)."""
     pids = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
@@ -47,7 +48,24 @@ def service_pids(service: str) -> list[int]:
             continue
         if MARKS[service] in cmd and (str(ROOT) in cmd or str(ROOT) in exe):
             pids.append(int(pid))
-    return pids
+    return pids + descendants(pids)  # Postgres: its backends serve the open connections
+
+
+def descendants(roots: list[int]) -> list[int]:
+    children: dict[int, list[int]] = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            ppid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(pid))
+    found, todo = [], list(roots)
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in roots and child not in found:
+                found.append(child)
+                todo.append(child)
+    return found
 
 
 def demo_key() -> str:
