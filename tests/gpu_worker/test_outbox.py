@@ -10,7 +10,7 @@ import redis
 import torch
 from django.db import connection, transaction
 
-from gpu_worker.channels import kvstore, outbox
+from gpu_worker.channels import control, kvstore, outbox
 from injection.base import CacheKey
 from injection.kvcache.packed import PackedKV
 from tenants import actions
@@ -27,9 +27,14 @@ def member():
 
 
 def put_l2_entry(member) -> CacheKey:
+    # the member's creation was broadcast to the session's live workers, which evict its L2
+    # scope when they handle it: a later control request is answered by each of them only
+    # after that, so the entry below cannot be deleted under the test by that broadcast
+    control.request("stats", timeout=30)
     tier = kvstore.l2_tier()
     key = CacheKey(str(member.tenant_id), str(member.pk), member.preference.content_hash, "fp")
     assert tier.put(key, PackedKV(torch.zeros(2, 1, 3, 4), torch.ones(2, 1, 3, 4), [1, 2, 3]))
+    assert tier.flush(30)  # written, not only queued
     return key
 
 
