@@ -141,5 +141,7 @@ def test_new_token_is_shown_once_and_copied(page, live_server, worlds):
     assert page.evaluate("navigator.clipboard.readText()") == key
     shot(page, "tenant-admin-token-created")
     page.click("text=Done")
+    # the list page, once loaded (reading #result_list at once could race the navigation)
+    page.wait_for_selector("#result_list >> text=browser test")
     listing = page.inner_text("#result_list")
     assert "browser test" in listing and key not in page.content()
