@@ -65,6 +65,14 @@ class SegmentSplit(NamedTuple):
     member_ids: tuple[int, ...]
 
 
+class MemoryItem(NamedTuple):
+    """One of a member's memories, as the engine sees it (ordered, enabled ones only)."""
+
+    id: str  # the platform's memory id, opaque to the engine
+    text: str
+    pinned: bool = False
+
+
 class GenerationOutput(NamedTuple):
     text: str
     token_ids: list[int]  # generated ids only
@@ -105,6 +113,9 @@ class ExecutionRequest:
     # the caller's stable id of the conversation (/api/chat: the stored one); None: the
     # conversation is known by the hash chain of its messages (/v1)
     conversation_id: str | None = None
+    # the member's memories (ordered, enabled only); when non-empty they render the
+    # member part of the system turn and ``preference_text`` is ignored
+    memories: tuple[MemoryItem, ...] = ()
 
 
 @dataclass
