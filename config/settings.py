@@ -187,6 +187,10 @@ KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
 
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
+# A member's memories (issue 22): characters per memory (the preference's limit: the
+# preference is the first memory) and memories per member.
+MEMORY_MAX_CHARS = env_int("MEMORY_MAX_CHARS", 4000)
+MEMORY_MAX_PER_MEMBER = env_int("MEMORY_MAX_PER_MEMBER", 100)
 # The longest reply (tokens); /v1 without max_tokens runs to it or to the context's end. It
 # must end inside CHAT_SOFT_TIME_LIMIT at your decode speed (docs/API.md, "Lengths").
 CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 512)

@@ -8,6 +8,7 @@ from tenants.admin.views import view_on_site
 from tenants.api import health, metrics
 from tenants.api import views as api
 from tenants.api.billing import views as api_billing
+from tenants.api.memories import views as api_memories
 from tenants.v1 import views as openai_api
 
 handler404 = "tenants.admin.errorpages.not_found"  # JSON for the API, admin look for /admin/
@@ -38,6 +39,10 @@ urlpatterns = [
          name="api-conversation"),
     path("api/preference", api.PreferenceView.as_view(), name="api-preference"),
     path("api/me", api.MeView.as_view(), name="api-me"),
+    path("api/memories", api_memories.MemoryListView.as_view(), name="api-memories"),
+    path("api/memories/order", api_memories.MemoryOrderView.as_view(),
+         name="api-memories-order"),
+    path("api/memories/<int:pk>", api_memories.MemoryDetailView.as_view(), name="api-memory"),
     path("api/usage", api_billing.UsageView.as_view(), name="api-usage"),
     path("api/tenant/instructions", api.TenantInstructionsView.as_view(),
          name="api-tenant-instructions"),

@@ -13,12 +13,19 @@ from django.db.models.signals import post_delete, post_save
 from django.dispatch import receiver
 
 from tenants import actions
-from tenants.models import Conversation, Member, Preference, Tenant
+from tenants.models import Conversation, Member, Memory, Preference, Tenant
 
 
 @receiver(post_save, sender=Preference, dispatch_uid="kvi-preference-saved")
 @receiver(post_delete, sender=Preference, dispatch_uid="kvi-preference-deleted")
 def _preference_changed(sender, instance: Preference, **kwargs) -> None:
+    actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+
+
+@receiver(post_save, sender=Memory, dispatch_uid="kvi-memory-saved")
+@receiver(post_delete, sender=Memory, dispatch_uid="kvi-memory-deleted")
+def _memory_changed(sender, instance: Memory, **kwargs) -> None:
+    # the member's segment is rendered from their memories (issue 22)
     actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
 
 

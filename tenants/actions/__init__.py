@@ -45,6 +45,14 @@ from tenants.actions.members import (
     do_record_login_failure,
     username_unavailable,
 )
+from tenants.actions.memories import (
+    do_create_memory,
+    do_delete_memory,
+    do_reorder_memories,
+    do_update_memory,
+    get_memory,
+    member_memories,
+)
 from tenants.actions.playground import do_record_playground
 from tenants.actions.preferences import (
     PREFERENCE_MAX_CHARS,
@@ -70,6 +78,12 @@ __all__ = [
     "do_set_budget",
     "note_usage",
     "do_record_playground",
+    "do_create_memory",
+    "do_delete_memory",
+    "do_reorder_memories",
+    "do_update_memory",
+    "get_memory",
+    "member_memories",
     "INSTRUCTIONS_MAX_CHARS",
     "Claim",
     "claim_is_live",

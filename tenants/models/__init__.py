@@ -38,6 +38,16 @@ class Tenant(models.Model):
         null=True, blank=True, validators=[MinValueValidator(1)],
         help_text="Most tokens one reply may have (empty: the server's limit, "
                   "CHAT_MAX_NEW_TOKENS, which also bounds this value).")
+    # Memories (issue 22): attention emphasis towards the member's memory tokens (empty:
+    # the model's default) and whether "remember that ..." in a chat stores a memory.
+    memory_emphasis = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(8.0)],
+        help_text="How strongly replies attend to members' memories, 0 (off) to 8; empty: "
+                  "the model's default.")
+    memory_writes_enabled = models.BooleanField(
+        default=False,
+        help_text="Members may add or remove memories from a chat (\"remember that ...\", "
+                  "\"forget ...\"); every write is audited and listed in /api/memories.")
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -177,6 +187,10 @@ class AuditEvent(models.TextChoices):
     PLAYGROUND_USED = "playground.used"
     BUDGET_CHANGED = "budget.changed"
     BUDGET_THRESHOLD = "budget.threshold"
+    MEMORY_CREATED = "memory.created"
+    MEMORY_CHANGED = "memory.changed"
+    MEMORY_DELETED = "memory.deleted"
+    MEMORY_REORDERED = "memory.reordered"
 
 
 class AuditLog(models.Model):
@@ -266,8 +280,9 @@ class KVInvalidation(models.Model):
 # Models in modules of their own (they import this one's models by app label).
 from tenants.models.budget import TokenBudget  # noqa: E402
 from tenants.models.exchange import ChatExchange  # noqa: E402
+from tenants.models.memory import Memory  # noqa: E402
 from tenants.models.usage import UsageDay  # noqa: E402
 
 __all__ = ["ApiToken", "AuditEvent", "AuditLog", "ChatExchange", "Conversation",
-           "KVInvalidation", "Member", "Message", "Preference", "Tenant", "TokenBudget",
+           "KVInvalidation", "Member", "Memory", "Message", "Preference", "Tenant", "TokenBudget",
            "UsageDay"]

@@ -1,0 +1,1 @@
+"""``/api/memories``: a member's own memories (issue 22)."""

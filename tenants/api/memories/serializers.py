@@ -1,0 +1,71 @@
+"""Shapes of ``/api/memories``: strict JSON types, unknown fields refused (400 naming them)."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from tenants.api.fields import (
+    NOT_BLANK_NO_NUL,
+    StrictBooleanField,
+    StrictCharField,
+    StrictIntegerField,
+)
+from tenants.models import Memory
+
+
+class StrictSerializer(serializers.Serializer):
+    """Refuses fields it does not know (a typo is an error, never silently ignored)."""
+
+    def to_internal_value(self, data):
+        if isinstance(data, dict):
+            unknown = sorted(set(data) - set(self.fields))
+            if unknown:
+                raise serializers.ValidationError(
+                    {name: ["Unknown field."] for name in unknown})
+        return super().to_internal_value(data)
+
+
+@extend_schema_field({"type": "string", "minLength": 1, "pattern": NOT_BLANK_NO_NUL})
+class MemoryTextField(StrictCharField):
+    """Bounded by MEMORY_MAX_CHARS when the serializer is built."""
+
+
+class MemoryWriteSerializer(StrictSerializer):
+    enabled = StrictBooleanField(required=False, help_text="Used in replies (default true).")
+    pinned = StrictBooleanField(required=False, help_text="Always in your cached segment "
+                                                          "(default false).")
+
+    def get_fields(self):
+        fields = super().get_fields()
+        limit = settings.MEMORY_MAX_CHARS
+        fields["text"] = MemoryTextField(
+            max_length=limit, trim_whitespace=False, pattern=NOT_BLANK_NO_NUL,
+            pattern_message="Text is blank or contains NUL characters.",
+            error_messages={"max_length": f"A memory is limited to {limit} characters."},
+            help_text=f"Not blank, at most {limit} characters (MEMORY_MAX_CHARS).")
+        return fields
+
+
+class MemoryOrderSerializer(StrictSerializer):
+    order = serializers.ListField(
+        child=StrictIntegerField(min_value=1), allow_empty=True,
+        help_text="Each of your memory ids exactly once, in the new order.")
+
+
+class MemorySerializer(serializers.ModelSerializer):
+    """Read shape; writes go through ``tenants.actions.memories``."""
+
+    class Meta:
+        model = Memory
+        fields = ["id", "text", "enabled", "pinned", "position", "source", "created_at",
+                  "updated_at"]
+        read_only_fields = fields
+
+
+class MemoryListSerializer(serializers.Serializer):
+    count = serializers.IntegerField()
+    limit = serializers.IntegerField(help_text="Most memories you may have "
+                                               "(MEMORY_MAX_PER_MEMBER).")
+    results = MemorySerializer(many=True)
