@@ -30,7 +30,6 @@ def _dev_secret(name: str) -> str:
     if path.exists():
         return path.read_text().strip()
     import secrets
-
     path.parent.mkdir(parents=True, exist_ok=True)
     value = secrets.token_urlsafe(48)
     path.write_text(value)
@@ -167,9 +166,10 @@ KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 1.0)  # measured: docs/BENCHMARKS.md, p
 KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
 KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)
 KV_L1_TENANT_QUOTA_BYTES = env_int("KV_L1_TENANT_QUOTA_BYTES", 512 * 1024**2)
-# Conversation K/V reuse: a turn's whole-sequence K/V stays in L1 (same quotas) for the
-# next turn, up to this size per conversation (0: off). Needs the batch engine.
+# Conversation K/V (batch engine, an L1 of its own): up to this size per conversation (0: off);
+# one member holds at most MEMBER_MAX of that L1 (-1: a quarter, at least one conversation).
 KV_CONVERSATION_MAX_BYTES = env_int("KV_CONVERSATION_MAX_BYTES", 128 * 1024**2)
+KV_CONVERSATION_MEMBER_MAX_BYTES = env_int("KV_CONVERSATION_MEMBER_MAX_BYTES", -1)
 # Continuous batching (injection.engine.batch): rows decoded together per worker process; the
 # threads pool runs this many tasks at once (0: one generate() per task, no batch engine).
 WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)

@@ -76,6 +76,8 @@ def build_executor(
     batch_join_wait_ms: float = 0.0,
     conversation_max_bytes: int = 128 * MiB,
     conversation_l1_max_bytes: int = 1 * GiB,
+    conversation_member_max_bytes: int | None = None,
+    tenant_pin_idle_seconds: float = 600.0,
 ) -> InjectionExecutor:
     """An executor with a TenantLRU L1 and, given a Redis client, an HMAC-signed L2.
 
@@ -85,7 +87,10 @@ def build_executor(
     ``batch_max`` >= 1 puts a :class:`BatchEngine` in front of the model (continuous
     batching of up to that many rows, conversation K/V reuse up to
     ``conversation_max_bytes`` per conversation, in an L1 of ``conversation_l1_max_bytes``
-    of its own); 0 generates one request at a time.
+    of its own, of which one member holds at most ``conversation_member_max_bytes``:
+    default a quarter, never less than one conversation); 0 generates one request at a
+    time. A tenant segment stays pinned in L1 while the tenant has member entries there
+    or used it within ``tenant_pin_idle_seconds``.
     Models whose cache has sliding-window or hybrid layers always use the latter.
     """
     from injection.engine.executor import InjectionExecutor
@@ -96,6 +101,7 @@ def build_executor(
     l1 = TenantLRU(
         max_bytes=l1_max_bytes, max_entries=l1_max_entries,
         tenant_quota_bytes=min(l1_tenant_quota_bytes, l1_max_bytes),
+        pin_idle_seconds=tenant_pin_idle_seconds,
     )
     l2 = None
     if l2_enabled and redis_client is not None:
@@ -113,6 +119,9 @@ def build_executor(
     conv_l1 = TenantLRU(
         max_bytes=conversation_l1_max_bytes, max_entries=l1_max_entries,
         tenant_quota_bytes=min(l1_tenant_quota_bytes, conversation_l1_max_bytes),
+        user_quota_bytes=(max(conversation_max_bytes, conversation_l1_max_bytes // 4)
+                          if conversation_member_max_bytes is None
+                          else conversation_member_max_bytes),
     ) if engine is not None and conversation_max_bytes > 0 else None
     return InjectionExecutor(adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics,
                              engine=engine, conversation_max_bytes=conversation_max_bytes,

@@ -124,6 +124,8 @@ def _build_executor():
         batch_kv_budget_bytes=settings.WORKER_BATCH_KV_BUDGET_BYTES,
         batch_join_wait_ms=settings.WORKER_BATCH_JOIN_WAIT_MS,
         conversation_max_bytes=settings.KV_CONVERSATION_MAX_BYTES,
+        conversation_member_max_bytes=(None if settings.KV_CONVERSATION_MEMBER_MAX_BYTES < 0
+                                       else settings.KV_CONVERSATION_MEMBER_MAX_BYTES),
     )
     log.info("model ready: fingerprint=%s device=%s batch=%s", adapter.fingerprint[:16],
              adapter.device, executor.engine.max_batch if executor.engine else 1)

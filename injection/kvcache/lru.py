@@ -12,6 +12,15 @@ The design's ``BoundedUserKVCache`` grown up for many tenants:
   tenant's traffic cannot push out another's entries beyond its share. If
   the newcomer itself would have to go, the put is refused and nothing is
   evicted (evictions are planned on a simulation before any is applied).
+* a tenant segment (user ``TENANT_USER``) is pinned while its tenant is active: it
+  has a member entry in this cache, or its segment was used within
+  ``pin_idle_seconds``. A pinned segment is not evicted for the tenant's own entries
+  (that put is refused) and goes under a global bound only when no tenant over its
+  share has anything else; invalidating the tenant (deletion, instructions edit)
+  drops it as always (rules: ``lru_plan``).
+* ``user_quota_bytes`` caps one (tenant, user): a member over it gives up its own
+  oldest entries first (the conversation L1: one member's conversations never flush
+  the others').
 
 Recency is a global tick per entry, so "least recently used among these
 tenants" is O(tenants) per eviction. One lock guards everything.
@@ -20,13 +29,15 @@ tenants" is O(tenants) per eviction. One lock guards everything.
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from injection.base import CacheKey, KVStore
-from injection.kvcache.lru_plan import _NEW, _Simulation
+from injection.kvcache.chain import TENANT_USER
+from injection.kvcache.lru_plan import plan_put
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["TenantLRU"]
@@ -37,6 +48,7 @@ class _Entry:
     kv: PackedKV
     nbytes: int
     tick: int
+    used: float = 0.0  # clock() at the last put/get (a tenant segment's pin)
 
 
 @dataclass
@@ -46,6 +58,7 @@ class _Tenant:
     hits: int = 0
     misses: int = 0
     evictions: int = 0
+    others: int = 0  # entries that are not the tenant segment (active members)
 
 
 _TENANT_STATS = ("bytes", "hits", "misses", "evictions")
@@ -58,6 +71,10 @@ class TenantLRU(KVStore):
         max_bytes: bound on the sum of ``PackedKV.nbytes`` of all entries.
         max_entries: bound on the number of entries.
         tenant_quota_bytes: per-tenant byte cap (default: ``max_bytes``).
+        user_quota_bytes: per-(tenant, user) byte cap (default: none).
+        pin_idle_seconds: a tenant segment stays pinned this long after its last use
+            even without member entries here (0: only member entries pin it).
+        clock: monotonic seconds (tests pass their own).
     """
 
     def __init__(
@@ -65,6 +82,10 @@ class TenantLRU(KVStore):
         max_bytes: int = 2 * 1024**3,
         max_entries: int = 1024,
         tenant_quota_bytes: int | None = None,
+        *,
+        user_quota_bytes: int | None = None,
+        pin_idle_seconds: float = 600.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         quota = max_bytes if tenant_quota_bytes is None else tenant_quota_bytes
         if max_bytes <= 0 or max_entries <= 0 or quota <= 0:
@@ -72,6 +93,8 @@ class TenantLRU(KVStore):
         self.max_bytes = int(max_bytes)
         self.max_entries = int(max_entries)
         self.tenant_quota_bytes = int(min(quota, max_bytes))
+        self.user_quota_bytes = int(user_quota_bytes) if user_quota_bytes else None
+        self.pin_idle_seconds, self._clock = float(pin_idle_seconds), clock
         self._lock = threading.Lock()
         self._tenants: dict[str, _Tenant] = {}
         self._bytes = 0
@@ -91,7 +114,7 @@ class TenantLRU(KVStore):
                 return None
             t.hits += 1
             self._tick += 1
-            entry.tick = self._tick
+            entry.tick, entry.used = self._tick, self._clock()
             t.entries.move_to_end(key)
             return entry.kv
 
@@ -102,7 +125,7 @@ class TenantLRU(KVStore):
             raise ValueError(f"TenantLRU caches CPU tensors only, got {kv.device}")
         size = kv.nbytes
         with self._lock:
-            plan = self._plan(key, size) if size <= self.tenant_quota_bytes else None
+            plan = plan_put(self, key, size, self._pinned(), TENANT_USER)
             if plan is None:  # nothing was changed
                 self._rejected += 1
                 return False
@@ -113,8 +136,9 @@ class TenantLRU(KVStore):
                 self._remove(vt, victim)
                 vt.evictions += 1
             self._tick += 1
-            t.entries[key] = _Entry(kv, size, self._tick)
+            t.entries[key] = _Entry(kv, size, self._tick, self._clock())
             t.bytes += size
+            t.others += key.user != TENANT_USER
             self._bytes += size
             self._count += 1
             return True
@@ -156,7 +180,7 @@ class TenantLRU(KVStore):
             n = self._count
             for t in self._tenants.values():
                 t.entries.clear()
-                t.bytes = 0
+                t.bytes = t.others = 0
             self._bytes = self._count = 0
             self._invalidations += n
             return n
@@ -209,6 +233,8 @@ class TenantLRU(KVStore):
                     _require(last < e.tick <= self._tick, f"tenant {name!r} recency broken at {k}")
                     b, last = b + e.nbytes, e.tick
                 _require(b == t.bytes, f"tenant {name!r} bytes {t.bytes} != recomputed {b}")
+                others = sum(k.user != TENANT_USER for k in t.entries)
+                _require(others == t.others, f"tenant {name!r} member count drifted")
                 _require(b <= self.tenant_quota_bytes, f"tenant {name!r} over quota")
                 total_b += b
                 total_n += len(t.entries)
@@ -228,33 +254,22 @@ class TenantLRU(KVStore):
         entry = t.entries.pop(key, None)
         if entry is not None:
             t.bytes -= entry.nbytes
+            t.others -= key.user != TENANT_USER
             self._bytes -= entry.nbytes
             self._count -= 1
         return entry
 
-    def _plan(self, key: CacheKey, size: int) -> list[CacheKey] | None:
-        """Victims that make room for ``key`` (replacing any old entry); None to refuse.
-
-        Planned on a simulation first, so a refused put evicts nothing.
-        """
-        sim = _Simulation(self._tenants, key, size, self._tick + 1)
-        while sim.bytes[key.tenant] > self.tenant_quota_bytes:
-            sim.pop(key.tenant)  # own quota: own LRU entries only
-        while sim.total_bytes > self.max_bytes or sim.total_count > self.max_entries:
-            victim = self._pick_victim(sim, by_bytes=sim.total_bytes > self.max_bytes)
-            if sim.head(victim)[0] is _NEW:
-                return None  # only the newcomer is over its share
-            sim.pop(victim)
-        return sim.evicted
-
-    def _pick_victim(self, sim: _Simulation, by_bytes: bool) -> str:
-        """Tenant over its fair share whose LRU entry is globally oldest."""
-        active = [n for n, c in sim.count.items() if c > 0]
-        bound = self.max_bytes if by_bytes else self.max_entries
-        share = bound / len(active)
-        over = [n for n in active if (sim.bytes[n] if by_bytes else sim.count[n]) > share]
-        # Over a bound, some tenant is always over its share (pigeonhole).
-        return min(over or active, key=lambda n: sim.head(n)[2])
+    def _pinned(self) -> frozenset[CacheKey]:
+        """Tenant segments of active tenants (see the module doc)."""
+        now, out = self._clock(), []
+        for t in self._tenants.values():
+            if len(t.entries) == t.others:
+                continue  # no tenant segment here
+            for k, e in t.entries.items():
+                if k.user == TENANT_USER and (
+                        t.others > 0 or now - e.used < self.pin_idle_seconds):
+                    out.append(k)
+        return frozenset(out)
 
 
 def _require(ok: bool, msg: str) -> None:
