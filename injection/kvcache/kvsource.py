@@ -52,6 +52,12 @@ class PreferenceKVSource:
         stored in L1 and L2). ``kind`` (tenant | member) splits the hit/miss counters."""
         kv = self._get(self.l1, "l1", key, kind=kind)
         if kv is not None:
+            touch = getattr(self.l2, "touch", None)  # in use: its Redis copy must not expire
+            if touch is not None:
+                try:
+                    touch(key)
+                except Exception as exc:  # noqa: BLE001 - the reply never depends on it
+                    self.fault("l2", "touch", exc)
             return kv, Tier.L1
         kv = self._get(self.l2, "l2", key, kind=kind)
         if kv is not None:

@@ -87,6 +87,7 @@ class RedisKVTier(L2Maintenance, KVStore):
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._per_tenant: dict[str, dict[str, int]] = {}
+        self._touched: dict[CacheKey, float] = {}  # key -> monotonic time of its last touch
         self._writer: BoundedWriter[CacheKey, PackedKV] = BoundedWriter(
             self._write, self.max_inflight, "kvi-l2-writer"
         )
@@ -128,6 +129,29 @@ class RedisKVTier(L2Maintenance, KVStore):
             return None
         self._count(key.tenant, "hits")
         return kv
+
+    def touch(self, key: CacheKey) -> bool:
+        """Refresh ``key``'s TTL (and its user index's) for an entry served from L1, at
+        most once per ``ttl_seconds / 8`` per key in this process: a tenant segment every
+        worker holds in L1 is never read from Redis, yet must not expire while in use.
+        False when skipped (recently touched, Redis down) or the entry is gone."""
+        now = time.monotonic()
+        with self._lock:
+            if now - self._touched.get(key, -1e18) < self.ttl_seconds / 8:
+                return False
+            if len(self._touched) > 65536:
+                self._touched.clear()
+            self._touched[key] = now
+        if not self._available(key.tenant):
+            return False
+        try:
+            with self.client.pipeline(transaction=False) as p:
+                p.expire(self.signer.redis_key(key), self.ttl_seconds)
+                p.expire(self.signer.user_index_key(key.tenant, key.user), self.ttl_seconds)
+                return bool(p.execute()[0])
+        except FAULTS as e:
+            self._fault(key.tenant, "touch", e)
+            return False
 
     # -- writes ---------------------------------------------------------------------
     def put(self, key: CacheKey, kv: PackedKV) -> bool:
