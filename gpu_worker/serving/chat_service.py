@@ -9,11 +9,11 @@ from django.conf import settings
 
 from gpu_worker.channels import streams
 from gpu_worker.serving.host import get_executor
-from injection.base import DEFAULT_ALPHA, ExecutionRequest
+from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
 from injection.prompting.history import block_start
 from tenants.actions import do_record_cancelled, do_record_chat, get_conversation
 from tenants.errors import ChatAbandoned, InactiveAccount, NotFound
-from tenants.models import Conversation, Member, Message, Preference
+from tenants.models import Conversation, Member, Memory, Message, Preference
 
 
 def load_member(member_id: int) -> Member:
@@ -45,8 +45,26 @@ def recent_history(conv: Conversation | None, budget: int, limit: int = 400) -> 
     return [{"role": m.role, "content": m.content} for m in picked]
 
 
+def load_memories(member: Member) -> tuple[MemoryItem, ...]:
+    """The member's enabled memories, in order (the first is their preference)."""
+    rows = Memory.objects.filter(tenant=member.tenant_id, member=member, enabled=True).order_by(
+        "position", "id").values_list("pk", "text", "pinned")
+    return tuple(MemoryItem(id=str(pk), text=text, pinned=pinned) for pk, text, pinned in rows)
+
+
+def memories_used(result, memories: tuple[MemoryItem, ...]) -> list[dict]:
+    """``result.extra["memories_used"]`` with each memory's text, for this member's own
+    memories only (an id the engine names that is not one of them is dropped)."""
+    own = {m.id: m.text for m in memories}
+    used = result.extra.get("memories_used") or ()
+    return [{"id": int(u["id"]) if u["id"].isdigit() else u["id"], "text": own[u["id"]],
+             "how": u.get("how", "segment")}
+            for u in used if isinstance(u, dict) and u.get("id") in own]
+
+
 def build_request(member: Member, pref: Preference | None, messages: list[dict], params: dict,
-                  stream=None, conversation_id: str | None = None):
+                  stream=None, conversation_id: str | None = None,
+                  memories: tuple[MemoryItem, ...] = ()):
     alpha = params.get("alpha")
     if alpha is None:
         alpha = pref.alpha if pref else DEFAULT_ALPHA
@@ -56,7 +74,9 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         messages=messages,
         preference_text=pref.text if pref else "",
         instructions=member.tenant.instructions,
-        injection_enabled=bool(pref and pref.enabled),
+        # memories (when any is enabled) render the member part; else the preference as before
+        injection_enabled=bool(memories) or bool(pref and pref.enabled),
+        memories=memories,
         alpha=float(alpha),
         max_new_tokens=int(params.get("max_new_tokens") or settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
         temperature=float(params.get("temperature") or 0.0),
@@ -90,6 +110,7 @@ def answer(
     member = load_member(member_id)
     conv = load_conversation(member, conversation_id)
     pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
+    memories = load_memories(member)
     executor = get_executor()
     adapter = executor.adapter
     # /v1 sends the conversation itself ("history"); /api/chat continues the stored one
@@ -103,7 +124,7 @@ def answer(
         # (/v1 sends the messages: keyed by their hash chain)
         conv_key = f"api:{conv.pk}" if conv is not None and params.get("history") is None else None
         result = executor.execute(build_request(member, pref, messages, params, stream,
-                                                conv_key))
+                                                conv_key, memories))
     except Exception:
         if stream is not None:
             stream.end("error")
@@ -124,7 +145,7 @@ def answer(
     # content_hash: the preference text's (as GET /api/preference reports it);
     # segment_hash: the injected system turn's, i.e. the K/V's identity
     cache["segment_hash"] = cache["content_hash"]
-    applied = pref is not None and result.extra.get(
+    applied = pref is not None and pref.enabled and bool(pref.text) and result.extra.get(
         "preference_applied", result.injection_mode != "none")
     cache["content_hash"] = pref.content_hash if applied else ""
     cache["instructions_version"] = member.tenant.instructions_version
@@ -144,4 +165,5 @@ def answer(
         "usage": usage,
         "cache": cache,
         "request_id": request_id,
+        "memories_used": memories_used(result, memories),
     }

@@ -17,17 +17,34 @@ from typing import Any
 from django.conf import settings
 
 from gpu_worker.channels import streams
-from gpu_worker.serving.chat_service import build_request, load_member
+from gpu_worker.serving.chat_service import (
+    build_request,
+    load_member,
+    load_memories,
+    memories_used,
+)
 from gpu_worker.serving.host import get_executor
-from injection.base import DEFAULT_ALPHA, ExecutionRequest
+from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
 from tenants.errors import InvalidInput
 from tenants.models import Member, Preference
 
 VARIANTS = ("personalised", "plain")
 
 
+def _memories(member: Member, variant: str, preference_text: str | None
+              ) -> tuple[MemoryItem, ...]:
+    """The member's memories; an unsaved preference edit stands in for the first one."""
+    if variant == "plain":
+        return ()
+    memories = load_memories(member)
+    if preference_text is None or not memories:
+        return memories
+    return ((MemoryItem("unsaved", preference_text),) if preference_text else ()) + memories[1:]
+
+
 def _request(member: Member, message: str, variant: str, preference_text: str | None,
-             alpha: float | None, max_new_tokens: int) -> ExecutionRequest:
+             alpha: float | None, max_new_tokens: int,
+             memories: tuple[MemoryItem, ...] = ()) -> ExecutionRequest:
     messages = [{"role": "user", "content": message}]
     params = {"max_new_tokens": max_new_tokens, "alpha": alpha}
     if variant == "plain":  # no tenant instructions, no preference: the bare model
@@ -35,11 +52,11 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
                                 injection_enabled=False, max_new_tokens=max_new_tokens)
     pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
     if preference_text is None:
-        return build_request(member, pref, messages, params)
+        return build_request(member, pref, messages, params, memories=memories)
     return ExecutionRequest(
         tenant=str(member.tenant_id), user=None, messages=messages,
         preference_text=preference_text, instructions=member.tenant.instructions,
-        injection_enabled=True,
+        injection_enabled=True, memories=memories,
         alpha=float(alpha if alpha is not None else pref.alpha if pref else DEFAULT_ALPHA),
         max_new_tokens=max_new_tokens)
 
@@ -53,8 +70,9 @@ def reply(member_id: int, message: str, variant: str, preference_text: str | Non
     member = load_member(member_id)
     tokens = int(max_new_tokens or settings.CHAT_DEFAULT_MAX_NEW_TOKENS)
     # a one-off reply: its sequence K/V is never kept as a conversation entry
-    req = dataclasses.replace(_request(member, message, variant, preference_text, alpha, tokens),
-                              reuse_conversation=False)
+    memories = _memories(member, variant, preference_text)
+    req = dataclasses.replace(_request(member, message, variant, preference_text, alpha, tokens,
+                                       memories), reuse_conversation=False)
     pub = streams.publisher(stream_id) if stream_id else None
     if pub is not None:
         req = dataclasses.replace(req, on_text=pub.piece, cancelled=pub.cancelled)
@@ -77,4 +95,5 @@ def reply(member_id: int, message: str, variant: str, preference_text: str | Non
         "ttft_ms": round(result.ttft_ms, 1), "finish_reason": result.finish_reason,
         "alpha_effective": result.alpha_effective, "injection_mode": result.injection_mode,
         "unsaved_preference": preference_text is not None and variant == "personalised",
+        "memories_used": memories_used(result, memories),
     }

@@ -53,6 +53,7 @@ from tenants.actions.memories import (
     get_memory,
     member_memories,
 )
+from tenants.actions.memory_chat import do_memory_from_chat
 from tenants.actions.playground import do_record_playground
 from tenants.actions.preferences import (
     PREFERENCE_MAX_CHARS,
@@ -79,6 +80,7 @@ __all__ = [
     "note_usage",
     "do_record_playground",
     "do_create_memory",
+    "do_memory_from_chat",
     "do_delete_memory",
     "do_reorder_memories",
     "do_update_memory",

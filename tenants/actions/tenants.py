@@ -31,7 +31,8 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
     return tenant
 
 
-TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens")
+TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens",
+                 "memory_emphasis", "memory_writes_enabled")
 
 
 @transaction.atomic
@@ -42,6 +43,10 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
         raise InvalidInput(f"Cannot change {', '.join(sorted(unknown))} of a tenant.")
     if "name" in changes and not (changes["name"] or "").strip():
         raise InvalidInput("A tenant needs a name.")
+    emphasis = changes.get("memory_emphasis")
+    if emphasis is not None and not (isinstance(emphasis, (int, float)) and 0 <= emphasis <= 8):
+        raise InvalidInput("memory_emphasis must be between 0 and 8 (empty: the model's "
+                           "default).", fields={"memory_emphasis": ["Between 0 and 8."]})
     assert_actor_may_manage(actor, tenant)
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     changed = {f: v for f, v in changes.items() if getattr(locked, f) != v}

@@ -103,10 +103,26 @@ class CacheInfoSerializer(serializers.Serializer):
                   "conversation's previous turn on this worker instead of prefilled.")
 
 
+class MemoryUsedSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="The memory's id in /api/memories.")
+    text = serializers.CharField()
+    how = serializers.ChoiceField(
+        choices=["segment", "recalled"],
+        help_text="segment: in your cached member segment; recalled: picked for this message.")
+
+
 class ChatResponseSerializer(serializers.Serializer):
     reply = serializers.CharField()
     conversation = serializers.IntegerField()
     usage = UsageSerializer()
+    memories_used = MemoryUsedSerializer(
+        many=True, required=False,
+        help_text="Your memories the reply was generated with (yours only).")
+    memory_write = serializers.DictField(
+        required=False,
+        help_text="Only when your tenant enables memory writes and the message opened with "
+                  "\"remember that ...\" or \"forget ...\": op (remembered, forgotten, "
+                  "not_found, refused), id and text of the memory.")
     cache = CacheInfoSerializer()
     request_id = serializers.CharField()
 

@@ -113,10 +113,14 @@ class ChatView(MemberView):
         }
         check_fits(chat_model_path(), [data["message"], *_context_texts(member)],
                    params["max_new_tokens"])
+        # "remember that ..." / "forget ...": applied before dispatch (tenant opt-in)
+        memory_write = actions.do_memory_from_chat(member, data["message"], actor=request.user)
         outcome = run_chat(member, conversation_id, data["message"], params,
                            idempotency_key(request), request.kvi_request_id)
         headers = {"Idempotent-Replayed": "true"} if outcome.replayed else None
-        return Response(outcome.body, headers=headers)
+        body = outcome.body if memory_write is None else {**outcome.body,
+                                                          "memory_write": memory_write}
+        return Response(body, headers=headers)
 
 
 def chat_model_path() -> str:
