@@ -116,6 +116,10 @@ class ExecutionRequest:
     # the member's memories (ordered, enabled only); when non-empty they render the
     # member part of the system turn and ``preference_text`` is ignored
     memories: tuple[MemoryItem, ...] = ()
+    # additive attention-logit bias (nats) of every query towards the member's memory
+    # text tokens, every layer and head (injection/engine/emphasis.py); 0 = off, exactly
+    # today's output; None = the model's default (``emphasis.default_emphasis``)
+    emphasis: float | None = None
 
 
 @dataclass
@@ -145,6 +149,7 @@ class ExecutionResult:
     # prompt tokens (of ``prompt_tokens``, which counts the injected turn too) whose K/V
     # was served from a cache (L1/L2 segments, the conversation's), not recomputed
     cached_tokens: int = 0
+    emphasis_effective: float = 0.0  # the attention emphasis applied (nats; 0: off)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def cache_info(self) -> dict[str, Any]:

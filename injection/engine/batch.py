@@ -86,15 +86,18 @@ class BatchEngine(EngineFaults):
 
     def run(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
             max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
+            emphasis: float = 0.0, emphasis_spans: tuple[tuple[int, int], ...] = (),
             **sampling: Any) -> GenerationOutput:
-        """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``."""
+        """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``;
+        ``emphasis`` nats towards the absolute key positions ``emphasis_spans``."""
         if not new_ids:
             raise InvalidRequest("prompt is empty")
         if prefix is not None:
             self.adapter._check_compatible(prefix)
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
-                     int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv)
+                     int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
+                     emphasis=float(emphasis), emphasis_spans=tuple(emphasis_spans))
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
         return self.submit(job).wait()
 

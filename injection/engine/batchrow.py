@@ -33,6 +33,9 @@ class RowJob:
     sampling: dict[str, Any]
     watch_opts: dict[str, Any]
     keep_kv: bool = False
+    # attention emphasis (``emphasis.py``): nats added towards these absolute key spans
+    emphasis: float = 0.0
+    emphasis_spans: tuple[tuple[int, int], ...] = ()
     started: float = field(default_factory=time.perf_counter)
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --

@@ -33,6 +33,7 @@ from injection.kvcache.chain import SegmentChain, kind_stats
 from injection.kvcache.conversation import ConversationStore
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.metrics import METRICS, Metrics
+from injection.prompting.emphasis_spans import emphasis_for
 from injection.prompting.history import fit_history
 from injection.prompting.output_filter import strip_control_chars, strip_retrieve_fact_calls
 from injection.prompting.template import compose_context
@@ -187,12 +188,15 @@ class InjectionExecutor:
         member_alpha = alpha if personal else 1.0
         t0 = time.perf_counter()
         chash = content_hash(parts.segment)
-        plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True)
+        emph, spans = emphasis_for(self.adapter, req, parts.segment, split,
+                                   on=personal and self.engine is not None)
+        plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
+                               emphasis=emph)
         chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
         assert chain.kv.keys.is_cpu and chain.kv.values.is_cpu, "cached K/V must live on CPU"
         # the chain is scaled already; a conversation hit continues its link after it
-        out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling)
+        out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling, spans)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = self._strip(out.text)
         head = chain.kv.num_tokens
@@ -211,6 +215,7 @@ class InjectionExecutor:
             injection_mode=parts.mode, history_messages=_history_len(messages),
             finish_reason=out.finish_reason, reused_tokens=reused,
             cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
+            emphasis_effective=emph,
             extra={"segments": chain.tiers, "preference_applied": personal},
         )
 

@@ -14,6 +14,7 @@ from transformers import DynamicCache
 
 from injection.base import GenerationOutput
 from injection.devices import KVTimer
+from injection.engine import emphasis
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.kvcache.packed import PackedKV
@@ -30,8 +31,12 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None) -> tuple[An
             cache = (adapter.build_cache(job.prefix, job.alpha) if job.prefix is not None
                      else DynamicCache(config=adapter._cache_config))
         tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
+        bias = emphasis.prefill_bias(job.emphasis, job.emphasis_spans,
+                                     cache.get_seq_length() + tokens.shape[1],
+                                     adapter.device, adapter.dtype)
+        extra = {} if bias is None else {"position_bias": bias}  # none: today's call
         out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
-                            logits_to_keep=1)
+                            logits_to_keep=1, **extra)
         logits = out.logits[0, -1]
     job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
     return out.past_key_values, logits
@@ -41,10 +46,12 @@ def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> list[tuple[Ro
     """One decoding step for every row: (row, greedy token id or its logits to sample)."""
     mask, positions, cache_position = batch.step_inputs(adapter.device)
     last = torch.tensor([[r.gen[-1]] for r in rows], device=adapter.device)
+    bias = emphasis.decode_bias(rows, batch.pads, batch.width, adapter.device, adapter.dtype)
+    extra = {} if bias is None else {"position_bias": bias}  # none: today's call
     with torch.inference_mode():
         out = adapter.model(input_ids=last, attention_mask=mask, position_ids=positions,
                             cache_position=cache_position, past_key_values=batch.cache,
-                            use_cache=True)
+                            use_cache=True, **extra)
         logits = out.logits[:, -1]
         best = logits.argmax(dim=-1).tolist()  # one device sync for all greedy rows
         return [(r, best[i] if r.sampler.greedy else logits[i]) for i, r in enumerate(rows)]

@@ -26,6 +26,7 @@ class TurnPlan(NamedTuple):
     prompt_ids: list[int] | None  # the tokens after the injected turn, encoded once
     cached: PackedKV | None  # the conversation's link to continue (None: a miss)
     admitted: bool = False  # the turn's link is stored (see ConversationStore)
+    emphasis: float = 0.0  # the turn's attention emphasis (its link is keyed by it)
 
 
 def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
@@ -41,34 +42,38 @@ class TurnGenerator:
         self.adapter, self.engine, self.store = adapter, engine, store
 
     def plan(self, req: ExecutionRequest, messages: list[dict[str, str]], prompt: str,
-             chash: str, alpha: float, *, injected: bool) -> TurnPlan:
-        """Encode the turn once and look its conversation up (``cached``: a hit)."""
+             chash: str, alpha: float, *, injected: bool, emphasis: float = 0.0) -> TurnPlan:
+        """Encode the turn once and look its conversation up (``cached``: a hit). K/V
+        computed under an emphasis is reused only under the same emphasis."""
         if self.engine is None:
-            return TurnPlan(None, prompt, None, None)
+            return TurnPlan(None, prompt, None, None)  # emphasis needs the batch engine
         prompt_ids = self.adapter.renderer.encode(prompt, first=not injected)
         user = user_or_none(req.user)
         if not (self.store.enabled and req.reuse_conversation and user):
-            return TurnPlan(None, prompt, prompt_ids, None)
+            return TurnPlan(None, prompt, prompt_ids, None, emphasis=emphasis)
         # /v1: the hash chain of the messages as sent (not of the window that fits), so
         # a trimmed history still finds, and then replaces, its conversation's link
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
-                        else messages_hash(list(req.messages)[:-1]), chash, alpha)
+                        else messages_hash(list(req.messages)[:-1]), chash, alpha, emphasis)
         cached = self.store.lookup(key, prompt_ids)
         # admission: a turn with history is a conversation going on; one-shots are not kept
         admitted = cached is not None or any(m["role"] != "system" for m in messages[:-1])
         if not admitted:
             self.store.metrics.incr("conv_not_admitted")
-        return TurnPlan(key, prompt, prompt_ids, cached, admitted)
+        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis)
 
     def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
-            sampling: dict[str, Any]) -> Any:
+            sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = ()) -> Any:
         """Generate after ``prefix`` (the injected chain, with the conversation's link
-        joined on a hit; values already scaled) at alpha 1."""
+        joined on a hit; values already scaled) at alpha 1; ``plan.emphasis`` towards the
+        absolute key ``spans`` (engine only)."""
         if self.engine is None:
             return self.adapter.generate(plan.prompt, prefix, 1.0, req.max_new_tokens, **sampling)
         done = plan.cached.num_tokens if plan.cached is not None else 0
         return self.engine.run(prefix, 1.0, plan.prompt_ids[done:], req.max_new_tokens,
-                               keep_kv=plan.admitted, prompt_ids=plan.prompt_ids, **sampling)
+                               keep_kv=plan.admitted, prompt_ids=plan.prompt_ids,
+                               emphasis=plan.emphasis if spans else 0.0,
+                               emphasis_spans=spans, **sampling)
 
     def keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
              reply: str, out: Any, head: int, chash: str, alpha: float) -> None:
@@ -89,10 +94,11 @@ class TurnGenerator:
         user = user_or_none(req.user)
         nxt = plan.key if req.conversation_id else self._key(
             req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
-            chash, alpha)
+            chash, alpha, plan.emphasis)
         link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
         self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
 
     def _key(self, req: ExecutionRequest, user: str, ident: str, chash: str,
-             alpha: float) -> CacheKey:
-        return self.store.key(req.tenant, user, ident, chash, alpha, self.adapter.fingerprint)
+             alpha: float, emphasis: float = 0.0) -> CacheKey:
+        return self.store.key(req.tenant, user, ident, chash, alpha, self.adapter.fingerprint,
+                              emphasis=emphasis)

@@ -1,0 +1,98 @@
+"""Attention emphasis: an additive bias on the attention logits towards chosen key positions.
+
+A row with emphasis ``e`` (nats) and spans ``[(s, e), ...]`` (absolute key positions from
+the start of its sequence: the member's memory text tokens) has ``e`` added to every
+query's attention logit towards those keys, in every layer and head, before the softmax
+(PASTA-style steering; issue 22 section 4). Formulation: transformers' SDPA attention
+takes an additive float ``position_bias`` ``[B, 1, q, kv]`` and folds it into the causal /
+padding mask (``create_position_bias_mask``); the model forwards it to every layer. So
+prefill passes ``[1, 1, 1, kv]`` (broadcast over the row's queries) and a decoding step
+``[B, 1, 1, kv]``, each row's spans shifted by its left padding (``BatchCache.pads``).
+
+Exact when off: a forward pass where no row is emphasised passes no bias at all, i.e.
+runs exactly the code it ran before emphasis existed. In a batch mixing emphasised and
+unemphasised rows, an unemphasised row's bias is all zeros (the same logits; only the
+kernel choice can differ at rounding level, as padding already makes it differ).
+
+Cached segments (tenant, member) are computed without bias, so they stay independent of
+emphasis; the prompt and the generated tokens attend with it. Conversation links hold
+K/V computed under a given emphasis and are keyed by it (``turns.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+__all__ = ["MAX_EMPHASIS", "Spans", "decode_bias", "default_emphasis", "prefill_bias",
+           "resolve", "supports_emphasis"]
+
+MAX_EMPHASIS = 8.0  # nats; requests and tenants are validated against it
+Spans = tuple[tuple[int, int], ...]
+
+
+def default_emphasis(adapter: Any) -> float:
+    """The model's default emphasis (nats) when neither request nor tenant sets one.
+
+    0.0 (off) until a default is chosen per model from measurements (issue 22 section 4).
+    """
+    return 0.0
+
+
+def supports_emphasis(adapter: Any) -> bool:
+    """Whether the model's attention applies ``position_bias`` (SDPA does; eager would
+    silently ignore it, so emphasis is off there)."""
+    model = getattr(adapter, "model", None)
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == "sdpa"
+
+
+def resolve(adapter: Any, requested: float | None) -> float:
+    """Effective emphasis: the request's (or tenant's) value, else the model default;
+    0.0 where the model cannot apply it."""
+    value = default_emphasis(adapter) if requested is None else float(requested)
+    if value <= 0.0 or not supports_emphasis(adapter):
+        return 0.0
+    return min(value, MAX_EMPHASIS)
+
+
+def _fill(row: torch.Tensor, value: float, spans: Sequence[tuple[int, int]], shift: int,
+          limit: int) -> bool:
+    """Set ``row[shift + s : shift + e]`` to ``value`` for each span (clipped); any set?"""
+    hit = False
+    for s, e in spans:
+        lo, hi = max(0, shift + int(s)), min(limit, shift + int(e))
+        if hi > lo:
+            row[lo:hi] = value
+            hit = True
+    return hit
+
+
+def prefill_bias(emphasis: float, spans: Spans, kv_len: int, device: Any,
+                 dtype: torch.dtype) -> torch.Tensor | None:
+    """``[1, 1, 1, kv_len]`` bias for a batch-1 prefill (None: no emphasis, pass nothing)."""
+    if not emphasis or not spans:
+        return None
+    bias = torch.zeros(kv_len, dtype=torch.float32)
+    if not _fill(bias, emphasis, spans, 0, kv_len):
+        return None
+    return bias.to(device=device, dtype=dtype).view(1, 1, 1, kv_len)
+
+
+def decode_bias(rows: Sequence[Any], pads: Sequence[int], width: int, device: Any,
+                dtype: torch.dtype) -> torch.Tensor | None:
+    """``[B, 1, 1, width + 1]`` bias for one decoding step that appends a column (None when
+    no row is emphasised). Row ``i``'s absolute position ``p`` is column ``pads[i] + p``."""
+    if not any(getattr(r, "emphasis", 0.0) and getattr(r, "emphasis_spans", ()) for r in rows):
+        return None
+    cols = width + 1
+    bias = torch.zeros(len(rows), cols, dtype=torch.float32)
+    hit = False
+    for i, row in enumerate(rows):
+        if row.emphasis and row.emphasis_spans:
+            hit |= _fill(bias[i], row.emphasis, row.emphasis_spans, pads[i], cols)
+    if not hit:
+        return None
+    return bias.to(device=device, dtype=dtype, non_blocking=True).view(len(rows), 1, 1, cols)

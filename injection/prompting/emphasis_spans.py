@@ -1,0 +1,91 @@
+"""Which key positions attention emphasis applies to: the member's memory text tokens.
+
+The injected system turn is ``segment`` (the chain: tenant ids, then member ids = the
+separator, the member's text, the end of the turn). Emphasis goes to the tokens of the
+member's own text only: never the template's header or footer, the separator, or the
+tenant's instructions. Found token-exactly: the segment is tokenised exactly as the chain
+tokenises it (the ids are checked against the chain's), and a token belongs to a text
+when its characters overlap the text's characters. Positions are absolute (from the
+start of the sequence): the segment starts the sequence.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from injection.base import ExecutionRequest, SegmentSplit
+from injection.engine import emphasis as _emphasis
+
+__all__ = ["emphasis_for", "member_texts", "text_spans"]
+
+Spans = tuple[tuple[int, int], ...]
+
+
+def member_texts(req: ExecutionRequest) -> list[str]:
+    """The member's texts in the system turn: its memories, else its preference."""
+    if req.memories:
+        return [m.text.strip() for m in req.memories if m.text.strip()]
+    return [req.preference_text.strip()] if req.preference_text.strip() else []
+
+
+def emphasis_for(adapter: Any, req: ExecutionRequest, segment: str,
+                 split: SegmentSplit | None, *, on: bool) -> tuple[float, Spans]:
+    """The effective emphasis of ``req`` and the absolute key spans it applies to; (0, ())
+    when off, when ``on`` is False (nothing personal injected, no batch engine) or when no
+    member token is found."""
+    value = _emphasis.resolve(adapter, req.emphasis) if on else 0.0
+    if not value:
+        return 0.0, ()
+    try:
+        spans = text_spans(adapter.renderer, segment, split, req.instructions,
+                           member_texts(req))
+    except Exception:  # noqa: BLE001 - a tokenizer quirk costs the emphasis, never the reply
+        spans = ()
+    return (value, spans) if spans else (0.0, ())
+
+
+def _encode_with_offsets(renderer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    tok = renderer.tokenizer
+    bos = getattr(tok, "bos_token", None)
+    add = not (bos and text.startswith(bos))  # as ChatRenderer.encode(first=True)
+    enc = tok(text, add_special_tokens=add, return_offsets_mapping=True)
+    return list(enc["input_ids"]), [tuple(o) for o in enc["offset_mapping"]]
+
+
+def text_spans(renderer: Any, segment: str, split: SegmentSplit | None, instructions: str,
+               texts: Sequence[str]) -> Spans:
+    """Token spans ``[(start, end), ...]`` of ``texts`` (found in order) in ``segment``,
+    after the tenant's part: its split when there is one, else its instructions' text."""
+    ids, offsets = _encode_with_offsets(renderer, segment)
+    if ids != renderer.encode(segment, first=True):
+        return ()
+    first_tok, cursor = 0, 0
+    if split is not None:
+        if tuple(ids) != split.tenant_ids + split.member_ids:
+            return ()
+        first_tok, cursor = len(split.tenant_ids), len(split.tenant_text)
+    elif instructions.strip() and (at := segment.find(instructions.strip())) >= 0:
+        cursor = at + len(instructions.strip())
+    spans: list[tuple[int, int]] = []
+    for text in texts:
+        at = segment.find(text, cursor) if text else -1
+        if at < 0:
+            continue
+        lo, hi = at, at + len(text)
+        cursor = hi
+        toks = [i for i, (a, b) in enumerate(offsets)
+                if i >= first_tok and b > a and a < hi and b > lo]
+        if toks:
+            spans.append((toks[0], toks[-1] + 1))  # a text's tokens are contiguous
+    return _merge(spans)
+
+
+def _merge(spans: list[tuple[int, int]]) -> Spans:
+    out: list[tuple[int, int]] = []
+    for s, e in sorted(spans):
+        if out and s <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return tuple(out)
