@@ -23,6 +23,7 @@ from tenants.admin.members import (
     MemberChangeForm,
     TokensGoWithTheirMember,
 )
+from tenants.admin.memories import MemoryAdmin, MemoryForm
 from tenants.admin.preferences import PreferenceAdmin, PreferenceForm
 from tenants.admin.scoping import Scope, TenantScopedAdmin, admin_scope, in_scope, scope_queryset
 from tenants.admin.tenants import TenantAdmin, TenantForm
@@ -41,6 +42,8 @@ __all__ = [
     "MemberAddForm",
     "MemberAdmin",
     "MemberChangeForm",
+    "MemoryAdmin",
+    "MemoryForm",
     "PlatformGroupAdmin",
     "PlatformUserAdmin",
     "PreferenceAdmin",

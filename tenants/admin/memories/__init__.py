@@ -1,0 +1,95 @@
+"""Members' memories in the admin (issue 22): tenant admins list, add, edit, enable/disable
+and delete the memories of their own tenant's members; superusers everyone's. Every write
+goes through ``tenants.actions.memories`` (audited with old/new text, the member's cached
+segment invalidated); a member's first memory is their preference."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+
+from tenants import actions
+from tenants.actions.memories import clean_text, max_per_member
+from tenants.admin.scoping import TenantScopedAdmin
+from tenants.errors import InvalidInput
+from tenants.models import Memory
+
+
+class MemoryForm(forms.ModelForm):
+    class Meta:
+        model = Memory
+        fields = ("member", "text", "enabled", "pinned")
+        widgets = {"text": forms.Textarea(attrs={"rows": 3, "cols": 80})}
+
+    def clean_text(self):
+        try:
+            return clean_text(self.cleaned_data.get("text"))
+        except InvalidInput as exc:
+            raise forms.ValidationError(exc.message) from exc
+
+    def clean(self):
+        data = super().clean()
+        member, limit = data.get("member"), max_per_member()
+        if not self.instance.pk and member is not None and actions.member_memories(
+                member).count() >= limit:
+            self.add_error("member", f"This member has {limit} memories already (the most "
+                                     "allowed, MEMORY_MAX_PER_MEMBER); delete one first.")
+        return data
+
+
+@admin.register(Memory)
+class MemoryAdmin(TenantScopedAdmin):
+    form = MemoryForm
+    list_display = ("member", "text_preview", "enabled", "pinned", "position", "source",
+                    "updated_at")
+    list_filter = ("enabled", "pinned", "source")
+    list_select_related = ("member__user", "member__tenant")
+    search_fields = ("member__user__username", "text")
+    autocomplete_fields = ("member",)
+    actions = ("disable_memories", "enable_memories", "delete_selected")
+
+    @admin.display(description="text")
+    def text_preview(self, obj: Memory) -> str:
+        return obj.text if len(obj.text) <= 80 else obj.text[:79] + "…"
+
+    def get_fields(self, request, obj=None):
+        fields = ("member", "text", "enabled", "pinned")
+        return fields + ("position", "source", "created_at", "updated_at") if obj else fields
+
+    def get_readonly_fields(self, request, obj=None):
+        return ("member", "position", "source", "created_at", "updated_at") if obj else ()
+
+    def save_model(self, request, obj, form, change):
+        data = form.cleaned_data
+        fields = {"text": data["text"], "enabled": data["enabled"], "pinned": data["pinned"]}
+        if change:
+            saved = self.run_action(request, actions.do_update_memory, obj.member, obj.pk,
+                                    **fields)
+        else:
+            saved = self.run_action(request, actions.do_create_memory, data["member"],
+                                    source=Memory.Source.TENANT_ADMIN, **fields)
+        obj.pk, obj.position, obj.source = saved.pk, saved.position, saved.source
+
+    def delete_model(self, request, obj):
+        self.run_action(request, actions.do_delete_memory, obj.member, obj.pk)
+
+    def delete_queryset(self, request, queryset):
+        for memory in queryset.select_related("member__user", "member__tenant"):
+            self.delete_model(request, memory)
+
+    def _set_enabled(self, request, queryset, enabled: bool) -> None:
+        count = 0
+        for memory in queryset.select_related("member__user", "member__tenant"):
+            self.run_action(request, actions.do_update_memory, memory.member, memory.pk,
+                            enabled=enabled)
+            count += 1
+        state = "enabled" if enabled else "disabled"
+        self.message_user(request, f"{count} memory(ies) {state}.", messages.SUCCESS)
+
+    @admin.action(description="Disable selected memories")
+    def disable_memories(self, request, queryset):
+        self._set_enabled(request, queryset, False)
+
+    @admin.action(description="Enable selected memories")
+    def enable_memories(self, request, queryset):
+        self._set_enabled(request, queryset, True)
