@@ -68,6 +68,9 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     alpha = params.get("alpha")
     if alpha is None:
         alpha = pref.alpha if pref else DEFAULT_ALPHA
+    emphasis = params.get("emphasis")  # the request's, else the tenant's, else the model's
+    if emphasis is None:
+        emphasis = getattr(member.tenant, "memory_emphasis", None)
     return ExecutionRequest(
         tenant=str(member.tenant_id),
         user=str(member.pk),
@@ -78,6 +81,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         injection_enabled=bool(memories) or bool(pref and pref.enabled),
         memories=memories,
         alpha=float(alpha),
+        emphasis=None if emphasis is None else float(emphasis),
         max_new_tokens=int(params.get("max_new_tokens") or settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
         temperature=float(params.get("temperature") or 0.0),
         top_p=float(params.get("top_p") or 1.0),

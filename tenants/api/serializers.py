@@ -36,6 +36,12 @@ class ChatRequestSerializer(serializers.Serializer):
         required=False, min_value=0.0, max_value=1.0,
         help_text="Injection strength override (values only); capped by the engine's KV_ALPHA_CAP.",
     )
+    emphasis = StrictFloatField(
+        required=False, min_value=0.0, max_value=8.0,
+        help_text="Attention emphasis on your memories (nats added to the attention logits "
+                  "towards their tokens; 0 = off). Default: the tenant's setting, else the "
+                  "model's.",
+    )
 
     def get_fields(self):
         fields = super().get_fields()
@@ -89,6 +95,9 @@ class CacheInfoSerializer(serializers.Serializer):
         help_text="Earlier messages of the conversation that fitted the model's context.")
     fingerprint = serializers.CharField(help_text="Model identity the K/V belongs to.")
     alpha_effective = serializers.FloatField()
+    emphasis_effective = serializers.FloatField(
+        required=False, help_text="Attention emphasis applied to the memories' tokens (nats; "
+                                  "0: off).")
     kv_tokens = serializers.IntegerField()
     kv_layers_count = serializers.IntegerField()
     kv_bytes_cpu = serializers.IntegerField()

@@ -110,6 +110,8 @@ class ChatView(MemberView):
             "temperature": data.get("temperature", 0.0),
             "top_p": data.get("top_p", 1.0),
             "alpha": data.get("alpha"),
+            # only when sent: the idempotency hash of requests without it stays as it was
+            **({"emphasis": data["emphasis"]} if data.get("emphasis") is not None else {}),
         }
         check_fits(chat_model_path(), [data["message"], *_context_texts(member)],
                    params["max_new_tokens"])

@@ -73,6 +73,10 @@ class StreamOptionsSerializer(StrictSerializer):
 class ExtensionSerializer(StrictSerializer):
     alpha = serializers.FloatField(required=False, min_value=0.0, max_value=1.0,
                                    help_text="Injection strength override (values only).")
+    emphasis = serializers.FloatField(
+        required=False, min_value=0.0, max_value=8.0,
+        help_text="Attention emphasis on the member's memories (nats; 0 = off; default: the "
+                  "tenant's setting, else the model's).")
     conversation = serializers.IntegerField(
         required=False, min_value=1, max_value=PK_MAX,
         help_text="Append this exchange to one of your conversations (default: a new one "
@@ -207,6 +211,8 @@ def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
         "seed": data.get("seed"),
         "stop": data.get("stop") or [],
         "alpha": ext.get("alpha"),
+        # only when sent: the idempotency hash of requests without it stays as it was
+        **({"emphasis": ext["emphasis"]} if ext.get("emphasis") is not None else {}),
         "user": data.get("user") or None,
         "history": [{"role": m["role"], "content": m["content"]} for m in data["messages"][:-1]],
     }
