@@ -27,6 +27,8 @@ def test_create_adduser_list():
     token = ApiToken.objects.get(key_hash=ApiToken.hash_key(key))
     assert token.member.user.username == "alice" and token.tenant.slug == "acme"
     assert token.member.preference.text == "vegetarian"
+    # the preference is the member's first memory (issue 22)
+    assert list(token.member.memories.values_list("text", flat=True)) == ["vegetarian"]
     run("adduser", "acme", "boss", "--admin")
     boss = Member.objects.get(user__username="boss")
     assert boss.role == Member.Role.ADMIN and boss.user.is_staff
