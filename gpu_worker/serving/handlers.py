@@ -10,6 +10,7 @@ import logging
 import os
 from typing import Any
 
+from gpu_worker.channels import linkcast
 from gpu_worker.serving import host
 from gpu_worker.serving.state import STATE
 
@@ -63,6 +64,20 @@ def on_stats(message: dict) -> dict[str, Any]:
     return {**_identity(), "stats": executor.stats() if executor is not None else None}
 
 
+def on_conv_link(message: dict) -> dict[str, Any] | None:
+    """Another worker replaced a conversation's link: drop this process's stale copies
+    (gpu_worker.channels.linkcast)."""
+    executor = host.current_executor()
+    if executor is None:
+        return None
+    old, new = linkcast.key_of(message.get("old")), linkcast.key_of(message.get("new"))
+    if old.tenant != new.tenant or new.tenant != str(message.get("tenant")):
+        raise ValueError("conv_link keys of different tenants")
+    dropped = executor.conversations.drop_stale(old, new, int(message["tokens"]),
+                                                str(message["digest"]))
+    return {**_identity(), "dropped": dropped}
+
+
 def on_rotate_key(message: dict) -> dict[str, Any]:
     """Sign L2 with the new key generation; drop L1 (it may hold entries read under the old)."""
     changed = host.set_key_generation(str(message["generation"]))
@@ -74,4 +89,5 @@ HANDLERS = {
     "clear_all": on_clear_all,
     "stats": on_stats,
     "rotate_key": on_rotate_key,
+    linkcast.OP: on_conv_link,
 }

@@ -100,7 +100,7 @@ def close_executor(timeout: float = 5.0) -> bool:
 
 
 def _build_executor():
-    from gpu_worker.channels import control, kvstore
+    from gpu_worker.channels import control, kvstore, linkcast
     from injection import build_executor, load_adapter
 
     path = model_path()
@@ -127,6 +127,8 @@ def _build_executor():
         conversation_member_max_bytes=(None if settings.KV_CONVERSATION_MEMBER_MAX_BYTES < 0
                                        else settings.KV_CONVERSATION_MEMBER_MAX_BYTES),
     )
+    # other workers drop their L1 copies of the conversation links this one replaces
+    executor.conversations.on_replaced = linkcast.LinkBroadcaster()
     log.info("model ready: fingerprint=%s device=%s batch=%s", adapter.fingerprint[:16],
              adapter.device, executor.engine.max_batch if executor.engine else 1)
     return executor

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import hashlib
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from injection.base import CacheKey, KVStore
 from injection.kvcache.packed import PackedKV
 from injection.metrics import Metrics
 
-__all__ = ["ConversationStore", "common_prefix", "messages_hash"]
+__all__ = ["ConversationStore", "common_prefix", "link_digest", "messages_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,11 @@ def common_prefix(a: tuple[int, ...] | list[int], b: list[int]) -> int:
     while i < n and a[i] == b[i]:
         i += 1
     return i
+
+
+def link_digest(token_ids: tuple[int, ...] | list[int]) -> str:
+    """A short digest of a link's token ids (which copy of a conversation's link)."""
+    return hashlib.sha256(",".join(map(str, token_ids)).encode()).hexdigest()[:32]
 
 
 def messages_hash(messages: list[dict[str, str]]) -> str:
@@ -59,6 +65,9 @@ class ConversationStore:
     def __init__(self, l1: KVStore | None, l2: KVStore | None, metrics: Metrics, *,
                  max_bytes: int) -> None:
         self.l1, self.l2, self.metrics, self.max_bytes = l1, l2, metrics, int(max_bytes)
+        # told (old key, new key, new link) after a turn replaced a link, so the host can
+        # have the other workers drop their L1 copies of the superseded one (drop_stale)
+        self.on_replaced: Callable[[CacheKey, CacheKey, PackedKV], None] | None = None
 
     @property
     def enabled(self) -> bool:
@@ -102,7 +111,30 @@ class ConversationStore:
         stored = bool(self._call("l1", self.l1, "put", key, kv))
         self._call("l2", self.l2, "put", key, kv)
         self.metrics.incr("conv_stored")
+        if replaces is not None and self.on_replaced is not None:
+            try:
+                self.on_replaced(replaces, key, kv)
+            except Exception as exc:  # the broadcast costs other workers' memory, not replies
+                self.metrics.incr("conv_replaced_errors")
+                log.warning("superseded link not announced (%s)", type(exc).__name__)
         return stored
+
+    def drop_stale(self, old: CacheKey, new: CacheKey, tokens: int, digest: str) -> int:
+        """Another worker replaced ``old`` with a link of ``tokens`` tokens (``digest``):
+        drop this L1's copy of ``old`` and, under ``new``, anything that is not that link
+        or its continuation (a shorter, older copy). Returns how many entries went."""
+        if self.l1 is None:
+            return 0
+        dropped = 0
+        if old != new and self.l1.discard(old):
+            dropped += 1
+        peek = getattr(self.l1, "peek", None)
+        mine = peek(new) if peek is not None else None
+        if mine is not None and not (mine.num_tokens >= tokens
+                                     and link_digest(mine.token_ids[:tokens]) == digest):
+            dropped += int(self.l1.discard(new))
+        self.metrics.incr("conv_superseded_dropped", dropped)
+        return dropped
 
     def _get(self, key: CacheKey) -> PackedKV | None:
         if not self.enabled:

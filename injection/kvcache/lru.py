@@ -155,6 +155,13 @@ class TenantLRU(KVStore):
             self._invalidations += len(keys)
             return len(keys)
 
+    def peek(self, key: CacheKey) -> PackedKV | None:
+        """The entry for ``key`` without touching recency or counters."""
+        with self._lock:
+            t = self._tenants.get(key.tenant)
+            entry = t.entries.get(key) if t is not None else None
+            return entry.kv if entry is not None else None
+
     def discard(self, key: CacheKey) -> bool:
         """Drop one entry (a conversation's superseded link); True if it was there."""
         with self._lock:

@@ -153,3 +153,22 @@ def test_deleting_a_conversation_drops_the_members_kv_links(member, subscriber):
     messages = subscriber.drain(2.0, until=bool)
     assert [(m["op"], m["user"]) for m in messages] == [("invalidate", str(member.pk))]
     assert kvstore.l2_tier().get(key) is None
+
+
+
+def test_deactivating_a_tenant_drops_its_shared_tenant_segment_and_member_entries(
+        member, subscriber):
+    """The tenant segment is filed under the reserved user "~tenant", which no member's
+    scope covers. Tenants are never deleted (their audit log protects them): deactivating
+    one invalidates the whole tenant, segment included (Redis and every L1)."""
+    from injection.kvcache.chain import TENANT_USER
+
+    tier = kvstore.l2_tier()
+    seg = CacheKey(str(member.tenant_id), TENANT_USER, "instructions-hash", "test-fingerprint")
+    assert tier.put(seg, PackedKV(torch.zeros(2, 1, 3, 4), torch.ones(2, 1, 3, 4), [1, 2, 3]))
+    mkey = put_l2_entry(member)
+    subscriber.drain(0.3)
+    actions.do_set_tenant_active(member.tenant, False)
+    messages = subscriber.drain(3.0, until=lambda got: any(m["user"] is None for m in got))
+    assert ("invalidate", None) in [(m["op"], m["user"]) for m in messages]
+    assert tier.get(seg) is None and tier.get(mkey) is None
