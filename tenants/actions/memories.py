@@ -15,7 +15,7 @@ from django.db.models import Max, QuerySet
 
 from tenants.actions.base import assert_actor_may_manage, audit
 from tenants.actions.cache import invalidate_on_commit
-from tenants.errors import InvalidInput, NotFound
+from tenants.errors import Conflict, InvalidInput, NotFound
 from tenants.models import AuditEvent, Member, Memory, Preference
 
 PK_MAX = 2**63 - 1
@@ -152,9 +152,9 @@ def do_reorder_memories(member: Member, order: list[int], *, actor=None) -> list
     _lock_member(member)
     memories = list(member_memories(member).select_for_update())
     by_id = {m.pk: m for m in memories}
-    if len(order) != len(set(order)) or set(order) != set(by_id):
-        raise InvalidInput("order must list each of your memory ids exactly once.",
-                           fields={"order": ["Not exactly your memory ids."]})
+    if len(order) != len(set(order)) or set(order) != set(by_id):  # e.g. changed meanwhile
+        raise Conflict("order must list each of your current memory ids exactly once; "
+                       "re-read /api/memories and retry.")
     old = [m.pk for m in memories]
     if old == list(order):
         return memories

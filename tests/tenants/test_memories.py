@@ -11,7 +11,7 @@ from django.apps import apps
 from django.db import transaction
 
 from tenants import actions
-from tenants.errors import Forbidden, InvalidInput, NotFound
+from tenants.errors import Conflict, Forbidden, InvalidInput, NotFound
 from tenants.models import AuditEvent, AuditLog, KVInvalidation, Memory, Preference
 
 pytestmark = pytest.mark.django_db
@@ -112,9 +112,9 @@ def test_reorder(acme):
     first = actions.member_memories(acme.user).get()
     m = actions.do_create_memory(acme.user, text="I live in Lyon.")
     since = last_outbox()
-    with pytest.raises(InvalidInput):
+    with pytest.raises(Conflict):
         actions.do_reorder_memories(acme.user, [m.pk])
-    with pytest.raises(InvalidInput):
+    with pytest.raises(Conflict):
         actions.do_reorder_memories(acme.user, [m.pk, m.pk])
     actions.do_reorder_memories(acme.user, [m.pk, first.pk])
     assert texts(acme.user) == ["I live in Lyon.", "acme-secret vegetarian, no spicy food"]

@@ -60,7 +60,9 @@ def test_reorder_through_the_api(acme):
     assert [m["id"] for m in response.json()["results"]] == [second, first]
     assert client.get("/api/preference").json()["text"] == "I live in Lyon."
     response = send(client, "put", "/api/memories/order", {"order": [second]})
-    assert response.status_code == 400 and "order" in response.json()["error"]["fields"]
+    assert response.status_code == 409 and response.json()["error"]["code"] == "conflict"
+    response = send(client, "put", "/api/memories/order", {"order": ["1"], "x": 1})
+    assert response.status_code == 400 and set(response.json()["error"]["fields"]) == {"x"}
 
 
 def test_other_members_and_tenants_ids_are_404(acme, globex):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.conf import settings
+from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
@@ -27,12 +28,25 @@ class StrictSerializer(serializers.Serializer):
         return super().to_internal_value(data)
 
 
+class StrictSerializerSchema(OpenApiSerializerExtension):
+    """The schema says it too: ``additionalProperties: false``."""
+
+    target_class = StrictSerializer
+    match_subclasses = True
+
+    def map_serializer(self, auto_schema, direction):
+        schema = auto_schema._map_basic_serializer(self.target, direction)
+        return {**schema, "additionalProperties": False}
+
+
 @extend_schema_field({"type": "string", "minLength": 1, "pattern": NOT_BLANK_NO_NUL})
 class MemoryTextField(StrictCharField):
     """Bounded by MEMORY_MAX_CHARS when the serializer is built."""
 
 
 class MemoryWriteSerializer(StrictSerializer):
+    """A memory's fields (PATCH: any of them)."""
+
     enabled = StrictBooleanField(required=False, help_text="Used in replies (default true).")
     pinned = StrictBooleanField(required=False, help_text="Always in your cached segment "
                                                           "(default false).")
@@ -49,6 +63,8 @@ class MemoryWriteSerializer(StrictSerializer):
 
 
 class MemoryOrderSerializer(StrictSerializer):
+    """The new order of all your memories."""
+
     order = serializers.ListField(
         child=StrictIntegerField(min_value=1), allow_empty=True,
         help_text="Each of your memory ids exactly once, in the new order.")

@@ -50,8 +50,9 @@ class MemoryListView(MemberView):
 
 class MemoryOrderView(MemberView):
     @extend_schema(request=MemoryOrderSerializer,
-                   responses={200: MemoryListSerializer, **_errors(*_BODY)},
-                   summary="Reorder your memories (the first is your preference)")
+                   responses={200: MemoryListSerializer, **_errors(*_BODY, 409)},
+                   summary="Reorder your memories (the first is your preference); 409 unless "
+                           "`order` lists each of your current memory ids once")
     def put(self, request):
         member = request_member(request)
         body = MemoryOrderSerializer(data=request.data)
