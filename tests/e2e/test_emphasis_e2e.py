@@ -72,3 +72,20 @@ def test_request_then_tenant_then_model_default(live_server, gpu_worker, alice, 
         "kvinject": {"emphasis": 1.5}})
     assert status == 200, v1
     assert v1["kvinject"]["cache"]["emphasis_effective"] == 1.5
+
+
+def test_the_playground_sends_and_shows_the_emphasis(gpu_worker):
+    from tests.tenants.conftest import admin_client, make_world
+
+    world = make_world("acme", "acme-secret vegetarian, no spicy food")
+    client = admin_client("acme-admin", "pw-admin-123")
+    form = {"member": world.user.pk, "message": "What should I cook?",
+            "preference": world.user.preference.text}
+    refused = client.post("/admin/playground/", {**form, "emphasis": "9"})
+    assert "emphasis" in refused.context["form"].errors
+    response = client.post("/admin/playground/", {**form, "emphasis": "2.5"})
+    results = response.context["results"]
+    mine, plain = results["personalised"], results["plain"]
+    assert "error" not in mine, (results, gpu_worker.log_tail())
+    assert mine["emphasis_effective"] == 2.5 and plain["emphasis_effective"] == 0.0
+    assert '<dd class="kvi-emphasis">2.5</dd>' in response.content.decode()
