@@ -78,6 +78,7 @@ def build_executor(
     conversation_l1_max_bytes: int = 1 * GiB,
     conversation_member_max_bytes: int | None = None,
     tenant_pin_idle_seconds: float = 600.0,
+    pinned_pool_max_bytes: int | None = None,
 ) -> InjectionExecutor:
     """An executor with a TenantLRU L1 and, given a Redis client, an HMAC-signed L2.
 
@@ -90,14 +91,19 @@ def build_executor(
     of its own, of which one member holds at most ``conversation_member_max_bytes``:
     default a quarter, never less than one conversation); 0 generates one request at a
     time. A tenant segment stays pinned in L1 while the tenant has member entries there
-    or used it within ``tenant_pin_idle_seconds``.
+    or used it within ``tenant_pin_idle_seconds``. Device-to-host K/V copies reuse the
+    process's pool of pinned buffers (``injection.hostmem``), bounded by
+    ``pinned_pool_max_bytes`` (default: L1's bound and a quarter).
     Models whose cache has sliding-window or hybrid layers always use the latter.
     """
     from injection.engine.executor import InjectionExecutor
+    from injection.hostmem import HOST_POOL
     from injection.kvcache.lru import TenantLRU
     from injection.kvcache.redis_tier import RedisKVTier
     from injection.kvcache.signing import CacheKeySigner
 
+    HOST_POOL.max_bytes = int(pinned_pool_max_bytes if pinned_pool_max_bytes is not None
+                              else l1_max_bytes + l1_max_bytes // 4)
     l1 = TenantLRU(
         max_bytes=l1_max_bytes, max_entries=l1_max_entries,
         tenant_quota_bytes=min(l1_tenant_quota_bytes, l1_max_bytes),

@@ -6,14 +6,17 @@ import time
 
 import torch
 
+from injection.hostmem import HOST_POOL
+
 __all__ = ["KVTimer", "to_host"]
 
 
 def to_host(t: torch.Tensor) -> torch.Tensor:
-    """CPU copy of ``t``; into pinned memory when CUDA is present (one copy)."""
+    """CPU copy of ``t``; into a pooled pinned buffer when CUDA is present (one copy,
+    reused once the entry it held is gone: ``injection.hostmem``)."""
     if t.is_cpu:
         return t
-    host = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
+    host = HOST_POOL.empty(t.shape, t.dtype)
     host.copy_(t)  # synchronous D2H: the result is complete when returned
     return host
 

@@ -60,8 +60,12 @@ def on_clear_all(message: dict) -> dict[str, Any]:
 
 
 def on_stats(message: dict) -> dict[str, Any]:
+    from injection.hostmem import HOST_POOL
+
     executor = host.current_executor()
-    return {**_identity(), "stats": executor.stats() if executor is not None else None}
+    stats = ({**executor.stats(), "host_pool": HOST_POOL.stats()}
+             if executor is not None else None)
+    return {**_identity(), "stats": stats}
 
 
 def on_conv_link(message: dict) -> dict[str, Any] | None:

@@ -102,6 +102,9 @@ def close_executor(timeout: float = 5.0) -> bool:
 def _build_executor():
     from gpu_worker.channels import control, kvstore, linkcast
     from injection import build_executor, load_adapter
+    from injection.hostmem import pinned_allocator_options
+
+    pinned_allocator_options()  # torch's pinned-memory options, before CUDA starts
 
     path = model_path()
     log.info("loading model from %s", path)

@@ -52,7 +52,7 @@ def kind_of(key: CacheKey) -> str:
 
 def kind_stats(counters: dict[str, int], l1: Any, conv_l1: Any) -> dict[str, dict[str, int]]:
     """Per kind: L1 entries and bytes, hits and misses per tier (this process's counters)."""
-    out = {k: {"entries": 0, "bytes": 0} for k in KINDS}
+    out = {k: {"entries": 0, "bytes": 0, "tensor_bytes": 0, "pinned_bytes": 0} for k in KINDS}
     stores = [(l1, kind_of)] + ([(conv_l1, lambda k: "conversation")]
                                 if conv_l1 is not None and conv_l1 is not l1 else [])
     for store, classify in stores:

@@ -36,8 +36,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from injection.base import CacheKey, KVStore
+from injection.hostmem import held_bytes
 from injection.kvcache.chain import TENANT_USER
-from injection.kvcache.lru_plan import plan_put
+from injection.kvcache.lru_plan import check_integrity, plan_put
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["TenantLRU"]
@@ -49,6 +50,7 @@ class _Entry:
     nbytes: int
     tick: int
     used: float = 0.0  # clock() at the last put/get (a tenant segment's pin)
+    pinned: bool = False  # page-locked host memory (nbytes: as the allocator rounds it)
 
 
 @dataclass
@@ -68,7 +70,8 @@ class TenantLRU(KVStore):
     """Thread-safe L1 cache of CPU :class:`PackedKV`, partitioned by tenant.
 
     Args:
-        max_bytes: bound on the sum of ``PackedKV.nbytes`` of all entries.
+        max_bytes: bound on the bytes all entries hold (``accounted_bytes``: pinned
+            blocks as the allocator rounds them, not ``PackedKV.nbytes``).
         max_entries: bound on the number of entries.
         tenant_quota_bytes: per-tenant byte cap (default: ``max_bytes``).
         user_quota_bytes: per-(tenant, user) byte cap (default: none).
@@ -123,7 +126,7 @@ class TenantLRU(KVStore):
         # Cached tensors must live on CPU (GPU memory is per request only).
         if not (kv.keys.is_cpu and kv.values.is_cpu):
             raise ValueError(f"TenantLRU caches CPU tensors only, got {kv.device}")
-        size = kv.nbytes
+        size = accounted_bytes(kv)
         with self._lock:
             plan = plan_put(self, key, size, self._pinned(), TENANT_USER)
             if plan is None:  # nothing was changed
@@ -136,7 +139,7 @@ class TenantLRU(KVStore):
                 self._remove(vt, victim)
                 vt.evictions += 1
             self._tick += 1
-            t.entries[key] = _Entry(kv, size, self._tick, self._clock())
+            t.entries[key] = _Entry(kv, size, self._tick, self._clock(), kv.is_pinned())
             t.bytes += size
             t.others += key.user != TENANT_USER
             self._bytes += size
@@ -174,9 +177,8 @@ class TenantLRU(KVStore):
         with self._lock:
             for t in self._tenants.values():
                 for k, e in t.entries.items():
-                    row = out.setdefault(classify(k), {"entries": 0, "bytes": 0})
-                    row["entries"] += 1
-                    row["bytes"] += e.nbytes
+                    row = out.setdefault(classify(k), dict.fromkeys(USAGE_FIELDS, 0))
+                    _add(row, e)
         return out
 
     def clear(self, tenant: str | None = None) -> int:
@@ -205,6 +207,7 @@ class TenantLRU(KVStore):
                 "max_bytes": self.max_bytes,
                 "max_entries": self.max_entries,
                 "tenant_quota_bytes": self.tenant_quota_bytes,
+                **self._memory(),
                 **{f: sum(p[f] for p in per.values()) for f in _TENANT_STATS[1:]},
                 "invalidations": self._invalidations,
                 "rejected": self._rejected,
@@ -230,27 +233,17 @@ class TenantLRU(KVStore):
     def check_integrity(self) -> None:
         """Recompute every total from the entries; raise AssertionError on any drift."""
         with self._lock:
-            total_b = total_n = 0
-            for name, t in self._tenants.items():
-                b, last = 0, 0
-                for k, e in t.entries.items():
-                    _require(k.tenant == name, f"key {k} filed under tenant {name!r}")
-                    _require(e.nbytes == e.kv.nbytes, f"entry {k} size drifted")
-                    _require(e.kv.keys.is_cpu and e.kv.values.is_cpu, f"entry {k} not on CPU")
-                    _require(last < e.tick <= self._tick, f"tenant {name!r} recency broken at {k}")
-                    b, last = b + e.nbytes, e.tick
-                _require(b == t.bytes, f"tenant {name!r} bytes {t.bytes} != recomputed {b}")
-                others = sum(k.user != TENANT_USER for k in t.entries)
-                _require(others == t.others, f"tenant {name!r} member count drifted")
-                _require(b <= self.tenant_quota_bytes, f"tenant {name!r} over quota")
-                total_b += b
-                total_n += len(t.entries)
-            _require(total_b == self._bytes, f"bytes {self._bytes} != recomputed {total_b}")
-            _require(total_n == self._count, f"entries {self._count} != recomputed {total_n}")
-            _require(total_b <= self.max_bytes, "over max_bytes")
-            _require(total_n <= self.max_entries, "over max_entries")
+            check_integrity(self, accounted_bytes, TENANT_USER)
 
     # -- internals (caller holds the lock) --------------------------------------
+    def _memory(self) -> dict[str, int]:
+        """Bytes as tensors (``tensor_bytes``) and of them in pinned memory, accounted."""
+        row = dict.fromkeys(USAGE_FIELDS, 0)
+        for t in self._tenants.values():
+            for e in t.entries.values():
+                _add(row, e)
+        return {"tensor_bytes": row["tensor_bytes"], "pinned_bytes": row["pinned_bytes"]}
+
     def _tenant(self, name: str) -> _Tenant:
         t = self._tenants.get(name)
         if t is None:
@@ -279,6 +272,18 @@ class TenantLRU(KVStore):
         return frozenset(out)
 
 
-def _require(ok: bool, msg: str) -> None:
-    if not ok:
-        raise AssertionError(f"TenantLRU integrity: {msg}")
+USAGE_FIELDS = ("entries", "bytes", "tensor_bytes", "pinned_bytes")
+
+
+def _add(row: dict[str, int], e: _Entry) -> None:
+    """One entry into a usage row: bytes accounted, as tensors, accounted if pinned."""
+    row["entries"] += 1
+    row["bytes"] += e.nbytes
+    row["tensor_bytes"] += e.kv.nbytes
+    row["pinned_bytes"] += e.nbytes if e.pinned else 0
+
+
+def accounted_bytes(kv: PackedKV) -> int:
+    """What an entry holds in host memory: its storages as the allocator holds them
+    (pinned blocks rounded up), not ``kv.nbytes`` (``injection.hostmem``)."""
+    return held_bytes(kv.keys) + held_bytes(kv.values)

@@ -1,4 +1,5 @@
-"""The eviction plan of a :class:`~injection.kvcache.lru.TenantLRU` put, on a simulation.
+"""The eviction plan of a :class:`~injection.kvcache.lru.TenantLRU` put, on a simulation
+(and the cache's integrity check, which recomputes what the plans keep).
 
 Per-tenant (and the newcomer's user's) bytes/counts and LRU cursors as they would be after
 the put, so a refused put evicts nothing. The order in which a tenant gives up entries:
@@ -21,7 +22,7 @@ from typing import Any
 
 from injection.base import CacheKey
 
-__all__ = ["_NEW", "_Simulation", "plan_put"]
+__all__ = ["_NEW", "_Simulation", "check_integrity", "plan_put"]
 
 
 _NEW = object()  # marks the entry being inserted in a _Simulation
@@ -127,3 +128,31 @@ def _pick_victim(lru: Any, sim: _Simulation, by_bytes: bool) -> str:
     over = [n for n in active if (sim.bytes[n] if by_bytes else sim.count[n]) > share]
     # Over a bound, some tenant is always over its share (pigeonhole).
     return min(over or active, key=sim.rank)
+
+
+def check_integrity(lru: Any, accounted: Any, pin_user: str) -> None:
+    """Recompute every total of ``lru`` (lock held); AssertionError on any drift."""
+    total_b = total_n = 0
+    for name, t in lru._tenants.items():
+        b, last = 0, 0
+        for k, e in t.entries.items():
+            _require(k.tenant == name, f"key {k} filed under tenant {name!r}")
+            _require(e.nbytes == accounted(e.kv), f"entry {k} size drifted")
+            _require(e.kv.keys.is_cpu and e.kv.values.is_cpu, f"entry {k} not on CPU")
+            _require(last < e.tick <= lru._tick, f"tenant {name!r} recency broken at {k}")
+            b, last = b + e.nbytes, e.tick
+        _require(b == t.bytes, f"tenant {name!r} bytes {t.bytes} != recomputed {b}")
+        others = sum(k.user != pin_user for k in t.entries)
+        _require(others == t.others, f"tenant {name!r} member count drifted")
+        _require(b <= lru.tenant_quota_bytes, f"tenant {name!r} over quota")
+        total_b += b
+        total_n += len(t.entries)
+    _require(total_b == lru._bytes, f"bytes {lru._bytes} != recomputed {total_b}")
+    _require(total_n == lru._count, f"entries {lru._count} != recomputed {total_n}")
+    _require(total_b <= lru.max_bytes, "over max_bytes")
+    _require(total_n <= lru.max_entries, "over max_entries")
+
+
+def _require(ok: bool, msg: str) -> None:
+    if not ok:
+        raise AssertionError(f"TenantLRU integrity: {msg}")
