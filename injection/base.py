@@ -120,6 +120,9 @@ class ExecutionRequest:
     # text tokens, every layer and head (injection/engine/emphasis.py); 0 = off, exactly
     # today's output; None = the model's default (``emphasis.default_emphasis``)
     emphasis: float | None = None
+    # re-state the member's memories before each user turn once the conversation is deep
+    # (injection/prompting/reminder.py); None = the measured default
+    reminder: bool | None = None
 
 
 @dataclass

@@ -32,10 +32,12 @@ from injection.errors import InvalidRequest, ModelOOMError
 from injection.kvcache.chain import SegmentChain, kind_stats
 from injection.kvcache.conversation import ConversationStore
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
+from injection.memory.recall import MemoryPlanner, RecallOptions
 from injection.metrics import METRICS, Metrics
 from injection.prompting.emphasis_spans import emphasis_for
 from injection.prompting.history import fit_history
 from injection.prompting.output_filter import strip_control_chars, strip_retrieve_fact_calls
+from injection.prompting.reminder import Reminder
 from injection.prompting.template import compose_context
 
 __all__ = ["InjectionExecutor", "content_hash"]
@@ -71,6 +73,7 @@ class InjectionExecutor:
         engine: Any = None,
         conversation_max_bytes: int = 0,
         conversation_l1: KVStore | None = None,
+        memory: RecallOptions | None = None,
     ) -> None:
         if not 0.0 <= min_alpha < alpha_cap:
             raise ValueError("need 0 <= min_alpha < alpha_cap")
@@ -85,6 +88,7 @@ class InjectionExecutor:
             self.conv_l1, l2, self.metrics,
             max_bytes=conversation_max_bytes if engine is not None else 0)
         self.turns = TurnGenerator(adapter, engine, self.conversations)
+        self.memories = MemoryPlanner(adapter, memory, self.metrics)  # budget + recall
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -172,12 +176,15 @@ class InjectionExecutor:
         sampling = sampling_options(req)
         # the member's preference is injected (alpha-scaled); the tenant's instructions
         # are injected whenever they form their own shared segment, never scaled
-        personal = req.injection_enabled and bool(req.preference_text.strip())
+        mem = self.memories.plan(req, on=req.injection_enabled and alpha > self.min_alpha)
+        personal = req.injection_enabled and bool(mem.text.strip())
         personal = personal and alpha > self.min_alpha
-        context = compose_context(req.instructions, req.preference_text if personal else "")
-        messages = self._fit(req, context)
+        context = compose_context(req.instructions, mem.text if personal else "")
+        remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal)
+        messages = self._fit(req, context, remind.apply)
         parts = self.adapter.split_prompt(context, messages) if context else None
-        split = self.chain.split(parts.segment, context, req.instructions) if (
+        parts, head_ctx = mem.cut(self.adapter, parts, context)  # recalled: after the cache
+        split = self.chain.split(parts.segment, head_ctx, req.instructions) if (
             parts is not None and parts.segment) else None
         if not personal and split is None:
             return self._plain(self.adapter.plain_prompt(context, messages), req, sampling,
@@ -189,12 +196,14 @@ class InjectionExecutor:
         t0 = time.perf_counter()
         chash = content_hash(parts.segment)
         emph, spans = emphasis_for(self.adapter, req, parts.segment, split,
-                                   on=personal and self.engine is not None)
+                                   on=personal and self.engine is not None,
+                                   texts=mem.emphasis_texts())
         plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)
         chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
         assert chain.kv.keys.is_cpu and chain.kv.values.is_cpu, "cached K/V must live on CPU"
+        spans += mem.recalled_spans(self.adapter, parts.prompt, chain.kv.num_tokens) if emph else ()
         # the chain is scaled already; a conversation hit continues its link after it
         out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling, spans)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
@@ -216,20 +225,22 @@ class InjectionExecutor:
             finish_reason=out.finish_reason, reused_tokens=reused,
             cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
             emphasis_effective=emph,
-            extra={"segments": chain.tiers, "preference_applied": personal},
+            extra={"segments": chain.tiers, "preference_applied": personal, **mem.extra()},
         )
 
-    def _fit(self, req: ExecutionRequest, context: str) -> list[dict[str, str]]:
-        """History trimmed in whole turns to the model's context (and the request's cap)."""
+    def _fit(self, req: ExecutionRequest, context: str,
+             remind: Callable[[list], list] = list) -> list[dict[str, str]]:
+        """History trimmed in whole turns to the model's context (and the request's cap),
+        with the memory reminders (``remind``) in place."""
         messages = [dict(m) for m in req.messages]
         n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), 0)
         max_pos = getattr(self.adapter, "max_positions", None)
         limit = max_pos - req.max_new_tokens if max_pos else None
-        return fit_history(
-            lambda msgs: self.adapter.prompt_tokens(context, msgs),
+        return remind(fit_history(
+            lambda msgs: self.adapter.prompt_tokens(context, remind(msgs)),
             messages[n_head:-1], messages[-1:], limit=limit,
             history_cap=req.history_token_budget, head=messages[:n_head],
-        )
+        ))
 
     def _plain(
         self, prompt: str, req: ExecutionRequest, sampling: dict[str, Any], *, mode: str,

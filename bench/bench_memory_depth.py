@@ -1,0 +1,286 @@
+"""Memory depth: is the member's memory still followed deep into a conversation?
+
+Each case of bench/memory_cases.py (a memory, a question, an objective check; a tuning set
+and a held-out set) is asked after 0, 4, 8 or 16 unrelated exchanges (fixed, pre-written
+assistant replies: depth costs no generation), greedily, through the real engine
+(``InjectionExecutor`` with an in-process L1 and the worker's batch engine), under every
+condition, in one run:
+
+* ``no memory``: the conversation alone;
+* ``system message``: the memory as the client's system message at the start (baseline);
+* ``platform``: the memory stored and injected (the member segment), each mechanism off;
+* ``+ reminder``: memories re-stated before each user turn past a depth
+  (injection/prompting/reminder.py);
+* ``+ emphasis E``: attention-logit bias towards the memory tokens (``ExecutionRequest.
+  emphasis``; listed with ``--emphasis``);
+* ``20 memories``: the case's memory among 19 unrelated ones (``ExecutionRequest.memories``).
+
+Adherence = replies passing their check. Fluency: empty replies and replies repeating a
+4-gram of words. Time to first token (one ``max_new_tokens=1`` request, segments already
+in L1, median over cases, interleaved): 20 vs 1 memory, reminder on vs off, emphasis on
+vs off, at the deepest depth measured.
+
+Run: ``.venv/bin/python bench/bench_memory_depth.py [--write-docs]``; subsets with
+``--cases N --depths 0,8 --sets tuning --conditions ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import torch  # noqa: E402
+from mdsection import machine, table, write_section  # noqa: E402
+from memory_cases import HELD_OUT, TUNING, conversation, memory_list  # noqa: E402
+
+from injection import InjectionExecutor, TenantLRU, load_adapter  # noqa: E402
+from injection.base import ExecutionRequest, MemoryItem  # noqa: E402
+from injection.engine.batch import BatchEngine  # noqa: E402
+from injection.metrics import Metrics  # noqa: E402
+
+MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", "40"))
+TENANT = "bench-memory-depth"
+FIELDS = {f.name for f in dataclasses.fields(ExecutionRequest)}
+
+
+def model_path() -> Path:
+    if os.environ.get("MODEL_PATH"):
+        return Path(os.environ["MODEL_PATH"])
+    from injection.model.gguf_import import prepare_model
+
+    return prepare_model(ROOT / "var" / "models" / "smollm2-135m-instruct")
+
+
+def conditions(emphases: list[float], reminder: bool, many: str) -> dict[str, dict]:
+    """Name -> options. ``many``: the mechanisms of the "20 memories" condition."""
+    out: dict[str, dict] = {
+        "no memory": {"mode": "none"},
+        "system message": {"mode": "system"},
+        "platform": {"mode": "platform", "reminder": False, "emphasis": 0.0},
+    }
+    if reminder:
+        out["platform + reminder"] = {"mode": "platform", "reminder": True, "emphasis": 0.0}
+    for e in emphases:
+        out[f"platform + emphasis {e:g}"] = {"mode": "platform", "reminder": False, "emphasis": e}
+        if reminder:
+            out[f"platform + reminder + emphasis {e:g}"] = {
+                "mode": "platform", "reminder": True, "emphasis": e}
+    if many:
+        rem = "reminder" in many
+        emph = next((float(p.split("=")[1]) for p in many.split(",") if p.startswith("e=")), 0.0)
+        label = "platform, 20 memories" + (" + reminder" if rem else "") + (
+            f" + emphasis {emph:g}" if emph else "")
+        out[label] = {"mode": "platform", "n": 20, "reminder": rem, "emphasis": emph}
+    return out
+
+
+class Runner:
+    def __init__(self, adapter, batch: int) -> None:
+        self.adapter = adapter
+        self.ex = InjectionExecutor(adapter, l1=TenantLRU(max_bytes=2 * 1024**3), l2=None,
+                                    alpha_cap=1.0, min_alpha=0.0, metrics=Metrics(),
+                                    engine=BatchEngine(adapter, max_batch=batch),
+                                    conversation_max_bytes=512 * 1024**2)
+
+    def request(self, set_name: str, i: int, case, depth: int, cond: dict,
+                n_tokens: int, **kw) -> ExecutionRequest:
+        msgs = kw.pop("messages", None) or conversation(case, depth)
+        kw = {"max_new_tokens": n_tokens, "reuse_conversation": False, **kw}
+        mode = cond["mode"]
+        if mode == "system":
+            kw.update(instructions=case.memory, injection_enabled=False)
+        elif mode == "platform":
+            texts = memory_list(case, i, cond.get("n", 1))
+            kw["preference_text"] = "\n".join(texts)
+            if len(texts) > 1:  # one memory: preference_text, exactly as today
+                kw["memories"] = tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(texts))
+            for name in ("reminder", "emphasis"):
+                if name in FIELDS:
+                    kw[name] = cond.get(name)
+                elif cond.get(name):
+                    raise SystemExit(f"ExecutionRequest has no {name!r} field yet")
+        # one member per case and set; the segment key includes its text and model
+        return ExecutionRequest(TENANT, f"{set_name}-{i}", msgs, **kw)
+
+    def run(self, req: ExecutionRequest) -> str:
+        return self.ex.execute(req).text
+
+
+def repeats(reply: str, n: int = 4) -> bool:
+    """The reply repeats a word n-gram (degenerate loops)."""
+    words = reply.lower().split()
+    grams = [tuple(words[k:k + n]) for k in range(len(words) - n + 1)]
+    return len(grams) != len(set(grams))
+
+
+def evaluate(runner: Runner, sets, depths, conds, workers: int) -> list[tuple]:
+    """Every (set, case, depth, condition) reply, generated ``workers`` at a time."""
+    jobs = [(s, i, c, d, name) for s, cases in sets for i, c in enumerate(cases)
+            for d in depths for name in conds]
+    t0 = time.perf_counter()
+    out = []
+
+    def one(job):
+        s, i, c, d, name = job
+        reply = runner.run(runner.request(s, i, c, d, conds[name], MAX_NEW_TOKENS))
+        return (s, i, d, name, bool(c.check(reply)), reply)
+
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for k, res in enumerate(pool.map(one, jobs), 1):
+            out.append(res)
+            if k % 25 == 0 or k == len(jobs):
+                print(f"  {k}/{len(jobs)} replies, {time.perf_counter() - t0:.0f} s", flush=True)
+    return out
+
+
+def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps: int) -> dict:
+    """Median TTFT per condition and mode: max_new_tokens=1, segments in L1, interleaved.
+
+    ``cold``: one request with the whole history (prefilled); ``warm``: the conversation's
+    link is cached (the previous turn ran, as in a live chat): only the last assistant
+    reply, the new turn (and its reminder) are prefilled."""
+    times: dict[tuple[str, str], list[float]] = {}
+    for i, case in enumerate(cases):
+        conv = conversation(case, depth)
+        for _name, cond in pairs:
+            runner.run(runner.request("ttft", i, case, depth, cond, 1))  # segments into L1
+        for rep in range(reps):
+            for name, cond in pairs:
+                req = runner.request("ttft", i, case, depth, cond, 1)
+                times.setdefault((name, "cold"), []).append(runner.ex.execute(req).ttft_ms)
+                cid = f"c{i}-{rep}-{name}"
+                runner.run(runner.request("ttft", i, case, depth, cond, 1, messages=conv[:-2],
+                                          reuse_conversation=True, conversation_id=cid))
+                req = runner.request("ttft", i, case, depth, cond, 1, reuse_conversation=True,
+                                     conversation_id=cid)
+                res = runner.ex.execute(req)
+                assert res.reused_tokens > 0, "the warm turn did not continue its conversation"
+                times.setdefault((name, "warm"), []).append(res.ttft_ms)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def adherence_table(results, sets, depths, conds) -> str:
+    header = ["condition"] + [f"{s} d={d}" for s, _ in sets for d in depths] + [
+        "empty", "repeats"]
+    rows = []
+    for name in conds:
+        cells = []
+        for s, cases in sets:
+            for d in depths:
+                ok = sum(r[4] for r in results if r[0] == s and r[2] == d and r[3] == name)
+                cells.append(f"{ok}/{len(cases)} ({100 * ok / len(cases):.0f} %)")
+        mine = [r for r in results if r[3] == name]
+        empty = sum(not r[5].strip() for r in mine)
+        rep = sum(repeats(r[5]) for r in mine)
+        rows.append([name, *cells, f"{empty}/{len(mine)}", f"{100 * rep / len(mine):.0f} %"])
+    return table(header, rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--write-docs", action="store_true", help="update docs/BENCHMARKS.md")
+    ap.add_argument("--show", action="store_true", help="print every reply")
+    ap.add_argument("--cases", type=int, default=0, help="first N cases of each set (0: all)")
+    ap.add_argument("--sets", default="tuning,held-out")
+    ap.add_argument("--depths", default="0,4,8,16")
+    ap.add_argument("--emphasis", default="", help="emphasis strengths to run, e.g. 1.6,2.2")
+    ap.add_argument("--no-reminder", action="store_true", help="leave the reminder out")
+    ap.add_argument("--many", default="reminder",
+                    help="mechanisms of the 20-memories condition: '', 'reminder', "
+                         "'reminder,e=1.6', ... ('none': leave the condition out)")
+    ap.add_argument("--only", default="", help="comma list of condition names to run")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--ttft-reps", type=int, default=3)
+    ap.add_argument("--ttft-cases", type=int, default=8)
+    ap.add_argument("--reminder-role", default="", help="override: system | user")
+    ap.add_argument("--reminder-prefix", default=None, help="override the reminder's prefix")
+    ap.add_argument("--reminder-after", type=int, default=None, help="override: exchanges")
+    args = ap.parse_args()
+    torch.manual_seed(0)
+    from injection.prompting import reminder
+
+    reminder.ROLE = args.reminder_role or reminder.ROLE
+    reminder.PREFIX = reminder.PREFIX if args.reminder_prefix is None else args.reminder_prefix
+    if args.reminder_after is not None:
+        reminder.DEFAULT_AFTER = args.reminder_after
+    path = model_path()
+    adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
+    emphases = [float(x) for x in args.emphasis.split(",") if x]
+    conds = conditions(emphases, not args.no_reminder, "" if args.many == "none" else
+                       (args.many or "plain"))
+    if args.only:
+        keep = [x.strip() for x in args.only.split(",")]
+        conds = {k: v for k, v in conds.items() if k in keep}
+    all_sets = {"tuning": TUNING, "held-out": HELD_OUT}
+    sets = [(s, all_sets[s][: args.cases or None]) for s in args.sets.split(",")]
+    depths = [int(d) for d in args.depths.split(",")]
+    runner = Runner(adapter, args.workers)
+    n = sum(len(c) for _, c in sets) * len(depths) * len(conds)
+    print(f"{n} replies ({len(conds)} conditions x depths {depths}), greedy, "
+          f"{MAX_NEW_TOKENS} tokens", flush=True)
+    t0 = time.perf_counter()
+    results = evaluate(runner, sets, depths, conds, args.workers)
+    gen_s = time.perf_counter() - t0
+    if args.show:
+        for s, i, d, name, ok, reply in results:
+            print(f"[{s} {i} d={d}] {name:36s} {'PASS' if ok else 'fail'} {reply!r}")
+    body = [adherence_table(results, sets, depths, conds)]
+    body += ttft_section(runner, conds, sets, depths, args)
+    header = "  \n".join([
+        f"Command: `.venv/bin/python bench/bench_memory_depth.py {' '.join(sys.argv[1:])}` "
+        f"(bench/memory_cases.py: {len(TUNING)} tuning + {len(HELD_OUT)} held-out cases, "
+        f"greedy, max_new_tokens={MAX_NEW_TOKENS}, {len(results)} replies in {gen_s:.0f} s)",
+        f"Machine: {machine()}, torch threads {torch.get_num_threads()}; "
+        "loaded by other work at the same time (speed figures are ratios within this run)",
+        f"Model: {path.name} ({adapter.model.config.model_type}, {adapter.device}, "
+        f"{str(adapter.dtype)[6:]})",
+    ])
+    text = "\n".join(["## Memory depth: adherence per condition and depth", "", header, "",
+                      *body])
+    print(text)
+    if args.write_docs:
+        write_section("memory-depth", text)
+
+
+def ttft_section(runner: Runner, conds, sets, depths, args) -> list[str]:
+    """TTFT ratios of the mechanisms against the plain platform, same run."""
+    if "platform" not in conds or args.ttft_reps <= 0:
+        return []
+    deep = max(depths)
+    base = {"mode": "platform", "reminder": False, "emphasis": 0.0}
+    pairs = [("platform", base)]
+    if "reminder" in FIELDS:
+        pairs.append(("+ reminder", {**base, "reminder": True}))
+    if any("emphasis" in k for k in conds):
+        e = next(v["emphasis"] for k, v in conds.items() if "emphasis" in k and v["emphasis"])
+        pairs.append((f"+ emphasis {e:g}", {**base, "emphasis": e}))
+    pairs.append(("20 memories", {**base, "n": 20}))
+    cases = TUNING[: args.ttft_cases]
+    med = ttft(runner, cases, deep, pairs, args.ttft_reps)
+    rows = []
+    for name, _ in pairs:
+        row = [name]
+        for mode in ("warm", "cold"):
+            ms = med[(name, mode)]
+            row += [f"{ms:.1f}", f"{ms / med[('platform', mode)]:.2f}x"]
+        rows.append(row)
+    return ["", f"Time to first token at depth {deep}, segments in L1 (median of {len(cases)} "
+            f"cases x {args.ttft_reps}, one max_new_tokens=1 request, interleaved). Warm: the "
+            "conversation's K/V is cached from its previous turn (a live chat); cold: the "
+            "whole history arrives in one request and is prefilled:",
+            "", table(["condition", "warm ms", "warm vs platform", "cold ms",
+                       "cold vs platform"], rows)]
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Memory reminders: the member's memories re-stated just before a user turn, deep in a chat.
+
+A preference stated once in the system turn fades as unrelated exchanges pile up after it
+(issue 22, section 3). Once a conversation is ``after`` exchanges deep, every user turn
+from then on opens with a short reminder of the member's memories, ``"(<memories>)\n\n"``
+before the user's text (measured ahead of a mid-conversation system message
+``"Remember: <memories>"``, which ``ROLE = "system"`` selects where the template renders it).
+
+The reminders are a pure function of the messages, so they stay in the rendered history
+once placed: turn k renders the same reminders before turns 1..k-1 as turn k-1 did, so
+the conversation's cached K/V (``kvcache/conversation.py``) stays a prefix of the next
+turn and only the new turn's reminder is prefilled. Without memories nothing is added:
+the messages are returned unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["DEFAULT_AFTER", "DEFAULT_ON", "REMINDER_TOKENS", "Reminder", "reminder_text",
+           "with_reminders"]
+
+Message = dict[str, str]
+
+# measured defaults (docs/BENCHMARKS.md, memory depth)
+DEFAULT_ON = True
+DEFAULT_AFTER = 2  # exchanges before the first reminder
+REMINDER_TOKENS = 64  # most tokens of memory text a reminder re-states
+PREFIX = "Remember: "  # of the system-message form
+ROLE: str | None = "user"  # "user" | "system" (None: "system" where the template renders it)
+
+
+def reminder_text(memories: Sequence[str], count: Callable[[str], int] | None = None,
+                  budget: int = REMINDER_TOKENS) -> str:
+    """``"m1 m2 ..."``: whole memories in order while ``budget`` tokens allow (the first
+    always); '' when there are none."""
+    texts = [m.strip() for m in memories if m and m.strip()]
+    if not texts:
+        return ""
+    kept, used = [texts[0]], count(texts[0]) if count else 0
+    for text in texts[1:]:
+        n = count(text) if count else 0
+        if used + n > budget:
+            break
+        kept.append(text)
+        used += n
+    return " ".join(kept)
+
+
+def with_reminders(messages: Sequence[Message], text: str, *, after: int = DEFAULT_AFTER,
+                   role: str = "user") -> list[Message]:
+    """``messages`` with ``text`` before every user message that has at least ``after``
+    user messages before it; ``role`` "user": prepended to that user message instead."""
+    out: list[Message] = []
+    seen = 0
+    for msg in messages:
+        msg = dict(msg)
+        if msg["role"] == "user":
+            if text and seen >= after:
+                if role == "system":
+                    out.append({"role": "system", "content": PREFIX + text})
+                else:
+                    msg["content"] = f"({text})\n\n{msg['content']}"
+            seen += 1
+        out.append(msg)
+    return out
+
+
+class Reminder:
+    """What a request's reminders are: the text, where they start, and how they render.
+
+    ``apply(messages)`` is the identity when the reminder is off or there is no text.
+    """
+
+    def __init__(self, text: str = "", *, after: int = DEFAULT_AFTER, role: str = "user"):
+        self.text, self.after, self.role = text, int(after), role
+
+    def apply(self, messages: Sequence[Message]) -> list[Message]:
+        if not self.text:
+            return [dict(m) for m in messages]
+        return with_reminders(messages, self.text, after=self.after, role=self.role)
+
+    @classmethod
+    def for_request(cls, req: Any, renderer: Any, personal: bool) -> Reminder:
+        """The request's reminder: off unless the memory is applied and the request (or
+        the default) asks for it."""
+        on = DEFAULT_ON if getattr(req, "reminder", None) is None else bool(req.reminder)
+        if not (on and personal):
+            return cls()
+        memories = [m.text for m in getattr(req, "memories", ())] or [req.preference_text]
+        count = _counter(renderer)
+        return cls(reminder_text(memories, count), after=DEFAULT_AFTER,
+                   role=ROLE or _role(renderer))
+
+
+def _counter(renderer: Any) -> Callable[[str], int] | None:
+    tok = getattr(renderer, "tokenizer", None)
+    if tok is None:
+        return None
+    return lambda text: len(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def _role(renderer: Any) -> str:
+    """"system" when the template renders a system message mid-conversation, else "user"."""
+    if renderer is None:
+        return "system"
+    role = getattr(renderer, "_reminder_role", None)
+    if role is None:
+        probe = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                 {"role": "system", "content": "\x1fprobe\x1f"}, {"role": "user", "content": "c"}]
+        try:
+            role = "system" if "\x1fprobe\x1f" in renderer.render(probe) else "user"
+        except Exception:  # noqa: BLE001 - jinja TemplateError, ValueError, ...
+            role = "user"
+        renderer._reminder_role = role
+    return role
