@@ -32,7 +32,8 @@ def cache_stats(scope: Scope) -> dict[str, Any]:
     ids = [str(t.pk) for t in tenants]
     l1 = _sum_per_tenant(replies, "l1", _L1_FIELDS, ids)
     l2_counts = _sum_per_tenant(replies, "l2", _L2_FIELDS, ids)
-    l2_sizes = kvstore.l2_tier().stats(scan=True, tenants=ids)
+    tier = kvstore.l2_tier()
+    l2_sizes = tier.stats(scan=True, tenants=ids)
     out_tenants = {}
     for t, tid in zip(tenants, ids, strict=True):
         a, b = l1[tid], l2_counts[tid]
@@ -50,7 +51,7 @@ def cache_stats(scope: Scope) -> dict[str, Any]:
         "live_workers": sorted(registry.live_workers()),
         "workers_unconfirmed": replies.missing,
         "tenants": out_tenants,
-        "kinds": _kinds(replies),
+        "kinds": _l2_kinds(_kinds(replies), tier, ids, l2_sizes),
     }
     if scope.tenant is None:
         report["totals"] = _totals(out_tenants, l2_sizes)
@@ -69,6 +70,25 @@ def _kinds(replies) -> dict[str, dict[str, Any]]:
     return {k: {**v, "hit_rate": hit_rate(v["l1_hits"] + v["l2_hits"],
                                           max(0, v["l1_misses"] - v["l2_hits"]))}
             for k, v in ((k, dict(v)) for k, v in out.items())}
+
+
+def _l2_kinds(kinds: dict[str, dict[str, Any]], tier, ids: list[str],
+              l2_sizes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Redis entries/bytes per kind over the scope's tenants: tenant segments exactly (their
+    own index); member segments and conversation links share the member's index, so the
+    ``member`` row counts both and ``conversation`` has none of its own (None)."""
+    from injection.kvcache.chain import TENANT_USER
+
+    seg = {"entries": 0, "bytes": 0}
+    for tid in ids:
+        for f, n in tier.user_sizes(tid, TENANT_USER).items():
+            seg[f] += n
+    rest = {f: sum(int((l2_sizes["per_tenant"].get(tid) or {}).get(f, 0) or 0) for tid in ids)
+            - seg[f] for f in seg}
+    l2 = {"tenant": seg, "member": rest, "conversation": {"entries": None, "bytes": None}}
+    for kind, row in l2.items():
+        kinds.setdefault(kind, {}).update(l2_entries=row["entries"], l2_bytes=row["bytes"])
+    return kinds
 
 
 def _sum_per_tenant(replies, tier: str, fields, ids) -> dict[str, dict[str, int]]:
@@ -98,6 +118,8 @@ def _worker_row(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]
     if only is None:  # engine-wide figures (not per tenant): the whole view only
         row["requests"] = ((stats.get("metrics") or {}).get("counters") or {}).get("requests", 0)
         row["batch"] = stats.get("batch")
+        row["host_pool"] = stats.get("host_pool")
+        row["l1"].update({f: int(l1.get(f, 0) or 0) for f in ("tensor_bytes", "pinned_bytes")})
     return row
 
 

@@ -75,6 +75,21 @@ def _counter(name: str, doc: str, value: float, labels: dict[str, str] | None = 
     return fam
 
 
+def _host_pool() -> Iterator[Metric]:
+    """The process's pool of host buffers for device-to-host K/V copies."""
+    from injection.hostmem import HOST_POOL
+
+    s = HOST_POOL.stats()
+    held = GaugeMetricFamily("kvi_host_pool_bytes", "Host K/V buffer pool bytes",
+                             labels=["state"])
+    for state in ("held", "in_use", "max"):
+        held.add_metric([state], s[f"{state}_bytes"])
+    yield held
+    yield _counter("kvi_host_pool_overflow", "K/V copies that found the pool full "
+                   "(pageable memory instead)", s["overflow"])
+    yield _counter("kvi_host_pool_reused", "K/V copies into a reused pool buffer", s["reused"])
+
+
 class EngineCollector:
     """This process's executor: requests by tier, per-tier hits/misses/evictions, L1 bytes."""
 
@@ -107,6 +122,11 @@ class EngineCollector:
         """Tenant segments, member segments and conversation links: L1 size, hits/misses."""
         size = GaugeMetricFamily("kvi_kind_bytes", "L1 bytes by kind", labels=["kind"])
         count = GaugeMetricFamily("kvi_kind_entries", "L1 entries by kind", labels=["kind"])
+        pinned = GaugeMetricFamily("kvi_kind_pinned_bytes", "L1 bytes in pinned host memory "
+                                   "(as allocated) by kind", labels=["kind"])
+        tensor = GaugeMetricFamily("kvi_kind_tensor_bytes", "L1 bytes of the tensors "
+                                   "themselves (before allocator rounding) by kind",
+                                   labels=["kind"])
         hits = CounterMetricFamily("kvi_kind_hits", "Hits by kind and tier",
                                    labels=["kind", "tier"])
         misses = CounterMetricFamily("kvi_kind_misses", "Misses by kind and tier",
@@ -114,10 +134,13 @@ class EngineCollector:
         for kind, k in kinds.items():
             size.add_metric([kind], k.get("bytes", 0))
             count.add_metric([kind], k.get("entries", 0))
+            pinned.add_metric([kind], k.get("pinned_bytes", 0))
+            tensor.add_metric([kind], k.get("tensor_bytes", 0))
             for tier in ("l1", "l2"):
                 hits.add_metric([kind, tier], k.get(f"{tier}_hits", 0))
                 misses.add_metric([kind, tier], k.get(f"{tier}_misses", 0))
-        yield from (size, count, hits, misses)
+        yield from (size, count, pinned, tensor, hits, misses)
+        yield from _host_pool()
 
     def _batch(self, batch: dict) -> Iterator[Metric]:
         """The batch engine's contained failures (rows failed alone, OOM shrinks, ...)."""

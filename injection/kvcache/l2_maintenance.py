@@ -87,6 +87,17 @@ class L2Maintenance:
         out["per_tenant"] = per
         return out
 
+    def user_sizes(self, tenant: str, user: str) -> dict[str, int]:
+        """Entries and bytes in Redis of one user of ``tenant`` (its index; the tenant
+        segment's slot ``~tenant`` included); raises ``redis.RedisError``."""
+        names = sorted(self.client.smembers(self.signer.user_index_key(tenant, user)))
+        with self.client.pipeline(transaction=False) as p:
+            for n in names:
+                p.strlen(n)
+            lengths = p.execute(raise_on_error=False) if names else []
+        live = [x for x in lengths if isinstance(x, int) and x > 0]  # expired: 0
+        return {"entries": len(live), "bytes": sum(live)}
+
     def _sizes(self, match: str) -> dict[str, int]:
         return l2_scan.sizes(self.client, match)
 

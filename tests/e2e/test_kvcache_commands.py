@@ -87,6 +87,9 @@ def test_stats_reports_tiers_per_tenant_from_every_live_worker(pair, shop):
     assert set(kinds) == {"tenant", "member", "conversation"}
     assert kinds["member"]["entries"] >= 2 and kinds["member"]["l1_hits"] >= 1
     assert kinds["conversation"]["entries"] == 0 and kinds["member"]["bytes"] > 0
+    assert (kinds["tenant"]["l2_entries"], kinds["member"]["l2_entries"]) == (0, 2)
+    assert kinds["member"]["pinned_bytes"] == 0  # CPU: nothing pinned, nothing rounded
+    assert all(rows[w.hostname]["host_pool"]["overflow"] == 0 for w in pair)
     out = StringIO()
     call_command("kvcache", "stats", "--tenant", "shop", stdout=out)
     assert "conversation" in out.getvalue() and "member" in out.getvalue()

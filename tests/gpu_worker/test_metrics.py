@@ -57,4 +57,7 @@ def test_engine_collector_exports_tiers_l1_bytes_and_per_tenant_figures(loaded_e
     assert f'kvi_kind_bytes{{kind="member"}} {float(l1_bytes)}' in text
     assert 'kvi_kind_hits_total{kind="member",tier="l1"} 1.0' in text
     assert 'kvi_kind_entries{kind="tenant"} 0.0' in text
+    assert 'kvi_kind_pinned_bytes{kind="member"} 0.0' in text  # CPU: nothing pinned
+    assert f'kvi_kind_tensor_bytes{{kind="member"}} {float(l1_bytes)}' in text
+    assert 'kvi_host_pool_bytes{state="max"}' in text and "kvi_host_pool_overflow_total" in text
     assert "kvi_l2_rejects_total 0.0" in text

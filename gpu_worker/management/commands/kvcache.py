@@ -95,7 +95,13 @@ class Command(CliCommandMixin, BaseCommand):
         for row in r["workers"]:
             l1 = row["l1"]
             w(f"  worker {row['worker']} pid {row['pid']} ({row['pool']}): L1 {l1['entries']} "
-              f"entries {_mb(l1['bytes'])}, hit rate {_pct(l1['hit_rate'])}")
+              f"entries {_mb(l1['bytes'])} ({_mb(l1.get('pinned_bytes', 0))} pinned), "
+              f"hit rate {_pct(l1['hit_rate'])}")
+            pool = row.get("host_pool")
+            if pool:
+                w(f"    host pool: {_mb(pool['held_bytes'])} held of {_mb(pool['max_bytes'])}, "
+                  f"{_mb(pool['in_use_bytes'])} in use, {pool['reused']} reused, "
+                  f"{pool['overflow']} overflowed")
             batch = row.get("batch")
             if batch:
                 w(f"    batch engine: {batch['active']} running, {batch['waiting']} waiting, "
@@ -111,11 +117,16 @@ class Command(CliCommandMixin, BaseCommand):
               f"{b['entries']:>10} {_mb(b['bytes']):>8} {_pct(b['hit_rate']):>7} "
               f"{b['rejects']:>10}")
         if r.get("kinds"):
-            w(f"{'kind':<20} {'L1 entries':>10} {'L1 MB':>8} {'L1 hits':>8} {'L1 miss':>8} "
-              f"{'L2 hits':>8} {'L2 miss':>8}")
+            w(f"{'kind':<20} {'L1 entries':>10} {'L1 MB':>8} {'pinned MB':>9} {'L1 hits':>8} "
+              f"{'L1 miss':>8} {'L2 hits':>8} {'L2 miss':>8} {'L2 entries':>10} {'L2 MB':>8}")
         for kind, k in (r.get("kinds") or {}).items():
-            w(f"{kind:<20} {k['entries']:>10} {_mb(k['bytes']):>8} {k['l1_hits']:>8} "
-              f"{k['l1_misses']:>8} {k['l2_hits']:>8} {k['l2_misses']:>8}")
+            l2n, l2b = k.get("l2_entries"), k.get("l2_bytes")
+            w(f"{kind:<20} {k.get('entries', 0):>10} {_mb(k.get('bytes', 0)):>8} "
+              f"{_mb(k.get('pinned_bytes', 0)):>9} {k.get('l1_hits', 0):>8} "
+              f"{k.get('l1_misses', 0):>8} {k.get('l2_hits', 0):>8} {k.get('l2_misses', 0):>8} "
+              f"{'-' if l2n is None else l2n:>10} {'-' if l2b is None else _mb(l2b):>8}")
+        if r.get("kinds"):
+            w("(L2: the member row counts member segments and conversation links together)")
 
     def _print_clear(self, r):
         self.stdout.write(f"cleared {r['scope']}: {r['l1_deleted']} L1 entries on "

@@ -1,0 +1,40 @@
+"""``kvcache stats`` per kind in Redis (real Redis): tenant segments counted exactly from
+their own index, member segments with conversation links under the member's."""
+
+from __future__ import annotations
+
+import torch
+
+from gpu_worker.channels import kvstore
+from gpu_worker.ops import cachestats
+from injection.base import CacheKey
+from injection.kvcache.chain import TENANT_USER
+from injection.kvcache.packed import PackedKV
+
+TID = "9001"
+
+
+def kv(tokens: int) -> PackedKV:
+    k = torch.zeros(1, 1, tokens, 4)
+    return PackedKV(k, torch.ones_like(k), range(tokens))
+
+
+def test_l2_bytes_and_entries_per_kind():
+    tier = kvstore.l2_tier()
+    try:
+        seg, member, conv = (CacheKey(TID, TENANT_USER, "instr", "fp"),
+                             CacheKey(TID, "7", "pref", "fp"), CacheKey(TID, "7", "conv", "fp"))
+        for k, n in ((seg, 8), (member, 2), (conv, 5)):
+            assert tier.put(k, kv(n))
+        seg_bytes = tier.user_sizes(TID, TENANT_USER)["bytes"]
+        assert tier.user_sizes(TID, TENANT_USER)["entries"] == 1 and seg_bytes > 8 * 2 * 16
+        sizes = tier.stats(scan=True, tenants=[TID])
+        kinds = cachestats._l2_kinds({"tenant": {"entries": 1}}, tier, [TID], sizes)
+        total = sizes["per_tenant"][TID]["bytes"]
+        assert (kinds["tenant"]["l2_entries"], kinds["tenant"]["l2_bytes"]) == (1, seg_bytes)
+        assert (kinds["member"]["l2_entries"], kinds["member"]["l2_bytes"]) == (
+            2, total - seg_bytes)
+        assert kinds["conversation"]["l2_entries"] is None
+        assert kinds["tenant"]["entries"] == 1  # the workers' L1 figures are kept
+    finally:
+        tier.evict(TID)
