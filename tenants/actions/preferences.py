@@ -40,6 +40,8 @@ def do_set_preference(
     """
     _validate_preference(text, alpha)
     assert_actor_may_manage(actor, member.tenant)
+    # the member row first, as memory writes do: the preference is their first memory
+    Member.objects.select_for_update().filter(pk=member.pk).values_list("pk").first()
     pref = Preference.objects.select_for_update().filter(member=member).first()
     if pref is None:
         return _create_preference(member, text, enabled, alpha, actor)
