@@ -6,22 +6,10 @@ import os
 from pathlib import Path
 
 from config import deadlines, embedded
+from config.envvars import env_bool, env_float, env_int
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = embedded.VAR_DIR
-
-
-def env_bool(name: str, default: bool) -> bool:
-    v = os.environ.get(name)
-    return default if v is None else v.strip().lower() in ("1", "true", "yes", "on")
-
-
-def env_int(name: str, default: int) -> int:
-    return int(os.environ.get(name, default))
-
-
-def env_float(name: str, default: float) -> float:
-    return float(os.environ.get(name, default))
 
 
 def _dev_secret(name: str) -> str:
@@ -184,6 +172,12 @@ ENGINE_WATCHDOG_SECONDS = env_float("ENGINE_WATCHDOG_SECONDS", 60.0)
 # After tripping, wait this long at most for the failed tasks to report before exiting.
 ENGINE_WATCHDOG_EXIT_GRACE = env_float("ENGINE_WATCHDOG_EXIT_GRACE", 10.0)
 KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
+# Memories (injection.memory): pinned, then the others in order, fill a cached segment of
+# this many tokens; of the rest, up to TOP_K with a cosine >= MIN_SIMILARITY to the user's
+# message (the served model's hidden states) are recalled per request after the cached part.
+MEMORY_SEGMENT_TOKENS = env_int("MEMORY_SEGMENT_TOKENS", 256)
+MEMORY_RECALL_TOP_K = env_int("MEMORY_RECALL_TOP_K", 3)
+MEMORY_RECALL_MIN_SIMILARITY = env_float("MEMORY_RECALL_MIN_SIMILARITY", 0.1)
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
 
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)

@@ -79,6 +79,9 @@ def build_executor(
     conversation_member_max_bytes: int | None = None,
     tenant_pin_idle_seconds: float = 600.0,
     pinned_pool_max_bytes: int | None = None,
+    memory_segment_tokens: int = 256,
+    memory_recall_top_k: int = 3,
+    memory_recall_min_similarity: float = 0.1,
 ) -> InjectionExecutor:
     """An executor with a TenantLRU L1 and, given a Redis client, an HMAC-signed L2.
 
@@ -95,12 +98,17 @@ def build_executor(
     process's pool of pinned buffers (``injection.hostmem``), bounded by
     ``pinned_pool_max_bytes`` (default: L1's bound and a quarter).
     Models whose cache has sliding-window or hybrid layers always use the latter.
+    A member's memories fill a cached segment of up to ``memory_segment_tokens``; of the
+    rest, up to ``memory_recall_top_k`` with a cosine of at least
+    ``memory_recall_min_similarity`` to the user's message are recalled per request
+    (``injection.memory``).
     """
     from injection.engine.executor import InjectionExecutor
     from injection.hostmem import HOST_POOL
     from injection.kvcache.lru import TenantLRU
     from injection.kvcache.redis_tier import RedisKVTier
     from injection.kvcache.signing import CacheKeySigner
+    from injection.memory.recall import RecallOptions
 
     HOST_POOL.max_bytes = int(pinned_pool_max_bytes if pinned_pool_max_bytes is not None
                               else l1_max_bytes + l1_max_bytes // 4)
@@ -131,4 +139,6 @@ def build_executor(
     ) if engine is not None and conversation_max_bytes > 0 else None
     return InjectionExecutor(adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics,
                              engine=engine, conversation_max_bytes=conversation_max_bytes,
-                             conversation_l1=conv_l1)
+                             conversation_l1=conv_l1,
+                             memory=RecallOptions(memory_segment_tokens, memory_recall_top_k,
+                                                  memory_recall_min_similarity))

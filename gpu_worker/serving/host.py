@@ -127,6 +127,9 @@ def _build_executor():
         batch_kv_budget_bytes=settings.WORKER_BATCH_KV_BUDGET_BYTES,
         batch_join_wait_ms=settings.WORKER_BATCH_JOIN_WAIT_MS,
         conversation_max_bytes=settings.KV_CONVERSATION_MAX_BYTES,
+        memory_segment_tokens=settings.MEMORY_SEGMENT_TOKENS,
+        memory_recall_top_k=settings.MEMORY_RECALL_TOP_K,
+        memory_recall_min_similarity=settings.MEMORY_RECALL_MIN_SIMILARITY,
         conversation_member_max_bytes=(None if settings.KV_CONVERSATION_MEMBER_MAX_BYTES < 0
                                        else settings.KV_CONVERSATION_MEMBER_MAX_BYTES),
     )

@@ -30,16 +30,18 @@ def member_texts(req: ExecutionRequest) -> list[str]:
 
 
 def emphasis_for(adapter: Any, req: ExecutionRequest, segment: str,
-                 split: SegmentSplit | None, *, on: bool) -> tuple[float, Spans]:
+                 split: SegmentSplit | None, *, on: bool,
+                 texts: Sequence[str] | None = None) -> tuple[float, Spans]:
     """The effective emphasis of ``req`` and the absolute key spans it applies to; (0, ())
     when off, when ``on`` is False (nothing personal injected, no batch engine) or when no
-    member token is found."""
+    member token is found. ``texts``: the member texts in ``segment`` in rendered order
+    (``MemoryPlan.emphasis_texts``; None: ``member_texts(req)``)."""
     value = _emphasis.resolve(adapter, req.emphasis) if on else 0.0
     if not value:
         return 0.0, ()
     try:
         spans = text_spans(adapter.renderer, segment, split, req.instructions,
-                           member_texts(req))
+                           member_texts(req) if texts is None else texts)
     except Exception:  # noqa: BLE001 - a tokenizer quirk costs the emphasis, never the reply
         spans = ()
     return (value, spans) if spans else (0.0, ())

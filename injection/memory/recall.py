@@ -1,0 +1,81 @@
+"""The planner's memory step: budget the member's segment, recall the rest, once.
+
+Runs before generation, in the executor's planning (one step, never a loop): the
+member's memories are split by the segment's token budget (``plan.split_budget``); when
+some are left over, the latest user message and the candidates are embedded
+(``embed.py``, cached per tenant) and the ``top_k`` most similar with a cosine of at
+least ``min_similarity`` are recalled, rendered in the member's own order (a stable
+order keeps the prompt, and so the conversation's cached K/V, the same while the same
+memories are recalled).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NamedTuple
+
+from injection.base import ExecutionRequest, MemoryItem
+from injection.memory.embed import HiddenStateEmbedder
+from injection.memory.plan import MemoryPlan, split_budget
+
+__all__ = ["MemoryPlanner", "RecallOptions"]
+
+MAX_CANDIDATES = 512  # a member's memories are bounded by the platform far below this
+
+
+class RecallOptions(NamedTuple):
+    segment_tokens: int = 256  # the member's cached segment budget (tokens)
+    top_k: int = 3  # memories recalled per request at most
+    min_similarity: float = 0.1  # cosine below this is never recalled
+    cache_entries: int = 4096  # embedding LRU size (entries, all tenants)
+
+
+class MemoryPlanner:
+    def __init__(self, adapter: Any, options: RecallOptions | None = None,
+                 metrics: Any = None) -> None:
+        self.adapter, self.options = adapter, options or RecallOptions()
+        self.metrics = metrics
+        self._embedder: HiddenStateEmbedder | None = None
+
+    @property
+    def embedder(self) -> HiddenStateEmbedder:
+        if self._embedder is None:
+            self._embedder = HiddenStateEmbedder(self.adapter,
+                                                 max_entries=self.options.cache_entries)
+        return self._embedder
+
+    def plan(self, req: ExecutionRequest, *, on: bool = True) -> MemoryPlan:
+        """The request's member text (``on`` False: no recall, nothing is injected)."""
+        memories = [m for m in req.memories if m.text.strip()]
+        if not memories:
+            return MemoryPlan(req.preference_text, instructions=req.instructions)
+        segment, candidates = split_budget(memories, self.options.segment_tokens,
+                                           self.adapter.count_tokens)
+        recalled = self.recall(req, candidates) if on and candidates else []
+        return MemoryPlan("", segment=segment, candidates=candidates, recalled=recalled,
+                          instructions=req.instructions)
+
+    def recall(self, req: ExecutionRequest, candidates: list[MemoryItem]) -> list[MemoryItem]:
+        """The candidates most relevant to the latest user message, in their own order."""
+        opts = self.options
+        if opts.top_k < 1:
+            return []
+        t0 = time.perf_counter()
+        candidates = candidates[:MAX_CANDIDATES]
+        query = str(list(req.messages)[-1].get("content", ""))
+        emb = self.embedder
+        sims = emb.embed(req.tenant, [m.text for m in candidates]) @ emb.embed(
+            req.tenant, [query])[0]
+        order = sims.argsort(descending=True).tolist()[: opts.top_k]
+        picked = sorted(i for i in order if float(sims[i]) >= opts.min_similarity)
+        if self.metrics is not None:
+            self.metrics.incr("memory_recalls")
+            self.metrics.incr("memories_recalled", len(picked))
+            self.metrics.observe_ms("memory_recall", (time.perf_counter() - t0) * 1000.0)
+        return [candidates[i] for i in picked]
+
+    def evict(self, tenant: str) -> int:
+        return self._embedder.evict(tenant) if self._embedder is not None else 0
+
+    def stats(self) -> dict[str, Any]:
+        return self._embedder.stats() if self._embedder is not None else {"entries": 0}

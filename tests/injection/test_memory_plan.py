@@ -1,0 +1,141 @@
+"""Memories in the engine on the demo model: the segment's budget, rendering, the cut after
+the cached memories (token-exact), memories_used, and the embedding cache's tenant keys."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from injection import build_executor
+from injection.base import ExecutionRequest, MemoryItem
+from injection.memory import HiddenStateEmbedder, MemoryPlan, render, split_budget
+from injection.metrics import Metrics
+from injection.prompting.output_filter import strip_control_chars
+
+INSTR = "You are the assistant of Acme Foods. Answer briefly."
+MEMS = tuple(MemoryItem(str(i), t) for i, t in enumerate([
+    "I am a vegetarian.", "I live in Oslo and love skiing.", "My dog is called Biscuit.",
+    "I am allergic to peanuts.", "I work night shifts as a nurse.",
+]))
+MSGS = [{"role": "user", "content": "What should I cook tonight?"}]
+
+
+def words(text: str) -> int:
+    return len(text.split())
+
+
+def test_budget_takes_pinned_first_then_in_order_while_it_fits():
+    mems = [MemoryItem("a", "one two three"), MemoryItem("b", "four five", pinned=True),
+            MemoryItem("c", "six seven eight nine"), MemoryItem("d", "ten")]
+    # a line costs its words + "-" + the newline
+    seg, cands = split_budget(mems, 10, words)
+    assert [m.id for m in seg] == ["b", "a"] and [m.id for m in cands] == ["c", "d"]
+    seg, cands = split_budget(mems, 100, words)
+    assert [m.id for m in seg] == ["b", "a", "c", "d"] and cands == []
+    # nothing fits: the first memory still goes in; pinned ones always do
+    seg, cands = split_budget(mems[:1] + mems[2:], 1, words)
+    assert [m.id for m in seg] == ["a"] and [m.id for m in cands] == ["c", "d"]
+    seg, _ = split_budget(mems, 0, words)
+    assert [m.id for m in seg] == ["b"]
+
+
+def test_rendering_one_memory_is_its_text_several_are_lines():
+    assert render([MemoryItem("1", "  I am a vegetarian.\n")], many=False) == "I am a vegetarian."
+    assert render(MEMS[:2], many=True) == "- I am a vegetarian.\n- I live in Oslo and love skiing."
+    assert render([MemoryItem("1", "two\n lines")], many=True) == "- two lines"
+    plan = MemoryPlan("", segment=MEMS[:1])
+    assert plan.text == "I am a vegetarian." and plan.used() == [{"id": "0", "how": "segment"}]
+    plan = MemoryPlan("", segment=MEMS[:2], candidates=MEMS[2:], recalled=MEMS[3:4])
+    assert plan.text == "- I am a vegetarian.\n- I live in Oslo and love skiing.\n- I am allergic to peanuts."
+    assert [u["how"] for u in plan.used()] == ["segment", "segment", "recalled"]
+    assert MemoryPlan("my preference").text == "my preference"  # no memories: as before
+
+
+def two_lines(adapter) -> int:
+    """A segment budget that holds exactly the first two memories."""
+    return sum(adapter.count_tokens("- " + m.text) + 1 for m in MEMS[:2])
+
+
+def reference(adapter, context: str, n: int) -> list[int]:
+    ids = adapter.renderer.encode(adapter.plain_prompt(context, MSGS), first=True)
+    out = adapter.model.generate(input_ids=torch.tensor([ids]), max_new_tokens=n,
+                                 do_sample=False)
+    return out[0, len(ids):].tolist()
+
+
+@pytest.mark.parametrize("batch_max", [0, 2])
+def test_recalled_memories_follow_the_cached_segment_and_the_reply_is_the_plain_prompts(
+        adapter, batch_max):
+    ex = build_executor(adapter, batch_max=batch_max, metrics=Metrics(),
+                        memory_segment_tokens=two_lines(adapter), memory_recall_top_k=2,
+                        memory_recall_min_similarity=-1.0)
+    req = ExecutionRequest("t1", "u1", MSGS, "ignored preference", instructions=INSTR,
+                           memories=MEMS, max_new_tokens=8)
+    plan = ex.memories.plan(req)
+    assert [m.id for m in plan.segment] == ["0", "1"] and len(plan.recalled) == 2
+    out = ex.execute(req)
+    again = ex.execute(req)
+    system = INSTR + "\n\n" + plan.text
+    assert "ignored preference" not in system
+    assert out.extra["memories_used"] == plan.used()
+    # only the segment's memories are cached: the recalled lines are prefilled as prompt
+    head = adapter.renderer.encode(adapter.split_prompt(
+        INSTR + "\n\n" + plan.segment_text, MSGS).segment, first=True)
+    whole = adapter.renderer.encode(adapter.split_prompt(system, MSGS).segment, first=True)
+    assert out.kv_tokens < len(whole) and whole[:out.kv_tokens] == head[:out.kv_tokens]
+    assert out.prompt_tokens == len(adapter.renderer.encode(
+        adapter.plain_prompt(system, MSGS), first=True))
+    assert again.tier.value == "l1"
+    if batch_max:
+        assert again.extra["segments"] == {"tenant": "l1", "member": "l1"}
+    want = adapter.tokenizer.decode(reference(adapter, system, 8), skip_special_tokens=True)
+    assert out.text == again.text == strip_control_chars(want)[0]
+
+
+def test_recalled_spans_cover_the_recalled_text_tokens(adapter):
+    ex = build_executor(adapter, metrics=Metrics(), memory_segment_tokens=two_lines(adapter),
+                        memory_recall_top_k=2, memory_recall_min_similarity=-1.0)
+    req = ExecutionRequest("t1", "u1", MSGS, instructions=INSTR, memories=MEMS)
+    plan = ex.memories.plan(req)
+    context = INSTR + "\n\n" + plan.text
+    parts, head_ctx = plan.cut(adapter, adapter.split_prompt(context, MSGS), context)
+    assert plan.tail_cut and head_ctx == INSTR + "\n\n" + plan.segment_text
+    seg_ids = adapter.renderer.encode(parts.segment, first=True)
+    ids = seg_ids + adapter.renderer.encode(parts.prompt, first=False)
+    spans = plan.recalled_spans(adapter, parts.prompt, len(seg_ids))
+    assert len(spans) == len(plan.recalled)
+    for (s, e), m in zip(spans, plan.recalled, strict=True):
+        assert s >= len(seg_ids)
+        assert adapter.tokenizer.decode(ids[s:e]).strip() == m.text
+    # the recalled memories are not part of the segment's emphasis texts once cut
+    assert plan.emphasis_texts() == plan.texts(plan.segment)
+
+
+def test_no_memories_and_the_preference_work_as_before(adapter):
+    ex = build_executor(adapter, metrics=Metrics())
+    pref = ExecutionRequest("t1", "u1", MSGS, "I am a vegetarian.", instructions=INSTR,
+                            max_new_tokens=6)
+    one = ExecutionRequest("t1", "u1", MSGS, "something else", instructions=INSTR,
+                           memories=MEMS[:1], max_new_tokens=6)
+    a, b = ex.execute(pref), ex.execute(one)
+    assert "memories_used" not in a.extra
+    assert b.extra["memories_used"] == [{"id": "0", "how": "segment"}]
+    # one memory = the preference string: the same segment (content hash), tokens, reply
+    assert (a.content_hash, a.kv_tokens, a.text) == (b.content_hash, b.kv_tokens, b.text)
+    assert b.tier.value == "l1"
+
+
+def test_embedding_cache_is_keyed_by_tenant(adapter):
+    emb = HiddenStateEmbedder(adapter, max_entries=3)
+    a = emb.embed("tenant-a", ["I am a vegetarian."])
+    # poison tenant a's entry: tenant b's identical text must not see it
+    key = next(iter(emb._cache))
+    assert key[0] == "tenant-a" and key[1] == adapter.fingerprint
+    emb._cache[key] = torch.zeros_like(a[0])
+    b = emb.embed("tenant-b", ["I am a vegetarian."])
+    assert torch.allclose(b, a) and emb.stats()["per_tenant"] == {"tenant-a": 1, "tenant-b": 1}
+    assert torch.count_nonzero(emb.embed("tenant-a", ["I am a vegetarian."])) == 0
+    assert emb.evict("tenant-a") == 1 and emb.stats()["per_tenant"] == {"tenant-b": 1}
+    emb.embed("tenant-b", ["x", "y", "z"])  # bounded: the oldest goes
+    assert emb.stats()["entries"] == 3
+    assert abs(float(b[0].norm()) - 1.0) < 1e-5
