@@ -37,14 +37,21 @@ def alice():
 
 def test_emphasis_out_of_range_is_a_400_naming_the_field(live_server, alice):
     _, key = alice
-    for value in (-0.5, 8.5):
+    for value in (-0.5, 8.5, "2"):
         status, body = post(live_server.url, "/api/chat", key,
                             {"message": "hi", "emphasis": value})
         assert status == 400 and "emphasis" in body["error"]["fields"], body
+    for value in (-0.5, 8.5, "x"):
         status, body = post(live_server.url, "/v1/chat/completions", key, {
             "model": "kvinject", "messages": [{"role": "user", "content": "hi"}],
             "kvinject": {"emphasis": value}})
         assert status == 400 and body["error"]["param"] == "kvinject.emphasis", body
+    for path, body in (("/api/chat", {"message": "hi", "emphasis": float("nan")}),
+                       ("/v1/chat/completions", {
+                           "model": "kvinject", "messages": [{"role": "user", "content": "hi"}],
+                           "kvinject": {"emphasis": float("inf")}})):
+        status, _ = post(live_server.url, path, key, body)  # not JSON: refused as malformed
+        assert status == 400
     assert not ChatExchange.objects.exists()
 
 
