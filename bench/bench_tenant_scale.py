@@ -40,6 +40,7 @@ from mdsection import machine, table, write_section  # noqa: E402
 from injection import build_executor, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest  # noqa: E402
 from injection.engine.steps import bytes_per_token  # noqa: E402
+from injection.kvcache.conversation import link_digest  # noqa: E402
 from injection.metrics import Metrics  # noqa: E402
 from injection.prompting.template import compose_context  # noqa: E402
 
@@ -47,7 +48,8 @@ MEMBERS = int(os.environ.get("MEMBERS", "16"))
 TURNS = int(os.environ.get("TURNS", "8"))
 BUDGET = int(os.environ.get("HISTORY_BUDGET", "600"))
 NEW_TOKENS = 8
-TENANT, SECRET, REDIS_DB = "bench-tenant", "bench-tenant-scale-secret-0123456789", 13
+TENANT, SECRET = "bench-tenant", "bench-tenant-scale-secret-0123456789"
+REDIS_DB = int(os.environ.get("BENCH_REDIS_DB", "13"))  # flushed before and after
 INSTRUCTIONS = " ".join([
     "You are the assistant of Green Basket, a chain of neighbourhood grocery shops.",
     "Answer questions about cooking, recipes, ingredients, storage and our shops.",
@@ -86,6 +88,12 @@ class Tenant:
     def __init__(self, adapter, client) -> None:
         self.adapter, self.client = adapter, client
         self.workers = [self.worker(), self.worker()]
+        # a serving worker announces each link it replaces on the control channel and the
+        # others drop their copies (gpu_worker.channels.linkcast); in process, directly
+        for ex, other in (self.workers, self.workers[::-1]):
+            ex.conversations.on_replaced = (
+                lambda old, new, kv, o=other: o.conversations.drop_stale(
+                    old, new, kv.num_tokens, link_digest(kv.token_ids)))
         self.history: dict[int, list[dict[str, str]]] = {}
         self.last: dict[int, object] = {}
         self.instructions = INSTRUCTIONS
@@ -276,10 +284,9 @@ def render(conv, st, ttft_new, ttft_full, ttft_r, ttft_rf, restart_pct, warm, ed
         table(["measure", "ratio", "detail"], rows),
         "",
         "L1 per kind after the conversations (each worker holds its own copy of the tenant "
-        "segment; conversation links have their own L1). A worker's conversation L1 also "
-        "still holds links that the other worker has since replaced (only the replacing "
-        "worker and Redis drop them; the others' copies wait for the conversation L1's "
-        "LRU), so L1 conversation bytes are above one link per conversation:",
+        "segment; conversation links have their own L1). A link replaced on one worker "
+        "is dropped from the other's L1 too (the control channel's conv_link; here wired "
+        "directly between the two in-process workers):",
         "",
         table(["worker", "kind", "entries", "MiB"], l1),
     ])
