@@ -114,8 +114,11 @@ def plan_put(lru: Any, key: CacheKey, size: int, pinned: frozenset[CacheKey],
         sim.pop(key.tenant)  # own quota: own LRU entries only
     while sim.total_bytes > lru.max_bytes or sim.total_count > lru.max_entries:
         victim = _pick_victim(lru, sim, by_bytes=sim.total_bytes > lru.max_bytes)
-        if sim.head(victim)[0] is _NEW:
+        head = sim.head(victim)[0]
+        if head is _NEW:
             return None  # only the newcomer is over its share
+        if victim == key.tenant and head in pinned and key.user != pin_user:
+            return None  # never the tenant's own pinned segment for one of its entries
         sim.pop(victim)
     return sim.evicted
 

@@ -114,3 +114,13 @@ def test_per_member_cap_counts_a_replaced_entry_once():
     assert c.put(mem("t", "m", "y"), kv(4))  # same key replaced: nothing else evicted
     assert mem("t", "m", "x") in c and c.bytes_used == 8 * B
     c.check_integrity()
+
+
+def test_a_global_bound_never_takes_the_tenants_own_pinned_segment_for_its_member():
+    c = TenantLRU(max_bytes=16 * B, pin_idle_seconds=0)
+    c.put(seg("t"), kv(8))
+    c.put(mem("t", "a"), kv(4))
+    c.put(mem("u", "x"), kv(4))  # another tenant within its share
+    assert not c.put(mem("t", "b"), kv(8))  # t's member would need t's own segment
+    assert seg("t") in c and mem("t", "a") in c and mem("u", "x") in c
+    c.check_integrity()
