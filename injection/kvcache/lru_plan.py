@@ -13,7 +13,8 @@ tenant has active members), the newcomer last. Rules, in order:
    is refused instead: the segment serves every member);
 3. a global bound: the victim is the tenant over its fair share whose next entry is
    oldest, unpinned before pinned: a pinned segment goes only when no tenant over its
-   share has anything else (never a deadlock: pins cannot fill the cache for good).
+   share has anything else (never a deadlock: pins cannot fill the cache for good),
+   and never for an entry of its own tenant (refused, as under rule 2).
 """
 
 from __future__ import annotations
