@@ -99,3 +99,28 @@ def test_the_replacing_worker_keeps_its_own_new_link(worker_b):
     assert cast.flush(10) and wait_for(lambda: listener.received > seen)
     barrier(listener)
     assert b.l1.peek(key) is not None and b.l1.peek(key).num_tokens == 4
+
+
+def test_member_and_tenant_invalidation_reach_links_and_the_tenant_segment(worker_b):
+    """Deleting a member (or a conversation: the member's scope) drops its links from every
+    worker's conversation L1 and from Redis; the tenant's scope also drops the shared
+    tenant segment, which a member's scope leaves."""
+    from injection.kvcache.chain import TENANT_USER
+
+    executor, listener = worker_b
+    b = executor.conversations
+    conv = CacheKey(TENANT, "m5", "conv-1", "fp")
+    seg = CacheKey(TENANT, TENANT_USER, "instr", "fp")
+    assert b.keep(conv, link([1, 2, 3]))
+    assert executor.l1.put(seg, link([4, 5]))
+    assert executor.l2 is not None  # the test settings keep L2 on
+    executor.l2.put(seg, link([4, 5]))
+    assert executor.l2.flush(10)  # both writes landed
+    assert kvstore.l2_tier().get(conv) is not None
+    kvstore.invalidate(TENANT, "m5")
+    barrier(listener)
+    assert conv not in b.l1 and kvstore.l2_tier().get(conv) is None
+    assert seg in executor.l1  # a member's scope never covers the tenant segment
+    kvstore.invalidate(TENANT)
+    barrier(listener)
+    assert seg not in executor.l1 and kvstore.l2_tier().get(seg) is None
