@@ -6,6 +6,7 @@ import math
 from typing import Any
 
 from injection.base import ExecutionRequest
+from injection.engine.emphasis import MAX_EMPHASIS
 from injection.errors import InvalidRequest
 from injection.prompting.output_filter import strip_control_chars
 
@@ -41,6 +42,10 @@ def validate(req: ExecutionRequest) -> None:
         raise InvalidRequest("the conversation must end with a non-empty user message")
     if not math.isfinite(req.alpha) or req.alpha < 0:
         raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
+    if req.emphasis is not None and not (math.isfinite(req.emphasis)
+                                         and 0 <= req.emphasis <= MAX_EMPHASIS):
+        raise InvalidRequest(f"emphasis must be between 0 and {MAX_EMPHASIS:g}, got "
+                             f"{req.emphasis}")
     if req.max_new_tokens < 1:
         raise InvalidRequest("max_new_tokens must be >= 1")
     if not math.isfinite(req.temperature) or req.temperature < 0 or not 0 < req.top_p <= 1:

@@ -14,6 +14,7 @@ from injection import build_executor
 from injection.base import ExecutionRequest, MemoryItem
 from injection.engine import emphasis
 from injection.engine.batch import BatchEngine
+from injection.errors import InvalidRequest
 from injection.kvcache.conversation import ConversationStore
 from injection.metrics import Metrics
 from injection.prompting.emphasis_spans import text_spans
@@ -143,6 +144,13 @@ def test_emphasis_zero_and_default_are_exactly_todays_reply(adapter, ex):
     on = ex.execute(ExecutionRequest("t", "u", msgs, PREF, max_new_tokens=24, emphasis=4.0))
     assert on.emphasis_effective == 4.0 and on.cache_info()["emphasis_effective"] == 4.0
     assert on.text != prompted.text
+
+
+@pytest.mark.parametrize("value", [-0.1, 8.5, float("nan"), float("inf")])
+def test_emphasis_out_of_range_is_refused(ex, value):
+    msgs = [{"role": "user", "content": "Hello"}]
+    with pytest.raises(InvalidRequest, match="emphasis"):
+        ex.execute(ExecutionRequest("t", "u", msgs, PREF, emphasis=value))
 
 
 def test_emphasis_needs_a_member_text(adapter, ex):
