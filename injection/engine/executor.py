@@ -265,12 +265,12 @@ class InjectionExecutor:
         )
 
     def _strip(self, text: str) -> tuple[str, int]:
+        text, controls = strip_control_chars(text)  # first, as the stream does
+        if controls:
+            self.metrics.incr("stripped_control_chars", controls)
         text, n = strip_retrieve_fact_calls(text)
         if n:
             self.metrics.incr("stripped_calls", n)
-        text, controls = strip_control_chars(text)
-        if controls:
-            self.metrics.incr("stripped_control_chars", controls)
         return text, n
 
     # -- GPU memory discipline --------------------------------------------------------

@@ -8,6 +8,7 @@ from typing import Any
 from injection.base import ExecutionRequest
 from injection.engine.emphasis import MAX_EMPHASIS
 from injection.errors import InvalidRequest
+from injection.prompting.markup import MarkupStream
 from injection.prompting.output_filter import strip_control_chars
 
 __all__ = ["history_len", "sampling_options", "validate"]
@@ -19,8 +20,8 @@ def sampling_options(req: ExecutionRequest) -> dict[str, Any]:
                                 "seed": req.seed}
     if req.stop:
         sampling["stop"] = tuple(req.stop)
-    if req.on_text is not None:  # control characters never reach a stream either
-        sampling["on_text"] = lambda t: req.on_text(strip_control_chars(t)[0])
+    if req.on_text is not None:  # control characters and markup never reach a stream either
+        sampling["on_text"] = MarkupStream(req.on_text, lambda t: strip_control_chars(t)[0])
     if req.cancelled is not None:
         sampling["cancelled"] = req.cancelled
     return sampling

@@ -110,4 +110,6 @@ class GenerationWatch(StoppingCriteria):
             ended = bool(ids) and ids[-1] in eos_ids
             self.finish_reason = "stop" if ended or len(ids) < max_new_tokens else "length"
         self._emit(len(self.text))
+        if callable(flush := getattr(self.on_text, "finish", None)):
+            flush()  # a filtering stream (``prompting.markup``) sends what it held back
         return self.finish_reason
