@@ -28,6 +28,7 @@ from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.faults import COUNTERS, EngineFaults
+from injection.engine.sampling import BatchChooser
 from injection.errors import EngineUnavailable, InjectionError, InvalidRequest
 from injection.kvcache.packed import PackedKV
 
@@ -53,22 +54,25 @@ class BatchEngine(EngineFaults):
         kv_budget_bytes: bound on the batch's padded K/V (0: none; one row always fits).
         join_wait_ms: when idle, wait this long for more rows before the first prefill.
         clock: monotonic seconds for the scheduler's heartbeat (``watchdog.py``).
+        preallocate: K/V in buffers with spare capacity, written in place (``batchcache``);
+            False reallocates every step, as ``DynamicCache`` does (the benchmark's baseline).
     """
 
     def __init__(self, adapter: Any, *, max_batch: int = 8, kv_budget_bytes: int = 0,
-                 join_wait_ms: float = 0.0, clock: Callable[[], float] = time.monotonic) -> None:
+                 join_wait_ms: float = 0.0, clock: Callable[[], float] = time.monotonic,
+                 preallocate: bool = True) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.adapter, self.max_batch = adapter, int(max_batch)
         self.kv_budget_bytes, self.join_wait = int(kv_budget_bytes), join_wait_ms / 1000.0
         self.bytes_per_token = steps.bytes_per_token(adapter)
         self._eos = adapter._eos_ids()
-        # honoured like generate() does (greedy too); other processors are not used
-        self._penalty = float(getattr(adapter.model.generation_config, "repetition_penalty",
-                                      None) or 1.0)
+        # the generation config's processors, applied like generate() does (``sampling``)
+        self._choose = BatchChooser(adapter.model.generation_config)
         self._waiting: deque[RowJob] = deque()
         self._rows: list[RowJob] = []
-        self._batch, self._cond = BatchCache(), threading.Condition()
+        self._batch = BatchCache(spare=preallocate, max_slots=self.max_batch)
+        self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed, self._stop_error = False, EngineUnavailable("the batch engine stopped")
         self._oom_cap = self.max_batch
@@ -178,7 +182,7 @@ class BatchEngine(EngineFaults):
                 self._prefill_oom(job)
                 return
             if first is not None:  # in the batch now: its first token (a resumed row: none)
-                self._advance([(job, first)])
+                self._advance([job], first.unsqueeze(0), cached=False)
 
     def _next_admissible(self) -> RowJob | None:
         if not self._waiting or len(self._rows) >= min(self.max_batch, self._oom_cap):
@@ -197,7 +201,7 @@ class BatchEngine(EngineFaults):
         self._beat()
         resume = job.emitted()
         if not resume:
-            job.reset(self.adapter.tokenizer, self.adapter.device, self._penalty)
+            job.reset(self.adapter.tokenizer, self.adapter.device)
         past, logits = steps.prefill(self.adapter, job, job.prefill_ids(resume))
         self._batch.add(past)  # all layers or none
         self._rows.append(job)
@@ -209,28 +213,29 @@ class BatchEngine(EngineFaults):
         self._beat()
         snap = self._batch.snapshot()
         try:
-            picks = steps.decode(self.adapter, self._batch, self._rows)
+            self._batch.reserve(1)  # any growth before the forward, all layers at once
+            logits = steps.decode(self.adapter, self._batch, self._rows)
         except torch.cuda.OutOfMemoryError:
-            picks = None  # handled below, once the failed attempt's frames are gone
-        if picks is None:  # undo: the layers the step reached drop its column
+            logits = None  # handled below, once the failed attempt's frames are gone
+        if logits is None:  # undo: the layers the step reached drop its column
             self._batch.restore(snap)
             self._decode_oom()
             return
         self.counters["steps"] += 1
         self.counters["batched_steps"] += int(len(self._rows) > 1)
-        self._advance(picks)
+        self._advance(list(self._rows), logits)
 
-    def _advance(self, picks: list[tuple[RowJob, Any]]) -> None:
-        """Append each row's token (or sample it from its logits). Finished rows leave the
-        batch, then their callers wake. A row whose sampling or callbacks raise fails alone."""
+    def _advance(self, rows: list[RowJob], logits: torch.Tensor, *, cached: bool = True) -> None:
+        """Choose each row's token from its logits (``[rows, V]``) and append it. Finished
+        rows leave the batch, then their callers wake. A row whose draw or callbacks raise
+        fails alone."""
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
-        for job, pick in picks:
+        for job, pick in self._choose(rows, logits, cached=cached):
             if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it
                 continue
             try:
                 if not isinstance(pick, int):
-                    seen = job.input_ids + job.gen if job.sampler.penalty != 1.0 else None
-                    pick = job.sampler(pick, seen)
+                    pick = job.sampler.draw(pick)
                 out = self._append(job, pick)
                 if out is not None:
                     leaving.append((job, out, None))

@@ -1,13 +1,19 @@
-"""The running batch's K/V: one left-padded ``DynamicCache`` whose rows join and leave.
+"""The running batch's K/V: left-padded rows in preallocated per-layer buffers.
 
-Row ``i`` holds ``lengths[i]`` real tokens right-aligned in a ``[B, H, T, D]`` layer,
-after ``pads[i] = T - lengths[i]`` zero columns. The attention mask hides the padding
-and each row's positions count its real tokens only, so a row attends to exactly what
-it would attend to alone: its own tokens, never another row's (the batch dimension of
-attention never mixes rows; the mask never lets a row see a pad or a foreign column).
+Layout (the contract other modules build on): row ``i`` holds ``lengths[i]`` real tokens
+right-aligned in a ``[B, H, width, D]`` layer, after ``pads[i] = width - lengths[i]``
+zero columns, so its token at absolute position ``p`` sits at column ``pads[i] + p``.
+The attention mask hides the padding and each row's positions count its real tokens
+only, so a row attends to exactly what it would attend to alone.
 
-Membership changes copy the cache (``cat`` / ``index_select``); decoding steps append
-through ``DynamicCache.update`` as transformers always does.
+Storage: each layer owns ``[slots, H, capacity, D]`` key and value buffers
+(``SlabLayer``); the layer's ``keys``/``values`` are views of the first ``rows`` slots and
+``width`` columns. A decoding step writes its column in place (no ``cat`` per step);
+capacity doubles when it runs out. A joining row no longer than the batch is copied
+into a free slot; a longer one, or a full set of slots, rebuilds the buffers once
+(doubling the slots). Leaving rows are compacted in place. ``spare=False`` keeps no
+spare capacity: every step reallocates, as ``DynamicCache``'s ``cat`` did (the
+benchmark's "before").
 """
 
 from __future__ import annotations
@@ -15,21 +21,65 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer
 
 from injection.devices import to_host
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["BatchCache"]
+__all__ = ["BatchCache", "SlabLayer"]
+
+Snapshot = tuple[list[tuple[torch.Tensor, torch.Tensor, int, int]], list[int]]
+
+
+class SlabLayer(DynamicLayer):
+    """One layer's K/V in buffers with spare rows and columns (see module docstring)."""
+
+    def __init__(self, kbuf: torch.Tensor, vbuf: torch.Tensor, rows: int, width: int,
+                 spare: bool = True) -> None:
+        super().__init__()
+        self.device, self.is_initialized, self.spare = kbuf.device, True, spare
+        self.set(kbuf, vbuf, rows, width)
+
+    def set(self, kbuf: torch.Tensor, vbuf: torch.Tensor, rows: int, width: int) -> None:
+        self.kbuf, self.vbuf, self.rows, self.n = kbuf, vbuf, rows, width
+        self.keys = kbuf[:rows, :, :width]
+        self.values = vbuf[:rows, :, :width]
+
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
+        """Write the new columns in place after the row's last one; returns the views."""
+        n, t = self.n, key_states.shape[-2]
+        if n + t > self.kbuf.shape[2]:
+            self.reserve(n + t)
+        self.kbuf[: self.rows, :, n:n + t].copy_(key_states)
+        self.vbuf[: self.rows, :, n:n + t].copy_(value_states)
+        self.set(self.kbuf, self.vbuf, self.rows, n + t)
+        return self.keys, self.values
+
+    def reserve(self, columns: int) -> None:
+        """Room for ``columns``: doubling the capacity (exactly ``columns`` without spare)."""
+        cap = self.kbuf.shape[2]
+        if columns <= cap:
+            return
+        cap = max(columns, 2 * cap) if self.spare else columns
+        kbuf, vbuf = (_empty_like(b, b.shape[0], cap) for b in (self.kbuf, self.vbuf))
+        kbuf[: self.rows, :, : self.n] = self.keys
+        vbuf[: self.rows, :, : self.n] = self.values
+        self.set(kbuf, vbuf, self.rows, self.n)
 
 
 class BatchCache:
     """Left-padded K/V of the rows being decoded (see module docstring)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, spare: bool = True, max_slots: int = 0) -> None:
         self.cache: DynamicCache | None = None
         self.pads: list[int] = []
+        self.spare, self.max_slots = spare, max_slots
+
+    def fresh(self) -> BatchCache:
+        """An empty cache with the same storage policy."""
+        return BatchCache(spare=self.spare, max_slots=self.max_slots)
 
     @property
     def rows(self) -> int:
@@ -38,50 +88,73 @@ class BatchCache:
     @property
     def width(self) -> int:
         """Columns per row (padding included): the cache's sequence length."""
-        return 0 if self.cache is None else self.cache.get_seq_length()
+        return 0 if self.cache is None else self.cache.layers[0].n
 
     def add(self, row_cache: DynamicCache) -> None:
         """Append a prefilled batch-1 cache as the last row (padding whichever is shorter)."""
-        n = row_cache.get_seq_length()
+        n, width, rows = row_cache.get_seq_length(), self.width, self.rows
+        new = [(x.keys, x.values) for x in row_cache.layers]
+        with torch.no_grad():
+            if self.cache is not None and n <= width and rows < self._slots():
+                for layer, (k, v) in zip(self.cache.layers, new, strict=True):
+                    _put_row(layer.kbuf, rows, k, width)  # a free slot: this row only
+                    _put_row(layer.vbuf, rows, v, width)
+                    layer.set(layer.kbuf, layer.vbuf, rows + 1, width)
+                self.pads.append(width - n)
+                return
+            wide, grow = max(width, n), max(0, n - width)
+            slots = self._grown_slots(rows + 1)
+            # every layer's new buffers first, then assigned: an OOM half-way changes nothing
+            built = [self._rebuilt(i, k, v, slots, wide, grow) for i, (k, v) in enumerate(new)]
+            layers = [SlabLayer(kb, vb, rows + 1, wide, self.spare) for kb, vb in built]
         if self.cache is None:
-            self.cache, self.pads = row_cache, [0]
-            return
-        width = self.width
-        grow = max(0, n - width)
-        # every layer's new tensors first, then assigned: an OOM half-way changes nothing
-        merged = [(torch.cat([_left_pad(mine.keys, grow), _left_pad(new.keys, width - n)]),
-                   torch.cat([_left_pad(mine.values, grow), _left_pad(new.values, width - n)]))
-                  for mine, new in zip(self.cache.layers, row_cache.layers, strict=True)]
-        self._assign(merged)
-        self.pads = [p + grow for p in self.pads] + [max(0, width - n)]
+            self.cache = DynamicCache()
+        self.cache.layers = layers
+        self.pads = [p + grow for p in self.pads] + [wide - n]
 
     def keep(self, rows: list[int]) -> None:
         """Keep only ``rows`` (in this order); drop columns no remaining row uses."""
         if not rows:
             self.cache, self.pads = None, []
             return
-        if rows == list(range(self.rows)):
-            return
-        index = torch.tensor(rows, device=self.cache.layers[0].keys.device)
         pads = [self.pads[i] for i in rows]
-        trim = min(pads)
-        self._assign([(layer.keys.index_select(0, index)[:, :, trim:],
-                        layer.values.index_select(0, index)[:, :, trim:])
-                       for layer in self.cache.layers])
+        trim, width = min(pads), self.width
+        if rows == list(range(len(rows))) and trim == 0:  # the first rows stay as they are
+            for layer in self.cache.layers:
+                layer.set(layer.kbuf, layer.vbuf, len(rows), width)
+        else:
+            with torch.no_grad():
+                index = torch.tensor(rows, device=self.cache.layers[0].kbuf.device)
+                kept = [(x.keys.index_select(0, index)[:, :, trim:],
+                         x.values.index_select(0, index)[:, :, trim:]) for x in self.cache.layers]
+                for layer, (k, v) in zip(self.cache.layers, kept, strict=True):
+                    layer.kbuf[: len(rows), :, : width - trim] = k  # copies: no allocation
+                    layer.vbuf[: len(rows), :, : width - trim] = v
+                    layer.set(layer.kbuf, layer.vbuf, len(rows), width - trim)
         self.pads = [p - trim for p in pads]
 
+    def reserve(self, columns: int) -> None:
+        """Room for ``columns`` more per row in every layer (before a step: no layer grows
+        inside the model's forward)."""
+        if self.cache is not None:
+            with torch.no_grad():
+                for layer in self.cache.layers:
+                    layer.reserve(layer.n + columns)
+
     # -- failure containment: a step that fails half-way is undone whole ----------------
-    def snapshot(self) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int]]:
-        """The layers' tensors as they are (references: a step's ``update`` replaces them
-        with new tensors, never writes into them), for :meth:`restore`."""
-        layers = [] if self.cache is None else [(x.keys, x.values) for x in self.cache.layers]
+    def snapshot(self) -> Snapshot:
+        """Each layer's buffers, rows and width, for :meth:`restore` (a step writes past
+        the width only, so restoring the width undoes it)."""
+        layers = [] if self.cache is None else [
+            (x.kbuf, x.vbuf, x.rows, x.n) for x in self.cache.layers]
         return layers, list(self.pads)
 
-    def restore(self, snap: tuple[list[tuple[torch.Tensor, torch.Tensor]], list[int]]) -> None:
+    def restore(self, snap: Snapshot) -> None:
         """Undo whatever a failed step appended to some layers and not to others."""
         layers, pads = snap
         if self.cache is not None and layers:
-            self._assign(layers)
+            for layer, state in zip(self.cache.layers, layers, strict=True):
+                layer.set(*state)
         self.pads = list(pads)
 
     def consistent(self) -> bool:
@@ -91,10 +164,6 @@ class BatchCache:
         want = (self.rows, self.width)
         return all((x.keys.shape[0], x.keys.shape[2]) == want == (x.values.shape[0],
                    x.values.shape[2]) for x in self.cache.layers)
-
-    def _assign(self, tensors: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        for layer, (keys, values) in zip(self.cache.layers, tensors, strict=True):
-            layer.keys, layer.values = keys, values
 
     def step_inputs(self, device: torch.device) -> tuple[Any, Any, torch.Tensor]:
         """``attention_mask [B, T+1]``, ``position_ids [B, 1]`` and ``cache_position [1]``
@@ -118,7 +187,44 @@ class BatchCache:
             keys, values = to_host(keys), to_host(values)  # stack made new tensors
         return PackedKV(keys, values, token_ids[: keys.shape[2]])
 
+    # -- storage ------------------------------------------------------------------------
+    def _slots(self) -> int:
+        return 0 if self.cache is None else self.cache.layers[0].kbuf.shape[0]
 
-def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
-    """``n`` zero columns before the sequence axis of a ``[B, H, T, D]`` tensor."""
-    return F.pad(t, (0, 0, n, 0)) if n > 0 else t
+    def _grown_slots(self, rows: int) -> int:
+        slots = max(self._slots(), 1)
+        while slots < rows:
+            slots *= 2
+        return max(rows, min(slots, self.max_slots)) if self.max_slots else slots
+
+    def _rebuilt(self, i: int, k: torch.Tensor, v: torch.Tensor, slots: int, wide: int,
+                 grow: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer ``i``'s buffers with the old rows shifted ``grow`` columns right and the
+        new row ``(k, v)`` last."""
+        old = None if self.cache is None else self.cache.layers[i]
+        cap = max(wide, old.kbuf.shape[2] if old is not None else 0)
+        cap = max(cap, 2 * wide) if self.spare and old is None else cap
+        out = []
+        for new, mine in ((k, None if old is None else old.keys),
+                          (v, None if old is None else old.values)):
+            buf = _empty_like(new, slots, cap)
+            if mine is not None:
+                buf[: mine.shape[0], :, :grow] = 0
+                buf[: mine.shape[0], :, grow:wide] = mine
+            _put_row(buf, 0 if mine is None else mine.shape[0], new, wide)
+            out.append(buf)
+        return out[0], out[1]
+
+
+def _empty_like(t: torch.Tensor, slots: int, cap: int) -> torch.Tensor:
+    """Ordinary (not inference) storage, also inside a forward: written outside one too."""
+    with torch.inference_mode(False):
+        return torch.empty((slots, t.shape[1], cap, t.shape[3]), dtype=t.dtype,
+                           device=t.device)
+
+
+def _put_row(buf: torch.Tensor, slot: int, row: torch.Tensor, width: int) -> None:
+    """``row`` (``[1, H, n, D]``) right-aligned in ``buf[slot, :, :width]``, zeros before."""
+    n = row.shape[2]
+    buf[slot, :, : width - n] = 0
+    buf[slot, :, width - n: width] = row[0]

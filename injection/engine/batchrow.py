@@ -55,14 +55,13 @@ class RowJob:
         self.input_ids = [*(self.prefix.token_ids if self.prefix is not None else ()),
                           *self.new_ids]
 
-    def reset(self, tokenizer: Any, device: Any, repetition_penalty: float = 1.0) -> None:
+    def reset(self, tokenizer: Any, device: Any) -> None:
         """Fresh generation state (also when a row is put back after an OOM)."""
         self.gen = []
         self.watch = GenerationWatch(tokenizer, 0, **self.watch_opts)
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,
-                                  self.sampling.get("seed"), device=device,
-                                  repetition_penalty=repetition_penalty)
+                                  self.sampling.get("seed"), device=device)
 
     def emitted(self) -> bool:
         """Whether any text reached the caller's stream (then it is resumed, never restarted)."""

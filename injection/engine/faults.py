@@ -129,7 +129,7 @@ class EngineFaults:
     def _fail_all(self, exc: BaseException, *, waiting: bool = False) -> None:
         """A step failed (or the engine stops): its rows fail, the batch starts empty."""
         rows, self._rows = self._rows, []
-        self._batch = BatchCache()
+        self._batch = self._batch.fresh()
         self._oom_cap = self.max_batch
         with self._cond:
             if waiting:

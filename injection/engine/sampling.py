@@ -1,23 +1,28 @@
-"""Per-row next-token choice for the batch engine: greedy, or temperature + top-p.
+"""Next-token choice for the batch engine: the generation config's processors on the whole
+step at once (``logitprocs``), then argmax (greedy rows) or a draw (sampled rows).
 
-Each seeded row samples from its own ``torch.Generator``, so a seeded reply does not
-depend on which other rows share its batch (or on the process-wide RNG).
+Each seeded row draws from its own ``torch.Generator``, so a seeded reply does not depend
+on which other rows share its batch (or on the process-wide RNG); the draw is
+``torch.multinomial`` on the row's ``[1, V]`` probabilities, as ``generate()`` draws.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
-__all__ = ["RowSampler"]
+from injection.engine.logitprocs import Knobs, TokenHistory, build_ids, process
+
+__all__ = ["BatchChooser", "RowSampler"]
 
 
 class RowSampler:
-    """Chooses one row's next token from its logits (``[V]``)."""
+    """One row's sampling settings (temperature 0: greedy) and its seeded generator."""
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 *, device: torch.device | str = "cpu", repetition_penalty: float = 1.0) -> None:
+                 *, device: torch.device | str = "cpu") -> None:
         self.temperature, self.top_p = float(temperature or 0.0), float(top_p or 1.0)
-        self.penalty = float(repetition_penalty or 1.0)  # the model's generation_config's
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)
@@ -25,37 +30,37 @@ class RowSampler:
 
     @property
     def greedy(self) -> bool:
-        """Plain argmax of the logits (the engine batches these rows' argmax)."""
-        return self.temperature <= 0.0 and self.penalty == 1.0
+        return self.temperature <= 0.0
 
-    def __call__(self, logits: torch.Tensor, seen: list[int] | None = None) -> int:
-        """The next token; ``seen`` (input + generated ids) feeds the repetition penalty."""
-        if self.penalty != 1.0 and seen:
-            logits = _penalise(logits, seen, self.penalty)
-        if self.temperature <= 0.0:
-            return int(torch.argmax(logits))
-        scores = logits.float() / self.temperature
-        if self.top_p < 1.0:
-            scores = _top_p(scores, self.top_p)
-        probs = torch.softmax(scores, dim=-1)
+    def draw(self, probs: torch.Tensor) -> int:
+        """A token from ``probs`` (``[1, V]``); raises on non-finite probabilities."""
         return int(torch.multinomial(probs, 1, generator=self.generator))
 
 
-def _top_p(scores: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Keep the smallest set of tokens whose probability reaches ``top_p`` (always one)."""
-    ordered, order = torch.sort(scores, descending=True)
-    cum = torch.softmax(ordered, dim=-1).cumsum(dim=-1)
-    drop = cum - torch.softmax(ordered, dim=-1) >= top_p  # mass before this token
-    drop[0] = False
-    out = scores.clone()
-    out[order[drop]] = float("-inf")
-    return out
+class BatchChooser:
+    """Processes a step's logits for all its rows at once and picks each row's token."""
 
+    def __init__(self, generation_config: Any) -> None:
+        self.knobs = Knobs.from_config(generation_config)
+        self.history = TokenHistory()
 
-def _penalise(logits: torch.Tensor, seen: list[int], penalty: float) -> torch.Tensor:
-    """transformers' repetition penalty: seen tokens' scores divided (if > 0) or multiplied."""
-    ids = torch.tensor(sorted(set(seen)), device=logits.device)
-    picked = logits[ids]
-    out = logits.clone()
-    out[ids] = torch.where(picked < 0, picked * penalty, picked / penalty)
-    return out
+    def __call__(self, rows: list[Any], logits: torch.Tensor, *,
+                 cached: bool = True) -> list[tuple[Any, int | torch.Tensor]]:
+        """``(row, token id)`` for greedy rows, ``(row, probabilities [1, V])`` for sampled
+        rows (drawn by the caller, so a bad row fails alone). ``cached=False``: rows that
+        are not the decoding batch (a prefill's first token) leave the history alone."""
+        samplers = [r.sampler for r in rows]
+        drawn = [i for i, s in enumerate(samplers) if not s.greedy]
+        with torch.inference_mode():
+            scores = logits.float()  # as generate(): processors run in float32
+            ids = None
+            if self.knobs.needs_history:
+                ids = (self.history.of(rows, scores.device) if cached
+                       else build_ids([r.input_ids + r.gen for r in rows], scores.device))
+            scores = process(scores, self.knobs, ids, [s.temperature for s in samplers],
+                             [s.top_p for s in samplers])
+            best = scores.argmax(dim=-1).tolist()  # one device sync for the greedy rows
+            probs = torch.softmax(scores[drawn], dim=-1) if drawn else None
+        slot = {i: j for j, i in enumerate(drawn)}
+        return [(r, best[i] if i not in slot else probs[slot[i]: slot[i] + 1])
+                for i, r in enumerate(rows)]

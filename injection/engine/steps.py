@@ -42,8 +42,8 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None) -> tuple[An
     return out.past_key_values, logits
 
 
-def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> list[tuple[RowJob, Any]]:
-    """One decoding step for every row: (row, greedy token id or its logits to sample)."""
+def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> torch.Tensor:
+    """One decoding step for every row: the rows' next-token logits ``[B, V]``."""
     mask, positions, cache_position = batch.step_inputs(adapter.device)
     last = torch.tensor([[r.gen[-1]] for r in rows], device=adapter.device)
     bias = emphasis.decode_bias(rows, batch.pads, batch.width, adapter.device, adapter.dtype)
@@ -52,9 +52,7 @@ def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> list[tuple[Ro
         out = adapter.model(input_ids=last, attention_mask=mask, position_ids=positions,
                             cache_position=cache_position, past_key_values=batch.cache,
                             use_cache=True, **extra)
-        logits = out.logits[:, -1]
-        best = logits.argmax(dim=-1).tolist()  # one device sync for all greedy rows
-        return [(r, best[i] if r.sampler.greedy else logits[i]) for i, r in enumerate(rows)]
+        return out.logits[:, -1]
 
 
 def row_output(job: RowJob, reason: str, seq: PackedKV | None) -> GenerationOutput:

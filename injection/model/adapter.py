@@ -232,7 +232,7 @@ class ModelAdapter(PreferenceModel):
         gc.num_beams = 1
         if temperature > 0.0:
             gc.do_sample, gc.temperature = True, temperature
-            gc.top_p, gc.top_k = float(sampling.get("top_p", 1.0)), None
+            gc.top_p = float(sampling.get("top_p", 1.0))  # top_k: the model's (engine too)
         else:
             gc.do_sample, gc.temperature, gc.top_p, gc.top_k = False, None, None, None
         if gc.pad_token_id is None:

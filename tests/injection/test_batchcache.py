@@ -1,0 +1,133 @@
+"""The preallocated batch K/V cache: rows join and leave between steps, a step writes its
+column in place, capacity doubles when it runs out, and the layout contract holds
+(row i's token at absolute position p sits at column pads[i] + p)."""
+
+from __future__ import annotations
+
+import torch
+from transformers import DynamicCache
+
+from injection.engine.batchcache import BatchCache
+
+LAYERS, HEADS, DIM = 3, 2, 4
+
+
+def _row(n: int, seed: int) -> DynamicCache:
+    gen = torch.Generator().manual_seed(seed)
+    cache = DynamicCache()
+    for i in range(LAYERS):
+        cache.update(torch.randn(1, HEADS, n, DIM, generator=gen),
+                     torch.randn(1, HEADS, n, DIM, generator=gen), i)
+    return cache
+
+
+def _step(batch: BatchCache, seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """One decoding step's column for every layer (as the model's attention writes it)."""
+    gen = torch.Generator().manual_seed(seed)
+    cols = []
+    for i in range(LAYERS):
+        k, v = (torch.randn(batch.rows, HEADS, 1, DIM, generator=gen) for _ in range(2))
+        batch.cache.update(k, v, i)
+        cols.append((k, v))
+    return cols
+
+
+def _assert_layout(batch: BatchCache, want: list[list[tuple[torch.Tensor, torch.Tensor]]]):
+    """``want[r][layer]``: row r's own (keys, values) ``[H, n, D]``, position 0 first."""
+    assert batch.consistent()
+    for r, layers in enumerate(want):
+        pad = batch.pads[r]
+        for layer, (k, v) in zip(batch.cache.layers, layers, strict=True):
+            n = k.shape[1]
+            assert pad + n == batch.width
+            assert torch.equal(layer.keys[r, :, pad:pad + n], k)
+            assert torch.equal(layer.values[r, :, pad:pad + n], v)
+            assert not layer.keys[r, :, :pad].any() and not layer.values[r, :, :pad].any()
+
+
+def _own(cache: DynamicCache):
+    return [(x.keys[0], x.values[0]) for x in cache.layers]
+
+
+def _append(want, cols):
+    for r, layers in enumerate(want):
+        for i, (k, v) in enumerate(cols):
+            old_k, old_v = layers[i]
+            layers[i] = (torch.cat([old_k, k[r]], 1), torch.cat([old_v, v[r]], 1))
+
+
+def test_rows_join_and_leave_between_steps_keeping_the_layout():
+    batch = BatchCache(max_slots=8)
+    a, b, c = _row(5, 1), _row(3, 2), _row(9, 3)
+    want = [_own(a)]
+    batch.add(a)
+    batch.add(b)  # shorter: copied into a free slot
+    want.append(_own(b))
+    assert batch.pads == [0, 2]
+    _assert_layout(batch, want)
+    _append(want, _step(batch, 10))
+    _assert_layout(batch, want)
+    batch.add(c)  # longer than the batch: every row shifts right
+    want.append(_own(c))
+    assert batch.pads == [3, 5, 0] and batch.width == 9
+    _assert_layout(batch, want)
+    _append(want, _step(batch, 11))
+    batch.keep([2, 0])  # a row leaves, the rest reorder
+    want = [want[2], want[0]]
+    assert batch.pads == [0, 3]
+    _assert_layout(batch, want)
+    batch.keep([1])  # the longest leaves: its columns go
+    assert batch.pads == [0] and batch.width == 7
+    _assert_layout(batch, [want[1]])
+
+
+def test_steps_write_in_place_and_capacity_doubles_when_it_runs_out():
+    batch = BatchCache()
+    batch.add(_row(4, 1))
+    layer = batch.cache.layers[0]
+    cap, ptr = layer.kbuf.shape[2], layer.kbuf.data_ptr()
+    assert cap > 4  # spare columns from the start
+    for s in range(cap - 4):
+        _step(batch, s)
+    assert layer.kbuf.data_ptr() == ptr and batch.width == cap  # no reallocation so far
+    _step(batch, 99)
+    assert layer.kbuf.shape[2] == 2 * cap and batch.width == cap + 1
+    assert batch.consistent()
+
+
+def test_without_spare_capacity_every_step_reallocates():
+    batch = BatchCache(spare=False)
+    batch.add(_row(4, 1))
+    ptrs = set()
+    for s in range(3):
+        _step(batch, s)
+        ptrs.add(batch.cache.layers[0].kbuf.data_ptr())
+    assert batch.cache.layers[0].kbuf.shape[2] == batch.width == 7 and len(ptrs) == 3
+
+
+def test_reserve_grows_every_layer_before_a_step():
+    batch = BatchCache()
+    batch.add(_row(4, 1))
+    cap = batch.cache.layers[0].kbuf.shape[2]
+    for s in range(cap - 4):
+        _step(batch, s)
+    batch.reserve(1)
+    ptrs = [x.kbuf.data_ptr() for x in batch.cache.layers]
+    assert all(x.kbuf.shape[2] == 2 * cap for x in batch.cache.layers)
+    _step(batch, 7)
+    assert [x.kbuf.data_ptr() for x in batch.cache.layers] == ptrs
+
+
+def test_restore_after_a_half_done_step_keeps_earlier_columns():
+    batch = BatchCache()
+    a, b = _row(5, 1), _row(3, 2)
+    batch.add(a)
+    batch.add(b)
+    want = [_own(a), _own(b)]
+    snap = batch.snapshot()
+    batch.cache.update(torch.ones(2, HEADS, 1, DIM), torch.ones(2, HEADS, 1, DIM), 0)
+    assert not batch.consistent()
+    batch.restore(snap)
+    _assert_layout(batch, want)
+    _append(want, _step(batch, 5))  # the next step overwrites the undone column
+    _assert_layout(batch, want)
