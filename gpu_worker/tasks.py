@@ -83,10 +83,12 @@ def warm_member(self, member_id: int) -> dict[str, Any]:
         host.sync_key_generation()
         member = chat_service.load_member(member_id)
         pref = getattr(member, "preference", None)
+        memories = chat_service.load_memories(member)  # they render the segment when any
         tier = "none"
-        if pref is not None and pref.enabled and pref.text.strip():
+        if memories or (pref is not None and pref.enabled and pref.text.strip()):
             tier = host.get_executor().warm(
-                str(member.tenant_id), str(member.pk), pref.text, member.tenant.instructions
+                str(member.tenant_id), str(member.pk), pref.text if pref else "",
+                member.tenant.instructions, memories=memories,
             )
             tier = tier.value
     worker = worker_id(self)

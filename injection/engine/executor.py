@@ -108,19 +108,22 @@ class InjectionExecutor:
     def effective_alpha(self, alpha: float) -> float:
         return min(float(alpha), self.alpha_cap)
 
-    def warm(self, tenant: str, user: str, preference_text: str, instructions: str = "") -> Tier:
-        """Ensure the user's system-turn K/V is cached (no generation); returns its tier."""
+    def warm(self, tenant: str, user: str, preference_text: str, instructions: str = "",
+             memories: tuple = ()) -> Tier:
+        """Ensure the user's system-turn K/V (or memory segment) is cached; returns its tier."""
         if not tenant or not user_or_none(user):
             raise InvalidRequest("warm needs a tenant and a user")
-        context = compose_context(instructions, preference_text)
+        hello = [{"role": "user", "content": "Hello"}]  # the segment does not depend on it
+        mem = self.memories.plan(ExecutionRequest(tenant, user, hello, preference_text,
+                                                  instructions, memories=memories), on=False)
+        context = compose_context(instructions, mem.text)
         if not context:
             return Tier.NONE
-        # the segment does not depend on the message that follows it
-        parts = self.adapter.split_prompt(context, [{"role": "user", "content": "Hello"}])
+        parts, context = mem.cut(self.adapter, self.adapter.split_prompt(context, hello), context)
         if not parts.segment:
             return Tier.NONE
         split = self.chain.split(parts.segment, context, instructions)
-        if split is None and not preference_text.strip():
+        if split is None and not mem.text.strip():
             return Tier.NONE  # instructions alone are injected only as a shared segment
         chain = self._with_oom_retry(
             lambda: self.chain.get(tenant, user, parts.segment, split, 1.0))

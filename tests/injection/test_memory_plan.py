@@ -139,3 +139,13 @@ def test_embedding_cache_is_keyed_by_tenant(adapter):
     emb.embed("tenant-b", ["x", "y", "z"])  # bounded: the oldest goes
     assert emb.stats()["entries"] == 3
     assert abs(float(b[0].norm()) - 1.0) < 1e-5
+
+
+def test_warm_caches_the_segment_a_request_with_memories_uses(adapter):
+    ex = build_executor(adapter, metrics=Metrics(), memory_segment_tokens=two_lines(adapter),
+                        memory_recall_min_similarity=-1.0)
+    assert ex.warm("t1", "u1", "stale preference", INSTR, memories=MEMS).value == "compute"
+    out = ex.execute(ExecutionRequest("t1", "u1", MSGS, instructions=INSTR, memories=MEMS,
+                                      max_new_tokens=4))
+    assert out.tier.value == "l1" and out.extra["memories_used"][2]["how"] == "recalled"
+    assert ex.warm("t1", "u1", "", INSTR, memories=MEMS).value == "l1"
