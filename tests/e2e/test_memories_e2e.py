@@ -40,6 +40,9 @@ def test_memory_writes_from_chat_off_then_on(live_server, gpu_worker, alice):
     assert (memory.member_id, memory.source) == (member.pk, "chat")
     assert AuditLog.objects.filter(event_type=AuditEvent.MEMORY_CREATED,
                                    data__memory=memory.pk).exists()
-    own = set(member.memories.values_list("pk", flat=True))
-    assert all(used["id"] in own for used in body["memories_used"])
+    own = dict(member.memories.values_list("pk", "text"))
+    used = {u["id"]: u["text"] for u in body["memories_used"]}
+    # the new memory is already in this reply (stored before dispatch); only alice's own
+    assert used and set(used) <= set(own) and memory.pk in used
+    assert all(own[pk] == text for pk, text in used.items())
     assert "bob's secret" not in str(body)
