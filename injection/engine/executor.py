@@ -200,13 +200,13 @@ class InjectionExecutor:
         chash = content_hash(parts.segment)
         emph, spans = emphasis_for(self.adapter, req, parts.segment, split,
                                    on=personal and self.engine is not None,
-                                   texts=mem.emphasis_texts())
+                                   texts=mem.emphasis_texts(), after=lambda n: mem.recalled_spans(
+                                       self.adapter, parts.prompt, n))
         plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)
         chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
         assert chain.kv.keys.is_cpu and chain.kv.values.is_cpu, "cached K/V must live on CPU"
-        spans += mem.recalled_spans(self.adapter, parts.prompt, chain.kv.num_tokens) if emph else ()
         # the chain is scaled already; a conversation hit continues its link after it
         out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling, spans)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms

@@ -11,15 +11,17 @@ start of the sequence): the segment starts the sequence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from injection.base import ExecutionRequest, SegmentSplit
 from injection.engine import emphasis as _emphasis
 
-__all__ = ["emphasis_for", "member_texts", "text_spans"]
+__all__ = ["emphasis_for", "member_texts", "normalised", "text_spans"]
 
 Spans = tuple[tuple[int, int], ...]
+REF_TOKENS = 16  # emphasised tokens that get the full strength (about one memory)
 
 
 def member_texts(req: ExecutionRequest) -> list[str]:
@@ -31,20 +33,37 @@ def member_texts(req: ExecutionRequest) -> list[str]:
 
 def emphasis_for(adapter: Any, req: ExecutionRequest, segment: str,
                  split: SegmentSplit | None, *, on: bool,
-                 texts: Sequence[str] | None = None) -> tuple[float, Spans]:
+                 texts: Sequence[str] | None = None,
+                 after: Callable[[int], Spans] | None = None) -> tuple[float, Spans]:
     """The effective emphasis of ``req`` and the absolute key spans it applies to; (0, ())
     when off, when ``on`` is False (nothing personal injected, no batch engine) or when no
     member token is found. ``texts``: the member texts in ``segment`` in rendered order
-    (``MemoryPlan.emphasis_texts``; None: ``member_texts(req)``)."""
+    (``MemoryPlan.emphasis_texts``; None: ``member_texts(req)``). ``after(n)``: spans past
+    the segment's ``n`` tokens (recalled memories, ``MemoryPlan.recalled_spans``), counted
+    in the normalisation too."""
     value = _emphasis.resolve(adapter, req.emphasis) if on else 0.0
     if not value:
         return 0.0, ()
     try:
         spans = text_spans(adapter.renderer, segment, split, req.instructions,
                            member_texts(req) if texts is None else texts)
+        if after is not None and spans:
+            spans += tuple(after(len(adapter.renderer.encode(segment, first=True))))
     except Exception:  # noqa: BLE001 - a tokenizer quirk costs the emphasis, never the reply
         spans = ()
-    return (value, spans) if spans else (0.0, ())
+    value = normalised(value, spans)
+    return (value, spans) if spans and value > 0 else (0.0, ())
+
+
+def normalised(value: float, spans: Spans) -> float:
+    """``value`` less ln(tokens / REF_TOKENS) when the spans hold more than REF_TOKENS
+    tokens: the emphasised keys' total extra weight (tokens x e^value) stays that of one
+    memory, so 20 memories are not each pushed as hard as one (measured: at full strength
+    they crowd out the tenant's instructions and the question)."""
+    n = sum(e - s for s, e in spans)
+    if n <= REF_TOKENS:
+        return value
+    return max(0.0, value - math.log(n / REF_TOKENS))
 
 
 def _encode_with_offsets(renderer: Any, text: str) -> tuple[list[int], list[tuple[int, int]]]:

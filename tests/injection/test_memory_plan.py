@@ -149,3 +149,23 @@ def test_warm_caches_the_segment_a_request_with_memories_uses(adapter):
                                       max_new_tokens=4))
     assert out.tier.value == "l1" and out.extra["memories_used"][2]["how"] == "recalled"
     assert ex.warm("t1", "u1", "", INSTR, memories=MEMS).value == "l1"
+
+
+def test_emphasis_spans_include_the_recalled_memories(adapter):
+    from injection.prompting.emphasis_spans import emphasis_for
+
+    ex = build_executor(adapter, metrics=Metrics(), memory_segment_tokens=two_lines(adapter),
+                        memory_recall_top_k=2, memory_recall_min_similarity=-1.0)
+    req = ExecutionRequest("t1", "u1", MSGS, instructions=INSTR, memories=MEMS, emphasis=1.0)
+    plan = ex.memories.plan(req)
+    context = INSTR + "\n\n" + plan.text
+    parts, head_ctx = plan.cut(adapter, adapter.split_prompt(context, MSGS), context)
+    split = adapter.split_segment(parts.segment, head_ctx, INSTR)
+    _, alone = emphasis_for(adapter, req, parts.segment, split, on=True,
+                            texts=plan.emphasis_texts())
+    value, spans = emphasis_for(adapter, req, parts.segment, split, on=True,
+                                texts=plan.emphasis_texts(),
+                                after=lambda n: plan.recalled_spans(adapter, parts.prompt, n))
+    recalled = plan.recalled_spans(adapter, parts.prompt, len(split.tenant_ids + split.member_ids))
+    assert value > 0 and len(alone) == 2 and len(recalled) == 2  # two lines each
+    assert spans == alone + recalled and recalled[0][0] >= alone[-1][1]
