@@ -21,6 +21,8 @@ K/V computed under a given emphasis and are keyed by it (``turns.py``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -33,12 +35,39 @@ MAX_EMPHASIS = 8.0  # nats; requests and tenants are validated against it
 Spans = tuple[tuple[int, int], ...]
 
 
-def default_emphasis(adapter: Any) -> float:
-    """The model's default emphasis (nats) when neither request nor tenant sets one.
+# Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
+# depth"): model_key -> nats. A model not listed (the random demo model included) is off.
+MEASURED_DEFAULTS: dict[str, float] = {
+    "b7753234439613b9": 3.0,  # SmolLM2-135M-Instruct: swept on the tuning cases, held-out checked
+}
 
-    0.0 (off) until a default is chosen per model from measurements (issue 22 section 4).
-    """
-    return 0.0
+
+def model_key(adapter: Any) -> str:
+    """The model's identity for per-model defaults: config + tokenizer and chat template,
+    independent of dtype and device (the fingerprint is not: it includes the dtype)."""
+    cached = getattr(adapter, "_emphasis_model_key", None)
+    if cached is not None:
+        return cached
+    key = ""
+    model, tok = getattr(adapter, "model", None), getattr(adapter, "tokenizer", None)
+    if model is not None and tok is not None and hasattr(model, "config"):
+        from injection.model.fingerprint import _VOLATILE_CONFIG_KEYS, tokenizer_digest
+
+        cfg = {k: v for k, v in model.config.to_dict().items()
+               if k not in _VOLATILE_CONFIG_KEYS and not k.startswith("_")}
+        blob = json.dumps(cfg, sort_keys=True, default=str) + tokenizer_digest(tok)
+        key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    try:
+        adapter._emphasis_model_key = key
+    except AttributeError:
+        pass
+    return key
+
+
+def default_emphasis(adapter: Any) -> float:
+    """The model's default emphasis (nats) when neither request nor tenant sets one:
+    the measured value for this model (``MEASURED_DEFAULTS``), else 0.0 (off)."""
+    return MEASURED_DEFAULTS.get(model_key(adapter), 0.0)
 
 
 def supports_emphasis(adapter: Any) -> bool:

@@ -1,0 +1,71 @@
+"""Tenant instructions keep precedence with many memories (issue 22), and the emphasis
+default and its length normalisation (injection/engine/emphasis.py, prompting/emphasis_spans)."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+
+from injection import InjectionExecutor, TenantLRU, load_adapter
+from injection.base import ExecutionRequest, MemoryItem
+from injection.engine.batch import BatchEngine
+from injection.engine.emphasis import default_emphasis
+from injection.metrics import Metrics
+from injection.prompting.emphasis_spans import REF_TOKENS, normalised
+
+FRENCH = {"le", "la", "les", "est", "et", "je", "vous", "une", "un", "pour", "avec", "des",
+          "bonjour", "merci", "que", "pas", "du", "suis", "de"}
+MEMORIES = ["My sister lives in Dublin.", "I collect vintage postcards.",
+            "I go swimming on Tuesdays.", "My office is on the fifth floor.",
+            "I am learning to knit.", "My favourite film is Casablanca.",
+            "I grow tomatoes on my balcony.", "My neighbour is a retired teacher.",
+            "I wake up at six every morning.", "I enjoy crossword puzzles.",
+            "My grandmother was a painter.", "I have two goldfish.",
+            "I visited Peru last year.", "My phone is always on silent.", "I keep a diary.",
+            "I am left-handed.", "My birthday is in October.", "I enjoy jigsaw puzzles.",
+            "I wear glasses for reading.", "I prefer short answers."]
+
+
+def french(text: str) -> bool:
+    words = re.findall(r"[\w']+", text.lower())
+    return len(words) >= 3 and sum(w in FRENCH for w in words) / len(words) >= 0.2
+
+
+def test_emphasis_keeps_full_strength_for_one_memory_and_shares_it_among_many():
+    assert normalised(3.0, ((5, 5 + REF_TOKENS),)) == 3.0
+    many = ((5, 5 + 8 * REF_TOKENS),)
+    assert normalised(3.0, many) == pytest.approx(3.0 - math.log(8))
+    # the emphasised keys' total extra weight stays that of one memory's
+    assert 8 * REF_TOKENS * math.exp(normalised(3.0, many)) == pytest.approx(
+        REF_TOKENS * math.exp(3.0))
+    assert normalised(1.0, ((0, 100 * REF_TOKENS),)) == 0.0
+
+
+def test_the_random_demo_model_has_no_emphasis_default(adapter):
+    assert default_emphasis(adapter) == 0.0
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_tenant_instruction_still_holds_with_twenty_memories(real_model_path):
+    smollm = load_adapter(real_model_path, device="cpu")
+    assert default_emphasis(smollm) > 0  # measured for this model: the default is on
+    ex = InjectionExecutor(smollm, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
+                           metrics=Metrics(), engine=BatchEngine(smollm, max_batch=2))
+    msgs = [{"role": "user", "content": "How are you today?"}]
+    replies = {}
+    try:
+        for n in (0, 20):
+            mems = tuple(MemoryItem(str(i), t) for i, t in enumerate(MEMORIES[:n]))
+            res = ex.execute(ExecutionRequest("acme", "ann", msgs, memories=mems,
+                                              instructions="Always answer in French.",
+                                              max_new_tokens=24))
+            replies[n] = res
+    finally:
+        ex.close()
+    assert french(replies[0].text), replies[0].text
+    assert french(replies[20].text), replies[20].text  # the memories did not override it
+    assert len(replies[20].extra["memories_used"]) == 20
+    assert 0 < replies[20].emphasis_effective < default_emphasis(smollm)  # shared out
