@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import statistics
 import sys
@@ -85,12 +86,15 @@ def conditions(emphases: list[float], reminder: bool, many: str) -> dict[str, di
 
 
 class Runner:
-    def __init__(self, adapter, batch: int) -> None:
+    def __init__(self, adapter, batch: int, segment_tokens: int = 0) -> None:
         self.adapter = adapter
+        from injection.memory.recall import RecallOptions
+
+        memory = RecallOptions(segment_tokens=segment_tokens) if segment_tokens else None
         self.ex = InjectionExecutor(adapter, l1=TenantLRU(max_bytes=2 * 1024**3), l2=None,
                                     alpha_cap=1.0, min_alpha=0.0, metrics=Metrics(),
                                     engine=BatchEngine(adapter, max_batch=batch),
-                                    conversation_max_bytes=512 * 1024**2)
+                                    conversation_max_bytes=512 * 1024**2, memory=memory)
 
     def request(self, set_name: str, i: int, case, depth: int, cond: dict,
                 n_tokens: int, **kw) -> ExecutionRequest:
@@ -123,10 +127,12 @@ def repeats(reply: str, n: int = 4) -> bool:
     return len(grams) != len(set(grams))
 
 
-def evaluate(runner: Runner, sets, depths, conds, workers: int) -> list[tuple]:
+def evaluate(runner: Runner, sets, depths, conds, workers: int,
+             partial: str = "") -> list[tuple]:
     """Every (set, case, depth, condition) reply, generated ``workers`` at a time."""
-    jobs = [(s, i, c, d, name) for s, cases in sets for i, c in enumerate(cases)
-            for d in depths for name in conds]
+    # depth-major: an interrupted run (see --partial) has whole depths
+    jobs = [(s, i, c, d, name) for d in depths for s, cases in sets
+            for i, c in enumerate(cases) for name in conds]
     t0 = time.perf_counter()
     out = []
 
@@ -140,6 +146,8 @@ def evaluate(runner: Runner, sets, depths, conds, workers: int) -> list[tuple]:
             out.append(res)
             if k % 25 == 0 or k == len(jobs):
                 print(f"  {k}/{len(jobs)} replies, {time.perf_counter() - t0:.0f} s", flush=True)
+                if partial:
+                    Path(partial).write_text(json.dumps([r[:5] + (r[5],) for r in out]))
     return out
 
 
@@ -198,8 +206,11 @@ def main() -> None:
     ap.add_argument("--many", default="reminder",
                     help="mechanisms of the 20-memories condition: '', 'reminder', "
                          "'reminder,e=1.6', ... ('none': leave the condition out)")
-    ap.add_argument("--only", default="", help="comma list of condition names to run")
+    ap.add_argument("--only", default="", help="condition names to run, separated by ;")
     ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--partial", default="", help="JSON file of the replies so far")
+    ap.add_argument("--segment-tokens", type=int, default=0,
+                    help="the member segment's token budget (0: the engine's default)")
     ap.add_argument("--ttft-reps", type=int, default=3)
     ap.add_argument("--ttft-cases", type=int, default=8)
     ap.add_argument("--reminder-role", default="", help="override: system | user")
@@ -219,17 +230,17 @@ def main() -> None:
     conds = conditions(emphases, not args.no_reminder, "" if args.many == "none" else
                        (args.many or "plain"))
     if args.only:
-        keep = [x.strip() for x in args.only.split(",")]
+        keep = [x.strip() for x in args.only.split(";")]
         conds = {k: v for k, v in conds.items() if k in keep}
     all_sets = {"tuning": TUNING, "held-out": HELD_OUT}
     sets = [(s, all_sets[s][: args.cases or None]) for s in args.sets.split(",")]
     depths = [int(d) for d in args.depths.split(",")]
-    runner = Runner(adapter, args.workers)
+    runner = Runner(adapter, args.workers, args.segment_tokens)
     n = sum(len(c) for _, c in sets) * len(depths) * len(conds)
     print(f"{n} replies ({len(conds)} conditions x depths {depths}), greedy, "
           f"{MAX_NEW_TOKENS} tokens", flush=True)
     t0 = time.perf_counter()
-    results = evaluate(runner, sets, depths, conds, args.workers)
+    results = evaluate(runner, sets, depths, conds, args.workers, args.partial)
     gen_s = time.perf_counter() - t0
     if args.show:
         for s, i, d, name, ok, reply in results:
