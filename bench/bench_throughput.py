@@ -13,7 +13,12 @@ Part 2: one conversation per member over TURNS turns (the history grows every tu
 time to first token at turns 1, 5, 10, 20 with reuse (the last turn's K/V continued)
 and without (full prefill), the same messages for both, interleaved per turn.
 
-Run: ``.venv/bin/python bench/bench_throughput.py [--quick] [--write-docs]``
+Part 0 (``--decode``; ``--decode-only`` runs just this part): decode tokens/s of the
+engine at batch 1 against the ceiling measured in the same run (read bandwidth of a
+weights-sized buffer / bytes of weights), and at concurrency 8 and 16 against batch 1,
+preallocated K/V cache vs reallocating every step (``decode_speed.py``).
+
+Run: ``.venv/bin/python bench/bench_throughput.py [--quick] [--decode[-only]] [--write-docs]``
 (``MODEL_PATH``: any local HF chat model dir; default: the prepared SmolLM2-135M-Instruct;
 ``MODEL_DEVICE`` e.g. ``cuda``).
 """
@@ -32,6 +37,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+import decode_speed  # noqa: E402
+import torch  # noqa: E402
 from bench_personalisation import model_path  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
 
@@ -170,12 +177,25 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--decode", action="store_true", help="also decode vs ceiling")
+    parser.add_argument("--decode-only", action="store_true")
     args = parser.parse_args()
     levels = [1, 2, 4, 8] if args.quick else [1, 2, 4, 8, 16]
     turns = [1, 5, 10] if args.quick else [1, 5, 10, 20]
     device = os.environ.get("MODEL_DEVICE") or None
     path = model_path()
     adapter, label = load_adapter(path, device=device), f"model {path.name}"
+    if args.decode or args.decode_only:
+        levels_d = [1, 8, 16]
+        lines = decode_speed.report(decode_speed.measure(adapter, levels_d), levels_d)
+        body = "\n".join([f"`.venv/bin/python bench/bench_throughput.py --decode-only` — "
+                          f"{machine()}; {label}; torch threads {torch.get_num_threads()}.",
+                          "", *lines])
+        print(body)
+        if args.decode_only:
+            if args.write_docs:
+                write_section("decode-speed", body)
+            return
     figures = throughput(adapter, levels, per_level=4 if args.quick else 8)
     conv = conversation(adapter, turns, members=1 if args.quick else 5)
     body = report(figures, conv, levels, turns, args, label)
