@@ -308,7 +308,9 @@ def test_residual_tool_calls_are_stripped(model, chat_messages, preference):
     for pref in (preference, ""):  # injected and plain paths
         res = ex.execute(req(chat_messages, pref))
         assert res.stripped_count == 1 and "retrieve_fact" not in res.text
-    assert res.text == make(Instrumented(model.inner)).execute(req(chat_messages, "")).text.strip()
+    # whitespace is normalised only next to a removed call (the stream cannot take back a
+    # reply's leading space it already sent): the call at the end takes the space before it
+    assert res.text == make(Instrumented(model.inner)).execute(req(chat_messages, "")).text.rstrip()
     assert ex.metrics.get("stripped_calls") == 2 and clean
 
 
