@@ -37,6 +37,7 @@ __all__ = ["BatchEngine", "RowJob"]
 log = logging.getLogger(__name__)
 _WATCH_KEYS = ("stop", "on_text", "cancelled")
 _LIVE: weakref.WeakSet[BatchEngine] = weakref.WeakSet()
+_PENDING = object()  # a chunked prefill with chunks to go
 
 
 @atexit.register
@@ -54,13 +55,15 @@ class BatchEngine(EngineFaults):
         kv_budget_bytes: bound on the batch's padded K/V (0: none; one row always fits).
         join_wait_ms: when idle, wait this long for more rows before the first prefill.
         clock: monotonic seconds for the scheduler's heartbeat (``watchdog.py``).
+        prefill_chunk: a longer prefill runs in chunks of this many tokens, one between
+            decoding steps, so running rows go on while it arrives (0: whole).
         preallocate: K/V in buffers with spare capacity, written in place (``batchcache``);
             False reallocates every step, as ``DynamicCache`` does (the benchmark's baseline).
     """
 
     def __init__(self, adapter: Any, *, max_batch: int = 8, kv_budget_bytes: int = 0,
                  join_wait_ms: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 preallocate: bool = True) -> None:
+                 preallocate: bool = True, prefill_chunk: int = 512) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.adapter, self.max_batch = adapter, int(max_batch)
@@ -77,6 +80,8 @@ class BatchEngine(EngineFaults):
         self._closed, self._stop_error = False, EngineUnavailable("the batch engine stopped")
         self._oom_cap = self.max_batch
         self._admitting: RowJob | None = None  # popped from the queue, being prefilled
+        self._chunking: RowJob | None = None  # its prefill goes on after the next step
+        self.prefill_chunk = int(prefill_chunk)
         self.clock, self.busy, self.beat_at = clock, False, clock()
         self.counters = dict.fromkeys(COUNTERS, 0)
         _LIVE.add(self)
@@ -118,7 +123,7 @@ class BatchEngine(EngineFaults):
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
-            busy = len(self._rows) + len(self._waiting)
+            busy = len(self._rows) + len(self._waiting) + (self._chunking is not None)
             return {**self.counters, "max_batch": self.max_batch, "active": len(self._rows),
                     "waiting": len(self._waiting), "free_slots": max(0, self.max_batch - busy)}
 
@@ -141,13 +146,14 @@ class BatchEngine(EngineFaults):
         while True:
             with self._cond:
                 self.busy = False
-                while not self._closed and not self._waiting and not self._rows:
+                while (not self._closed and not self._waiting and not self._rows
+                       and self._chunking is None):
                     self._cond.wait()
                 if self._closed:
                     break
                 self.busy = True
                 self._beat()
-                idle = not self._rows
+                idle = not self._rows and self._chunking is None
             if idle and self.join_wait:
                 time.sleep(self.join_wait)  # let a burst arrive together
             try:
@@ -163,11 +169,12 @@ class BatchEngine(EngineFaults):
     def _admit(self) -> None:
         while True:
             with self._cond:
-                job = self._admitting = self._next_admissible()
+                job = self._admitting = self._chunking or self._next_admissible()
             if job is None:
                 return
             if job.abandoned:
                 job.finish(error=InjectionError("abandoned before it started"))
+                self._chunking = self._admitting = job.chunk_cache = None
                 continue
             oom, first = False, None
             try:
@@ -177,9 +184,14 @@ class BatchEngine(EngineFaults):
             except Exception as exc:  # this row's input or prefix: it fails alone, at once
                 self._row_failed(job, exc, "prefill")
             finally:
-                self._admitting = None
+                if first is not _PENDING:  # done, failed or put back: no partial K/V kept
+                    self._chunking = job.chunk_cache = None
+                    job.prefilled = 0
+                self._admitting = self._chunking
             if oom:
                 self._prefill_oom(job)
+                return
+            if first is _PENDING:  # its next chunk after the running rows' next step
                 return
             if first is not None:  # in the batch now: its first token (a resumed row: none)
                 self._advance([job], first.unsqueeze(0), cached=False)
@@ -200,9 +212,15 @@ class BatchEngine(EngineFaults):
         tokens so far are prefilled too, and its next token is already chosen (None)."""
         self._beat()
         resume = job.emitted()
-        if not resume:
+        if not resume and not job.prefilled:
             job.reset(self.adapter.tokenizer, self.adapter.device)
-        past, logits = steps.prefill(self.adapter, job, job.prefill_ids(resume))
+        ids, done = job.prefill_ids(resume), job.prefilled
+        size = self.prefill_chunk if len(ids) > self.prefill_chunk > 0 else len(ids)
+        past, logits = steps.prefill(self.adapter, job, ids[done:done + size], job.chunk_cache)
+        if done + size < len(ids):
+            job.chunk_cache, job.prefilled, self._chunking = past, done + size, job
+            self.counters["prefill_chunks"] += 1
+            return _PENDING
         self._batch.add(past)  # all layers or none
         self._rows.append(job)
         self.counters["rows"] += 1

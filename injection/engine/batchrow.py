@@ -44,6 +44,8 @@ class RowJob:
     sampler: RowSampler | None = None
     kv_transfer_ms: float = 0.0
     kv_bytes_gpu: int = 0
+    chunk_cache: Any = None  # a chunked prefill's K/V so far (``prefilled`` of its ids)
+    prefilled: int = 0
     # -- handoff --
     abandoned: bool = False  # the caller stopped waiting (time limit, shutdown)
     output: GenerationOutput | None = None

@@ -27,7 +27,7 @@ from injection.kvcache.packed import PackedKV
 
 __all__ = ["COUNTERS", "EngineFaults"]
 COUNTERS = ("steps", "rows", "peak_batch", "batched_steps", "oom_shrinks", "row_failures",
-            "step_failures", "resumed", "keep_kv_failures", "watchdog_trips")
+            "step_failures", "resumed", "keep_kv_failures", "watchdog_trips", "prefill_chunks")
 
 log = logging.getLogger("injection.engine.batch")
 
@@ -135,5 +135,7 @@ class EngineFaults:
             if waiting:
                 rows += list(self._waiting)
                 self._waiting.clear()
+                if self._admitting is not None:  # a chunked prefill between its chunks
+                    rows.append(self._admitting)
         for job in rows:
             job.finish(error=exc)

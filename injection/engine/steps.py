@@ -20,16 +20,19 @@ from injection.engine.batchrow import RowJob
 from injection.kvcache.packed import PackedKV
 
 
-def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None) -> tuple[Any, torch.Tensor]:
-    """The row's new tokens (or ``ids``) on its own (alpha-scaled) prefix K/V, batch 1.
+def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
+            past: Any = None) -> tuple[Any, torch.Tensor]:
+    """The row's new tokens (or ``ids``) on its own (alpha-scaled) prefix K/V, batch 1;
+    ``past``: the row's cache so far (a chunked prefill's next chunk continues it).
 
     Returns the row's cache and the logits of its last position; records the K/V
-    transfer time and bytes on the job.
+    transfer time and bytes on the job (when it builds the cache).
     """
     with torch.inference_mode():
         with KVTimer(adapter.device) as timer:
-            cache = (adapter.build_cache(job.prefix, job.alpha) if job.prefix is not None
-                     else DynamicCache(config=adapter._cache_config))
+            cache = past if past is not None else (
+                adapter.build_cache(job.prefix, job.alpha) if job.prefix is not None
+                else DynamicCache(config=adapter._cache_config))
         tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
         bias = emphasis.prefill_bias(job.emphasis, job.emphasis_spans,
                                      cache.get_seq_length() + tokens.shape[1],
@@ -38,7 +41,8 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None) -> tuple[An
         out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
                             logits_to_keep=1, **extra)
         logits = out.logits[0, -1]
-    job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
+    if past is None:
+        job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
     return out.past_key_values, logits
 
 
