@@ -7,6 +7,7 @@ from __future__ import annotations
 from injection import build_executor
 from injection.base import CacheKey
 from injection.kvcache.packed import PackedKV
+from injection.metrics import Metrics  # its own counters: never the process-wide ones
 
 
 def link(adapter, tokens: int) -> PackedKV:
@@ -15,7 +16,7 @@ def link(adapter, tokens: int) -> PackedKV:
 
 def test_conversation_links_never_evict_segments(adapter):
     one = link(adapter, 8)
-    ex = build_executor(adapter, batch_max=2, l1_max_bytes=64 * one.nbytes,
+    ex = build_executor(adapter, metrics=Metrics(), batch_max=2, l1_max_bytes=64 * one.nbytes,
                         conversation_l1_max_bytes=4 * one.nbytes,
                         conversation_max_bytes=one.nbytes)
     try:
@@ -34,7 +35,7 @@ def test_conversation_links_never_evict_segments(adapter):
 
 def test_one_member_cannot_flush_the_other_members_conversations(adapter):
     one = link(adapter, 8)
-    ex = build_executor(adapter, batch_max=2, conversation_l1_max_bytes=8 * one.nbytes,
+    ex = build_executor(adapter, metrics=Metrics(), batch_max=2, conversation_l1_max_bytes=8 * one.nbytes,
                         conversation_max_bytes=one.nbytes)  # member cap: a quarter = 2 links
     try:
         quiet = [CacheKey("t", f"q{i}", "c", "fp") for i in range(4)]

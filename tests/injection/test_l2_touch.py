@@ -11,6 +11,7 @@ from injection.kvcache.chain import TENANT_USER
 from injection.kvcache.packed import PackedKV
 from injection.kvcache.redis_tier import RedisKVTier
 from injection.kvcache.signing import CacheKeySigner
+from injection.metrics import Metrics  # its own counters: never the process-wide ones
 
 SECRET = "touch-test-secret-0123456789abcdef"
 
@@ -35,7 +36,7 @@ def test_touch_refreshes_ttl_once_per_window(redis_client):
 
 
 def test_l1_hits_of_the_chain_refresh_the_redis_copy(adapter, redis_client):
-    ex = build_executor(adapter, redis_client=redis_client, signing_secret=SECRET,
+    ex = build_executor(adapter, metrics=Metrics(), redis_client=redis_client, signing_secret=SECRET,
                         l2_ttl_seconds=800)
     try:
         assert ex.warm("t", "m", "I like short answers.", "Be polite.") is not None
