@@ -15,12 +15,13 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpu_worker.channels import control
 from injection.base import CacheKey
-from injection.kvcache.conversation import link_digest
-from injection.kvcache.packed import PackedKV
+
+if TYPE_CHECKING:  # the web imports this module through the handlers: no torch there
+    from injection.kvcache.packed import PackedKV
 
 log = logging.getLogger(__name__)
 OP = "conv_link"
@@ -36,6 +37,8 @@ class LinkBroadcaster:
         self.published = self.skipped = 0
 
     def __call__(self, old: CacheKey, new: CacheKey, kv: PackedKV) -> None:
+        from injection.kvcache.conversation import link_digest  # worker side only (torch)
+
         if old.tenant != new.tenant:
             return  # never: a link is replaced within its tenant
         msg = {"tenant": new.tenant, "old": list(old), "new": list(new),

@@ -155,10 +155,11 @@ def answer(
     cache["instructions_version"] = member.tenant.instructions_version
     cache["finish_reason"] = result.finish_reason
     latency_ms = (time.monotonic() - started) * 1000
+    used = memories_used(result, memories)
     conv = do_record_chat(
         member, conv, message=message, reply=reply, usage=usage, cache=cache,
         latency_ms=latency_ms, request_id=request_id, prior=params.get("history") or (),
-        end_user=params.get("user"),
+        end_user=params.get("user"), memories_used=used,
     )
     usage.pop("message_tokens")
     if stream is not None:
@@ -169,5 +170,5 @@ def answer(
         "usage": usage,
         "cache": cache,
         "request_id": request_id,
-        "memories_used": memories_used(result, memories),
+        "memories_used": used,
     }

@@ -49,6 +49,7 @@ def do_record_chat(
     request_id: str,
     prior: Sequence[dict[str, str]] = (),
     end_user: str | None = None,
+    memories_used: list[dict[str, Any]] | None = None,
 ) -> Conversation:
     """Store the exchange and its audit row (message text only if the tenant opted in).
 
@@ -105,7 +106,9 @@ def do_record_chat(
     note_usage(member)  # budget thresholds crossed by this chat (audited once)
     spent = data["prompt_tokens"] + data["completion_tokens"]
     transaction.on_commit(lambda: tpm.record(member.tenant_id, member.pk, spent))
-    _fill_claim(claim, conversation, answer, usage, cache)
+    # the claim's cache keeps the memories the reply used, so a replay answers them too
+    _fill_claim(claim, conversation, answer, usage,
+                cache if memories_used is None else {**cache, "memories_used": memories_used})
     return conversation
 
 

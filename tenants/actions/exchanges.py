@@ -44,13 +44,18 @@ def request_hash(message: str, conversation_id: int | None, params: dict) -> str
 
 def stored_answer(exchange: ChatExchange) -> dict[str, Any]:
     """The API body of a stored exchange (what its first request was answered)."""
-    return {
+    cache = dict(exchange.cache or {})
+    used = cache.pop("memories_used", None)
+    body = {
         "reply": exchange.reply.content if exchange.reply_id else "",
         "conversation": exchange.conversation_id,
         "usage": exchange.usage,
-        "cache": exchange.cache,
+        "cache": cache,
         "request_id": exchange.request_id,
     }
+    if used is not None:
+        body["memories_used"] = used
+    return body
 
 
 def _deadline(timeout: float):
