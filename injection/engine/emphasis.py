@@ -37,9 +37,12 @@ Spans = tuple[tuple[int, int], ...]
 
 # Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
 # depth"): model_key -> nats. A model not listed (the random demo model included) is off.
-MEASURED_DEFAULTS: dict[str, float] = {
-    "b7753234439613b9": 3.0,  # SmolLM2-135M-Instruct: swept on the tuning cases, held-out checked
-}
+# SmolLM2-135M-Instruct ("b7753234439613b9") scored best at 3.0 on the benchmark's keyword
+# checks, but on open requests 2-3 nats make it recite the memory instead of answering
+# ("Suggest a dinner recipe" -> "I am vegetarian and I do not like spicy food."), which
+# those checks count as adherence: off by default until a measure of answer quality
+# says otherwise; tenants and requests can still turn it on.
+MEASURED_DEFAULTS: dict[str, float] = {}
 
 
 def model_key(adapter: Any) -> str:

@@ -51,7 +51,6 @@ def test_the_random_demo_model_has_no_emphasis_default(adapter):
 @pytest.mark.real_model
 def test_tenant_instruction_still_holds_with_twenty_memories(real_model_path):
     smollm = load_adapter(real_model_path, device="cpu")
-    assert default_emphasis(smollm) > 0  # measured for this model: the default is on
     ex = InjectionExecutor(smollm, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
                            metrics=Metrics(), engine=BatchEngine(smollm, max_batch=2))
     msgs = [{"role": "user", "content": "How are you today?"}]
@@ -61,11 +60,11 @@ def test_tenant_instruction_still_holds_with_twenty_memories(real_model_path):
             mems = tuple(MemoryItem(str(i), t) for i, t in enumerate(MEMORIES[:n]))
             res = ex.execute(ExecutionRequest("acme", "ann", msgs, memories=mems,
                                               instructions="Always answer in French.",
-                                              max_new_tokens=24))
+                                              emphasis=3.0, max_new_tokens=24))
             replies[n] = res
     finally:
         ex.close()
     assert french(replies[0].text), replies[0].text
     assert french(replies[20].text), replies[20].text  # the memories did not override it
     assert len(replies[20].extra["memories_used"]) == 20
-    assert 0 < replies[20].emphasis_effective < default_emphasis(smollm)  # shared out
+    assert 0 < replies[20].emphasis_effective < 3.0  # shared out over 20 memories
