@@ -96,9 +96,12 @@ class BatchEngine(EngineFaults):
     def run(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
             max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
             emphasis: float = 0.0, emphasis_spans: tuple[tuple[int, int], ...] = (),
+            capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
             **sampling: Any) -> GenerationOutput:
         """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``;
-        ``emphasis`` nats towards the absolute key positions ``emphasis_spans``."""
+        ``emphasis`` nats towards the absolute key positions ``emphasis_spans``;
+        ``capture`` gets the K/V of the first ``capture_tokens`` of ``new_ids`` once the
+        prefill is done (the one-pass miss; ``faults.capture_segment``)."""
         if not new_ids:
             raise InvalidRequest("prompt is empty")
         if prefix is not None:
@@ -106,7 +109,8 @@ class BatchEngine(EngineFaults):
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
                      int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
-                     emphasis=float(emphasis), emphasis_spans=tuple(emphasis_spans))
+                     emphasis=float(emphasis), emphasis_spans=tuple(emphasis_spans),
+                     capture=capture, capture_tokens=int(capture_tokens))
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
         return self.submit(job).wait()
 
@@ -221,6 +225,8 @@ class BatchEngine(EngineFaults):
             job.chunk_cache, job.prefilled, self._chunking = past, done + size, job
             self.counters["prefill_chunks"] += 1
             return _PENDING
+        if not resume:
+            self._capture_segment(job, past)  # before the batch takes the row's K/V
         self._batch.add(past)  # all layers or none
         self._rows.append(job)
         self.counters["rows"] += 1

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,6 +37,10 @@ class RowJob:
     # attention emphasis (``emphasis.py``): nats added towards these absolute key spans
     emphasis: float = 0.0
     emphasis_spans: tuple[tuple[int, int], ...] = ()
+    # the one-pass miss: the first ``capture_tokens`` of ``new_ids`` are a cache segment
+    # missing from every tier; its K/V, sliced from this row's prefill, goes to ``capture``
+    capture: Callable[[PackedKV], None] | None = None
+    capture_tokens: int = 0
     started: float = field(default_factory=time.perf_counter)
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --

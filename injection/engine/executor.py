@@ -36,7 +36,7 @@ from injection.memory.recall import MemoryPlanner, RecallOptions
 from injection.metrics import METRICS, Metrics
 from injection.prompting.emphasis_spans import emphasis_for
 from injection.prompting.history import fit_history
-from injection.prompting.output_filter import strip_control_chars, strip_retrieve_fact_calls
+from injection.prompting.output_filter import clean_reply
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import compose_context
 
@@ -204,14 +204,19 @@ class InjectionExecutor:
                                        self.adapter, parts.prompt, n))
         plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)
-        chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha)
+        # one-pass miss: a missing member segment is computed in this turn's own prefill
+        defer = (self.engine is not None and plan.cached is None and member_alpha == 1.0
+                 and not emph)
+        chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha,
+                               defer=defer)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
-        assert chain.kv.keys.is_cpu and chain.kv.values.is_cpu, "cached K/V must live on CPU"
+        assert chain.kv is None or chain.kv.keys.is_cpu, "cached K/V must live on CPU"
         # the chain is scaled already; a conversation hit continues its link after it
-        out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling, spans)
+        out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling, spans,
+                             lead=chain.lead, capture=chain.capture)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
-        text, stripped = self._strip(out.text)
-        head = chain.kv.num_tokens
+        text, stripped = clean_reply(out.text, self.metrics.incr)
+        head = chain.num_tokens
         self.turns.keep(plan, req, messages, text, out, head, chash, member_alpha)
         self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
         reused = plan.cached.num_tokens if plan.cached is not None else 0
@@ -220,7 +225,8 @@ class InjectionExecutor:
             text=text, tier=chain.tier, prompt_tokens=prompt_tokens,
             completion_tokens=len(out.token_ids), alpha_effective=alpha if personal else 0.0,
             content_hash=chash, fingerprint=self.adapter.fingerprint, kv_tokens=head,
-            kv_layers_count=chain.kv.num_layers, kv_bytes_cpu=chain.kv.nbytes,
+            kv_layers_count=_layers(chain, self.adapter), kv_bytes_cpu=chain.stored_bytes + len(
+                chain.lead) * getattr(self.engine, "bytes_per_token", 0),
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
             kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
             ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
@@ -256,7 +262,7 @@ class InjectionExecutor:
         reused = plan.cached.num_tokens if plan.cached is not None else 0
         prompt_tokens = len(out.prompt_token_ids)
         infer_ms = (time.perf_counter() - t0) * 1000.0
-        text, stripped = self._strip(out.text)
+        text, stripped = clean_reply(out.text, self.metrics.incr)
         self.turns.keep(plan, req, messages, text, out, 0, "", 0.0)
         history = _history_len(messages)
         return ExecutionResult(
@@ -266,15 +272,6 @@ class InjectionExecutor:
             injection_mode=mode, history_messages=history, finish_reason=out.finish_reason,
             reused_tokens=reused, cached_tokens=min(reused, prompt_tokens),
         )
-
-    def _strip(self, text: str) -> tuple[str, int]:
-        text, controls = strip_control_chars(text)  # first, as the stream does
-        if controls:
-            self.metrics.incr("stripped_control_chars", controls)
-        text, n = strip_retrieve_fact_calls(text)
-        if n:
-            self.metrics.incr("stripped_calls", n)
-        return text, n
 
     # -- GPU memory discipline --------------------------------------------------------
     def _with_oom_retry(self, fn: Callable[[], T]) -> T:
@@ -294,3 +291,7 @@ class InjectionExecutor:
 
     def _on_cuda(self) -> bool:
         return torch.device(self.adapter.device).type == "cuda" and torch.cuda.is_available()
+
+
+def _layers(chain: Any, adapter: PreferenceModel) -> int:
+    return chain.kv.num_layers if chain.kv is not None else int(getattr(adapter, "num_layers", 0))

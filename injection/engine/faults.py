@@ -18,7 +18,11 @@ import logging
 import threading
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
+import torch
+
+from injection.devices import to_host
 from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
@@ -27,7 +31,8 @@ from injection.kvcache.packed import PackedKV
 
 __all__ = ["COUNTERS", "EngineFaults"]
 COUNTERS = ("steps", "rows", "peak_batch", "batched_steps", "oom_shrinks", "row_failures",
-            "step_failures", "resumed", "keep_kv_failures", "watchdog_trips", "prefill_chunks")
+            "step_failures", "resumed", "keep_kv_failures", "watchdog_trips", "prefill_chunks",
+            "segment_captures", "capture_failures")
 
 log = logging.getLogger("injection.engine.batch")
 
@@ -87,6 +92,25 @@ class EngineFaults:
                     type(exc).__name__)
         self.counters["row_failures"] += 1
         job.finish(error=exc)
+
+    def _capture_segment(self, job: RowJob, past: Any) -> None:
+        """The one-pass miss: the row's leading segment, sliced from its finished prefill
+        (fresh host tensors), handed to ``job.capture``. Bookkeeping: a failure costs the
+        cache entry, never the row."""
+        if job.capture is None or job.capture_tokens <= 0:
+            return
+        start = len(job.input_ids) - len(job.new_ids)
+        end = start + job.capture_tokens
+        try:
+            with torch.no_grad():
+                keys = to_host(torch.stack([layer.keys[0, :, start:end] for layer in past.layers]))
+                values = to_host(torch.stack([layer.values[0, :, start:end]
+                                              for layer in past.layers]))
+            job.capture(PackedKV(keys, values, job.input_ids[start:end]))
+            self.counters["segment_captures"] += 1
+        except Exception as exc:
+            self.counters["capture_failures"] += 1
+            log.warning("a one-pass segment was not kept (%s)", type(exc).__name__)
 
     def _sequence_kv(self, job: RowJob, reason: str) -> PackedKV | None:
         """The finished row's K/V for conversation reuse: bookkeeping, so a failure here

@@ -63,17 +63,23 @@ class TurnGenerator:
         return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis)
 
     def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
-            sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = ()) -> Any:
+            sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = (),
+            lead: tuple[int, ...] = (), capture: Any = None) -> Any:
         """Generate after ``prefix`` (the injected chain, with the conversation's link
         joined on a hit; values already scaled) at alpha 1; ``plan.emphasis`` towards the
-        absolute key ``spans`` (engine only)."""
+        absolute key ``spans`` (engine only). ``lead``: a deferred segment's ids,
+        prefilled before the prompt, their K/V handed to ``capture`` (engine only)."""
         if self.engine is None:
+            assert not lead, "a deferred segment needs the batch engine"
             return self.adapter.generate(plan.prompt, prefix, 1.0, req.max_new_tokens, **sampling)
         done = plan.cached.num_tokens if plan.cached is not None else 0
-        return self.engine.run(prefix, 1.0, plan.prompt_ids[done:], req.max_new_tokens,
-                               keep_kv=plan.admitted, prompt_ids=plan.prompt_ids,
-                               emphasis=plan.emphasis if spans else 0.0,
-                               emphasis_spans=spans, **sampling)
+        assert not (lead and done), "a deferred segment comes before any conversation link"
+        return self.engine.run(prefix, 1.0, [*lead, *plan.prompt_ids[done:]],
+                               req.max_new_tokens, keep_kv=plan.admitted,
+                               prompt_ids=plan.prompt_ids,
+                               emphasis=plan.emphasis if spans else 0.0, emphasis_spans=spans,
+                               capture=capture if lead else None, capture_tokens=len(lead),
+                               **sampling)
 
     def keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
              reply: str, out: Any, head: int, chash: str, alpha: float) -> None:

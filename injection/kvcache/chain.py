@@ -17,6 +17,7 @@ A model or template without a token-exact split injects the whole turn as one se
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
@@ -35,11 +36,20 @@ _ORDER = {Tier.L1: 0, Tier.L2: 1, Tier.COMPUTE: 2}
 class ChainKV(NamedTuple):
     """An assembled chain: inject ``kv`` at alpha 1 (the member part is already scaled)."""
 
-    kv: PackedKV
+    kv: PackedKV | None  # None only for a deferred chain without a cached head
     tier: Tier  # the coldest tier of the chain (compute if any segment was computed)
     cached_tokens: int  # tokens of segments served from L1/L2
     tiers: dict[str, str]  # per segment kind: l1 | l2 | compute
     stored_bytes: int  # bytes of the cached segments this request used
+    # deferred (the one-pass miss): the member segment's ids, prefilled by the request
+    # right after ``kv`` and before its prompt; ``capture`` stores their K/V
+    lead: tuple[int, ...] = ()
+    capture: Callable[[PackedKV], None] | None = None
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of the injected turn (a deferred segment's included)."""
+        return (self.kv.num_tokens if self.kv is not None else 0) + len(self.lead)
 
 
 KINDS = ("tenant", "member", "conversation")
@@ -87,28 +97,65 @@ class SegmentChain:
             return None
 
     def get(self, tenant: str, user: str | None, segment: str, split: SegmentSplit | None,
-            alpha: float) -> ChainKV:
+            alpha: float, *, defer: bool = False) -> ChainKV:
         """The chain of ``segment`` for ``user`` of ``tenant`` (``user`` None: the member
-        part is computed and never cached; the tenant part is still shared)."""
-        if split is None:
-            kv, tier, _ = self.source.get(tenant, user, segment)
-            return _assemble([("member", kv, tier)], alpha)
+        part is computed and never cached; the tenant part is still shared).
+
+        ``defer`` (alpha 1 only): a member segment missing from L1 and L2 is not computed
+        here; the chain comes back deferred (``lead``/``capture``) for the request to
+        compute it in its own prefill, before its prompt (the one-pass miss)."""
+        assert not defer or alpha == 1.0, "a deferred segment is computed unscaled"
+        member = user_or_none(user)
         fp = self.adapter.fingerprint
+        if split is None:
+            if not defer:
+                kv, tier, _ = self.source.get(tenant, user, segment)
+                return _assemble([("member", kv, tier)], alpha)
+            key = CacheKey(tenant, member, content_hash(segment), fp) if member else None
+            hit = self.source.lookup(key, kind="member") if key is not None else None
+            if hit is None:
+                ids = self.adapter.renderer.encode(segment, first=True)
+                return self._deferred([], key, ids)
+            return _assemble([("member", *hit)], alpha)
         tkey = tenant_key(tenant, split.tenant_text, fp)
         tkv, ttier = self._fetch(
             tkey, lambda: self.adapter.compute_kv_ids(split.tenant_ids), "tenant",
             split.tenant_ids)
-        member = user_or_none(user)
+        head = [("tenant", tkv, ttier)]
+        mkey = (CacheKey(tenant, member, member_hash(tkey, split.member_text), fp)
+                if member is not None else None)
+        if defer:
+            hit = self.source.lookup(mkey, kind="member") if mkey is not None else None
+            if hit is None or hit[0].token_ids != split.member_ids:
+                return self._deferred(head, mkey, split.member_ids)
+            return _assemble([*head, ("member", *hit)], alpha)
 
         def compute_member() -> PackedKV:
             return self.adapter.compute_kv_ids(split.member_ids, parent=tkv)
 
-        if member is None:
+        if mkey is None:
             mkv, mtier = self.source.compute(compute_member), Tier.COMPUTE
         else:
-            mkey = CacheKey(tenant, member, member_hash(tkey, split.member_text), fp)
             mkv, mtier = self._fetch(mkey, compute_member, "member", split.member_ids)
-        return _assemble([("tenant", tkv, ttier), ("member", mkv, mtier)], alpha)
+        return _assemble([*head, ("member", mkv, mtier)], alpha)
+
+    def _deferred(self, head: list[tuple[str, PackedKV, Tier]], key: CacheKey | None,
+                  ids: list[int] | tuple[int, ...]) -> ChainKV:
+        """The chain's cached ``head`` (alpha 1) with the member segment left to the
+        request's prefill; ``capture`` stores what it computes (``key`` None: counted only)."""
+        ids = tuple(ids)
+
+        def capture(kv: PackedKV) -> None:
+            if kv.token_ids != ids:  # never file K/V under another segment's key
+                self.source.metrics.incr("segment_mismatch")
+                return
+            self.source.store(key, kv)
+
+        base = _assemble(head, 1.0) if head else None
+        return ChainKV(base.kv if base else None, Tier.COMPUTE,
+                       base.cached_tokens if base else 0,
+                       {**(base.tiers if base else {}), "member": Tier.COMPUTE.value},
+                       base.stored_bytes if base else 0, lead=ids, capture=capture)
 
 
     def _fetch(self, key: CacheKey, compute, kind: str,

@@ -50,6 +50,16 @@ class PreferenceKVSource:
               kind: str) -> tuple[PackedKV, Tier]:
         """``key``'s entry from L1 -> L2 (promoted to L1) -> ``compute()`` (single-flight,
         stored in L1 and L2). ``kind`` (tenant | member) splits the hit/miss counters."""
+        hit = self.lookup(key, kind=kind)
+        if hit is not None:
+            return hit
+        kv, shared = self.flight.do(key, lambda: self._compute_and_store(key, compute))
+        if shared:
+            self.metrics.incr("compute_shared")
+        return kv, Tier.COMPUTE
+
+    def lookup(self, key: CacheKey, *, kind: str) -> tuple[PackedKV, Tier] | None:
+        """``key``'s entry from L1, else L2 (promoted to L1), else None (a miss, counted)."""
         kv = self._get(self.l1, "l1", key, kind=kind)
         if kv is not None:
             touch = getattr(self.l2, "touch", None)  # in use: its Redis copy must not expire
@@ -64,10 +74,20 @@ class PreferenceKVSource:
             kv = kv.pin_memory()  # decoded pageable -> pinned once (no-op without CUDA)
             self._put(self.l1, "l1", key, kv)
             return kv, Tier.L2
-        kv, shared = self.flight.do(key, lambda: self._compute_and_store(key, compute))
-        if shared:
-            self.metrics.incr("compute_shared")
-        return kv, Tier.COMPUTE
+        return None
+
+    def store(self, key: CacheKey | None, kv: PackedKV, compute_ms: float = 0.0) -> None:
+        """A segment computed inside a request's own prefill (the one-pass miss): counted
+        as a compute, stored in L1 and L2 (``key`` None: counted, never stored)."""
+        assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
+        self.metrics.incr("computes")
+        self.metrics.incr("computes_one_pass")
+        self.metrics.incr("kv_bytes_computed", kv.nbytes)
+        if compute_ms:
+            self.metrics.observe_ms("compute", compute_ms)
+        if key is not None:
+            self._put(self.l1, "l1", key, kv)
+            self._put(self.l2, "l2", key, kv)
 
     def compute(self, text: str | Callable[[], PackedKV]) -> PackedKV:
         t0 = time.perf_counter()

@@ -14,10 +14,11 @@ the text. Calls of other tools are left alone. The scanner lives in ``markup.py`
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 
 from injection.prompting.markup import strip_markup
 
-__all__ = ["strip_control_chars", "strip_retrieve_fact_calls"]
+__all__ = ["clean_reply", "strip_control_chars", "strip_retrieve_fact_calls"]
 
 # C0 controls but tab, newline and carriage return; DEL; C1 controls; lone surrogates.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\ud800-\udfff]")
@@ -35,3 +36,15 @@ def strip_retrieve_fact_calls(text: str) -> tuple[str, int]:
     The same scanner strips streamed text (``markup.MarkupStream``), so a streamed reply
     concatenates to exactly this."""
     return strip_markup(text)
+
+
+def clean_reply(text: str, incr: Callable[[str, int], None]) -> tuple[str, int]:
+    """A final reply as clients get it: control characters first (as the stream does),
+    then ``retrieve_fact`` calls; counts both through ``incr``. ``(text, calls)``."""
+    text, controls = strip_control_chars(text)
+    if controls:
+        incr("stripped_control_chars", controls)
+    text, n = strip_retrieve_fact_calls(text)
+    if n:
+        incr("stripped_calls", n)
+    return text, n

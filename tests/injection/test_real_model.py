@@ -132,3 +132,28 @@ def test_chained_tenant_and_member_segments_reproduce_the_system_message(smollm)
             assert res.text == want.text, (user, res.text, want.text)
             assert res.completion_tokens == len(want.token_ids)
     assert ex.metrics.get("tenant_l1_misses") == 1 and ex.metrics.get("tenant_l1_hits") == 5
+
+
+def test_one_pass_misses_reproduce_the_system_message(smollm):
+    """Through the batch engine a missing member segment is computed inside the request's
+    own prefill (the one-pass miss): cold, tenant warm and cached replies are still the
+    system-message reply token for token, and the stored segment serves the next turn."""
+    from injection import build_executor
+
+    ex = build_executor(smollm, batch_max=4, metrics=Metrics())
+    instr = "You are the assistant of a travel agency. Answer in one or two sentences."
+    msgs = [{"role": "user", "content": "Where should I go on holiday this summer?"}]
+    try:
+        for user, pref in (("1", "I love mountains and hiking."), ("2", "I hate flying."),
+                           ("3", "")):
+            context = instr + ("\n\n" + pref if pref else "")
+            want = smollm.generate(smollm.plain_prompt(context, msgs), None, 1.0, 24)
+            for _ in range(2):
+                res = ex.execute(ExecutionRequest("t", user, msgs, pref, instructions=instr,
+                                                  max_new_tokens=24, **PARITY))
+                assert res.text == want.text, (user, res.text, want.text)
+        assert ex.metrics.get("computes_one_pass") == 3  # each member's segment, once
+        assert ex.engine.counters["segment_captures"] == 3
+        assert ex.metrics.get("member_l1_hits") == 3
+    finally:
+        ex.close()
