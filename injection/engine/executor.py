@@ -59,6 +59,8 @@ class InjectionExecutor:
             (None: one ``adapter.generate`` per request).
         conversation_max_bytes: with an engine, keep each conversation's sequence K/V up
             to this size in L1 for its next turn (0: no conversation reuse).
+        one_pass: with an engine, a missing member segment is prefilled by the request
+            itself before its prompt (alpha 1, no emphasis); False computes it apart.
     """
 
     def __init__(
@@ -73,7 +75,7 @@ class InjectionExecutor:
         engine: Any = None,
         conversation_max_bytes: int = 0,
         conversation_l1: KVStore | None = None,
-        memory: RecallOptions | None = None,
+        memory: RecallOptions | None = None, one_pass: bool = True,
     ) -> None:
         if not 0.0 <= min_alpha < alpha_cap:
             raise ValueError("need 0 <= min_alpha < alpha_cap")
@@ -89,6 +91,7 @@ class InjectionExecutor:
             max_bytes=conversation_max_bytes if engine is not None else 0)
         self.turns = TurnGenerator(adapter, engine, self.conversations)
         self.memories = MemoryPlanner(adapter, memory, self.metrics)  # budget + recall
+        self.one_pass = one_pass and engine is not None
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -205,8 +208,7 @@ class InjectionExecutor:
         plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)
         # one-pass miss: a missing member segment is computed in this turn's own prefill
-        defer = (self.engine is not None and plan.cached is None and member_alpha == 1.0
-                 and not emph)
+        defer = self.one_pass and plan.cached is None and member_alpha == 1.0 and not emph
         chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha,
                                defer=defer)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
