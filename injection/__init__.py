@@ -56,9 +56,6 @@ __all__ = [
 from injection.base import ALPHA_CAP  # noqa: E402  (torch-free)
 
 GiB, MiB = 1024**3, 1024**2
-# tokens per prefill chunk by device type: a chunk should cost about a decoding step or
-# two of the running rows (bench/bench_miss.py); others: 512
-PREFILL_CHUNK = {"cpu": 128, "cuda": 512}
 
 
 def build_executor(
@@ -77,7 +74,8 @@ def build_executor(
     batch_max: int = 0,
     batch_kv_budget_bytes: int = 0,
     batch_join_wait_ms: float = 0.0,
-    batch_prefill_chunk: int | None = None,
+    batch_prefill_chunk: int = 512,
+    batch_prefill_pace: float = 1.5,
     conversation_max_bytes: int = 128 * MiB,
     conversation_l1_max_bytes: int = 1 * GiB,
     conversation_member_max_bytes: int | None = None,
@@ -97,9 +95,9 @@ def build_executor(
     ``conversation_max_bytes`` per conversation, in an L1 of ``conversation_l1_max_bytes``
     of its own, of which one member holds at most ``conversation_member_max_bytes``:
     default a quarter, never less than one conversation); 0 generates one request at a
-    time. A prompt longer than ``batch_prefill_chunk`` tokens is prefilled in chunks
-    between decoding steps (None: PREFILL_CHUNK by device type, measured in
-    docs/BENCHMARKS.md; 0: whole). A tenant segment stays pinned in L1 while the tenant has member entries there
+    time. A prompt is prefilled in chunks of at most ``batch_prefill_chunk`` tokens (0:
+    whole), one between two decoding steps; while rows decode, a chunk is sized to cost
+    about ``batch_prefill_pace`` of their steps (0: the cap; ``injection.engine.pacing``). A tenant segment stays pinned in L1 while the tenant has member entries there
     or used it within ``tenant_pin_idle_seconds``. Device-to-host K/V copies reuse the
     process's pool of pinned buffers (``injection.hostmem``), bounded by
     ``pinned_pool_max_bytes`` (default: L1's bound and a quarter).
@@ -131,14 +129,11 @@ def build_executor(
         l2 = RedisKVTier(redis_client, signer, ttl_seconds=l2_ttl_seconds)
     engine = None
     if batch_max >= 1 and getattr(adapter, "supports_batching", False):
-        import torch
-
         from injection.engine.batch import BatchEngine
 
-        chunk = batch_prefill_chunk if batch_prefill_chunk is not None else PREFILL_CHUNK.get(
-            torch.device(adapter.device).type, 512)
         engine = BatchEngine(adapter, max_batch=batch_max, kv_budget_bytes=batch_kv_budget_bytes,
-                             join_wait_ms=batch_join_wait_ms, prefill_chunk=chunk)
+                             join_wait_ms=batch_join_wait_ms, prefill_chunk=batch_prefill_chunk,
+                             pace=batch_prefill_pace)
     # conversation links in an L1 of their own: they never evict tenant/member segments
     conv_l1 = TenantLRU(
         max_bytes=conversation_l1_max_bytes, max_entries=l1_max_entries,

@@ -28,6 +28,7 @@ from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.faults import COUNTERS, EngineFaults
+from injection.engine.pacing import Pacer
 from injection.engine.sampling import BatchChooser
 from injection.errors import EngineUnavailable, InjectionError, InvalidRequest
 from injection.kvcache.packed import PackedKV
@@ -59,11 +60,13 @@ class BatchEngine(EngineFaults):
             decoding steps, so running rows go on while it arrives (0: whole).
         preallocate: K/V in buffers with spare capacity, written in place (``batchcache``);
             False reallocates every step, as ``DynamicCache`` does (the benchmark's baseline).
+        pace: while rows decode, a chunk is sized to cost about this many of their
+            decoding steps, measured (``pacing.Pacer``; 0: always ``prefill_chunk``).
     """
 
     def __init__(self, adapter: Any, *, max_batch: int = 8, kv_budget_bytes: int = 0,
                  join_wait_ms: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 preallocate: bool = True, prefill_chunk: int = 512) -> None:
+                 preallocate: bool = True, prefill_chunk: int = 512, pace: float = 0.0) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.adapter, self.max_batch = adapter, int(max_batch)
@@ -82,6 +85,7 @@ class BatchEngine(EngineFaults):
         self._admitting: RowJob | None = None  # popped from the queue, being prefilled
         self._chunking: RowJob | None = None  # its prefill goes on after the next step
         self.prefill_chunk = int(prefill_chunk)
+        self.pacer = Pacer(self.prefill_chunk, pace)
         self.clock, self.busy, self.beat_at = clock, False, clock()
         self.counters = dict.fromkeys(COUNTERS, 0)
         _LIVE.add(self)
@@ -219,8 +223,10 @@ class BatchEngine(EngineFaults):
         if not resume and not job.prefilled:
             job.reset(self.adapter.tokenizer, self.adapter.device)
         ids, done = job.prefill_ids(resume), job.prefilled
-        size = self.prefill_chunk if len(ids) > self.prefill_chunk > 0 else len(ids)
+        size = self.pacer.chunk(len(ids) - done, decoding=bool(self._rows))
+        t0 = self.clock()
         past, logits = steps.prefill(self.adapter, job, ids[done:done + size], job.chunk_cache)
+        self.pacer.prefilled(size, self.clock() - t0)
         if done + size < len(ids):
             job.chunk_cache, job.prefilled, self._chunking = past, done + size, job
             self.counters["prefill_chunks"] += 1
@@ -238,7 +244,9 @@ class BatchEngine(EngineFaults):
         snap = self._batch.snapshot()
         try:
             self._batch.reserve(1)  # any growth before the forward, all layers at once
+            t0 = self.clock()
             logits = steps.decode(self.adapter, self._batch, self._rows)
+            self.pacer.stepped(self.clock() - t0)
         except torch.cuda.OutOfMemoryError:
             logits = None  # handled below, once the failed attempt's frames are gone
         if logits is None:  # undo: the layers the step reached drop its column
