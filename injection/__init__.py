@@ -97,11 +97,14 @@ def build_executor(
     default a quarter, never less than one conversation); 0 generates one request at a
     time. A prompt is prefilled in chunks of at most ``batch_prefill_chunk`` tokens (0:
     whole), one between two decoding steps; while rows decode, a chunk is sized to cost
-    about ``batch_prefill_pace`` of their steps (0: the cap; ``injection.engine.pacing``). A tenant segment stays pinned in L1 while the tenant has member entries there
+    about ``batch_prefill_pace`` of their steps (0: the cap; ``injection.engine.pacing``).
+    A tenant segment stays pinned in L1 while the tenant has member entries there
     or used it within ``tenant_pin_idle_seconds``. Device-to-host K/V copies reuse the
     process's pool of pinned buffers (``injection.hostmem``), bounded by
     ``pinned_pool_max_bytes`` (default: L1's bound and a quarter).
-    Models whose cache has sliding-window or hybrid layers always use the latter.
+    Models with layers other than full or sliding-window attention (chunked, linear or
+    recurrent state) always use the latter; sliding-window models batch (the model's mask
+    applies the window over plain cache layers).
     A member's memories fill a cached segment of up to ``memory_segment_tokens``; of the
     rest, up to ``memory_recall_top_k`` with a cosine of at least
     ``memory_recall_min_similarity`` to the user's message are recalled per request

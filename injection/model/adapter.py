@@ -73,9 +73,12 @@ class ModelAdapter(PreferenceModel):
         self.max_positions: int | None = getattr(text_cfg, "max_position_embeddings", None)
         self.fingerprint = model_fingerprint(model, tokenizer, dtype)
         self.renderer = ChatRenderer(tokenizer)
-        # a config makes DynamicCache pick sliding/hybrid layers; plain layers need none
-        self._cache_config = model.config if _has_special_layers(text_cfg) else None
-        # the batch engine pads, merges and slices plain full-attention layers only
+        # Sliding-window layers (Mistral, Gemma's hybrids) get plain layers too: they keep
+        # every token and the model's mask applies the window (exact, shown by the tests;
+        # it costs full-attention memory). A config makes DynamicCache pick the layers of
+        # other kinds (chunked, linear/recurrent state), which hold no plain per-token K/V.
+        self._cache_config = model.config if _layer_kinds(text_cfg) - PLAIN_LAYERS else None
+        # the batch engine pads, merges and slices plain per-token layers only
         self.supports_batching = self._cache_config is None
 
     # -- PreferenceModel -----------------------------------------------------------
@@ -121,8 +124,8 @@ class ModelAdapter(PreferenceModel):
         return PackedKV(keys, values, ids)
 
     def split_segment(self, segment: str, context: str, instructions: str) -> SegmentSplit | None:
-        """Tenant + member parts of the injected turn (None: one segment). Sliding-window
-        and hybrid caches keep no plain per-token K/V to chain: one segment there."""
+        """Tenant + member parts of the injected turn (None: one segment). Layers other than
+        full or sliding attention keep no plain per-token K/V to chain: one segment there."""
         if not self.supports_batching:
             return None
         return self.renderer.tenant_split(segment, context, instructions)
@@ -255,9 +258,15 @@ class ModelAdapter(PreferenceModel):
             )
 
 
-def _has_special_layers(cfg: Any) -> bool:
-    types = getattr(cfg, "layer_types", None) or []
-    return bool(getattr(cfg, "sliding_window", None)) or any(t != "full_attention" for t in types)
+PLAIN_LAYERS = frozenset({"full_attention", "sliding_attention"})
+
+
+def _layer_kinds(cfg: Any) -> set[str]:
+    """The attention kinds of the model's layers (``layer_types``, else by the config)."""
+    types = getattr(cfg, "layer_types", None)
+    if types:
+        return set(types)
+    return {"sliding_attention" if getattr(cfg, "sliding_window", None) else "full_attention"}
 
 
 def _unalias_keys(cache: DynamicCache, source: torch.Tensor) -> None:
