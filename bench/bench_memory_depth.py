@@ -15,13 +15,18 @@ condition, in one run:
   emphasis``; listed with ``--emphasis``);
 * ``20 memories``: the case's memory among 19 unrelated ones (``ExecutionRequest.memories``).
 
-Adherence = replies passing their check. Fluency: empty replies and replies repeating a
-4-gram of words. Time to first token (one ``max_new_tokens=1`` request, segments already
+Adherence = replies passing their check *and* not reciting the memory
+(``memory_cases.recites``: a reply that restates the memory and adds next to nothing; a
+``fact`` case, whose question asks for the fact, is exempt). "recites": the share of
+replies failed for reciting. Fluency: empty replies and replies repeating a 4-gram of
+words. Time to first token (one ``max_new_tokens=1`` request, segments already
 in L1, median over cases, interleaved): 20 vs 1 memory, reminder on vs off, emphasis on
 vs off, at the deepest depth measured.
 
 Run: ``.venv/bin/python bench/bench_memory_depth.py [--write-docs]``; subsets with
-``--cases N --depths 0,8 --sets tuning --conditions ...``.
+``--cases N --depths 0,8 --sets tuning --only ...``. ``--partial FILE`` keeps the replies
+so far and resumes from them (the scoring is recomputed from the stored replies, so a
+finished file re-scores without generating).
 """
 
 from __future__ import annotations
@@ -42,7 +47,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
-from memory_cases import HELD_OUT, TUNING, conversation, memory_list  # noqa: E402
+from memory_cases import HELD_OUT, TUNING, adheres, conversation, memory_list, recitation  # noqa: E402
 
 from injection import InjectionExecutor, TenantLRU, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest, MemoryItem  # noqa: E402
@@ -127,28 +132,44 @@ def repeats(reply: str, n: int = 4) -> bool:
     return len(grams) != len(set(grams))
 
 
+def score(s: str, i: int, case, d: int, name: str, reply: str) -> tuple:
+    """(set, case index, depth, condition, pass, reply, recited, check alone)."""
+    return (s, i, d, name, adheres(case, reply), reply, recitation(case, reply),
+            bool(case.check(reply)))
+
+
 def evaluate(runner: Runner, sets, depths, conds, workers: int,
              partial: str = "") -> list[tuple]:
-    """Every (set, case, depth, condition) reply, generated ``workers`` at a time."""
+    """Every (set, case, depth, condition) reply, generated ``workers`` at a time; the
+    replies already in ``partial`` (same set, case, depth and condition) are reused."""
     # depth-major: an interrupted run (see --partial) has whole depths
     jobs = [(s, i, c, d, name) for d in depths for s, cases in sets
             for i, c in enumerate(cases) for name in conds]
+    done: dict[tuple, str] = {}
+    if partial and Path(partial).exists():
+        done = {(r[0], r[1], r[2], r[3]): r[5] for r in json.loads(Path(partial).read_text())}
+    todo = [j for j in jobs if (j[0], j[1], j[3], j[4]) not in done]
+    print(f"  {len(jobs) - len(todo)} replies from {partial}, {len(todo)} to generate"
+          if done else f"  {len(todo)} to generate", flush=True)
     t0 = time.perf_counter()
-    out = []
 
     def one(job):
         s, i, c, d, name = job
-        reply = runner.run(runner.request(s, i, c, d, conds[name], MAX_NEW_TOKENS))
-        return (s, i, d, name, bool(c.check(reply)), reply)
+        return (s, i, d, name), runner.run(runner.request(s, i, c, d, conds[name],
+                                                          MAX_NEW_TOKENS))
+
+    def save():
+        if partial:
+            Path(partial).write_text(json.dumps(
+                [[*k, None, v] for k, v in done.items()]))  # [set, i, depth, cond, -, reply]
 
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for k, res in enumerate(pool.map(one, jobs), 1):
-            out.append(res)
-            if k % 25 == 0 or k == len(jobs):
-                print(f"  {k}/{len(jobs)} replies, {time.perf_counter() - t0:.0f} s", flush=True)
-                if partial:
-                    Path(partial).write_text(json.dumps([r[:5] + (r[5],) for r in out]))
-    return out
+        for k, (key, reply) in enumerate(pool.map(one, todo), 1):
+            done[key] = reply
+            if k % 25 == 0 or k == len(todo):
+                print(f"  {k}/{len(todo)} replies, {time.perf_counter() - t0:.0f} s", flush=True)
+                save()
+    return [score(s, i, c, d, name, done[(s, i, d, name)]) for s, i, c, d, name in jobs]
 
 
 def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps: int) -> dict:
@@ -179,7 +200,7 @@ def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps:
 
 def adherence_table(results, sets, depths, conds) -> str:
     header = ["condition"] + [f"{s} d={d}" for s, _ in sets for d in depths] + [
-        "empty", "repeats"]
+        "empty", "repeats", "recites"]
     rows = []
     for name in conds:
         cells = []
@@ -190,7 +211,24 @@ def adherence_table(results, sets, depths, conds) -> str:
         mine = [r for r in results if r[3] == name]
         empty = sum(not r[5].strip() for r in mine)
         rep = sum(repeats(r[5]) for r in mine)
-        rows.append([name, *cells, f"{empty}/{len(mine)}", f"{100 * rep / len(mine):.0f} %"])
+        recited = sum(r[6] for r in mine)
+        rows.append([name, *cells, f"{empty}/{len(mine)}", f"{100 * rep / len(mine):.0f} %",
+                     f"{100 * recited / len(mine):.0f} %"])
+    return table(header, rows)
+
+
+def check_only_table(results, sets, depths, conds) -> str:
+    """The same replies scored by the case's check alone (recitation passes), for
+    comparison with tables measured before recitation was failed."""
+    header = ["condition (check alone)"] + [f"{s} d={d}" for s, _ in sets for d in depths]
+    rows = []
+    for name in conds:
+        cells = []
+        for s, cases in sets:
+            for d in depths:
+                ok = sum(r[7] for r in results if r[0] == s and r[2] == d and r[3] == name)
+                cells.append(f"{ok}/{len(cases)}")
+        rows.append([name, *cells])
     return table(header, rows)
 
 
@@ -243,9 +281,11 @@ def main() -> None:
     results = evaluate(runner, sets, depths, conds, args.workers, args.partial)
     gen_s = time.perf_counter() - t0
     if args.show:
-        for s, i, d, name, ok, reply in results:
-            print(f"[{s} {i} d={d}] {name:36s} {'PASS' if ok else 'fail'} {reply!r}")
-    body = [adherence_table(results, sets, depths, conds)]
+        for s, i, d, name, ok, reply, recited, _ in results:
+            verdict = "PASS" if ok else "RECITES" if recited else "fail"
+            print(f"[{s} {i} d={d}] {name:36s} {verdict} {reply!r}")
+    body = [adherence_table(results, sets, depths, conds), "",
+            check_only_table(results, sets, depths, conds)]
     body += ttft_section(runner, conds, sets, depths, args)
     header = "  \n".join([
         f"Command: `.venv/bin/python bench/bench_memory_depth.py {' '.join(sys.argv[1:])}` "

@@ -188,6 +188,60 @@ FILLERS: list[str] = [
 
 assert len(FILLERS) == 19 and len(TUNING) == len(HELD_OUT) == len(_ALL) // 2
 
+# Words that carry no content of their own: a recitation made of these plus the memory's
+# words adds nothing (pronouns, articles, auxiliaries, prepositions, connectives).
+FILLER_WORDS = frozenset("""
+a an the and or but so if then than as of to in on at by for from with about into
+i im me my mine myself you youre your yours we us our they them their he she him her his
+it its this that these those there here who whom which what when where why how
+is am are was were be been being do does did dont doesnt didnt not no nor have has had
+will would can could should shall may might must ill id ive youll youd
+very really just also too all any some more most much many such only own same
+sure okay ok yes well oh please let lets since because
+""".split())
+
+RECITE_MIN_NEW = 6  # a reply adding fewer new content words than this says nothing new
+RECITE_MAX_SHARE = 0.6  # ... or one whose content words are this much the memory's
+RECITE_COVER = 0.5  # a recitation restates more than this share of the memory's words
+
+
+def content_words(text: str) -> list[str]:
+    """Lower-cased words without punctuation or apostrophes, filler words dropped, a
+    plural ``s`` stripped (``mushrooms`` = ``mushroom``)."""
+    words = re.findall(r"\w+", text.lower().replace("'", "").replace("\u2019", ""))
+    words = [w[:-1] if len(w) > 3 and w.endswith("s") and not w.endswith("ss") else w
+             for w in words]
+    return [w for w in words if w not in FILLER_WORDS]
+
+
+def recites(memory: str, reply: str) -> bool:
+    """The reply recites the memory instead of answering.
+
+    It restates the memory (more than half of the memory's content words appear in it)
+    and either adds fewer than ``RECITE_MIN_NEW`` distinct content words of its own or
+    has ``RECITE_MAX_SHARE`` or more of its content words taken from the memory. Content
+    words: see :func:`content_words`. An empty reply recites nothing."""
+    mem = set(content_words(memory))
+    rep = content_words(reply)
+    if not mem or not rep:
+        return False
+    if len(mem & set(rep)) / len(mem) <= RECITE_COVER:
+        return False
+    new = set(rep) - mem
+    share = sum(w in mem for w in rep) / len(rep)
+    return len(new) < RECITE_MIN_NEW or share >= RECITE_MAX_SHARE
+
+
+def recitation(case: Case, reply: str) -> bool:
+    """The reply recites the case's memory where that is not an answer: for a ``fact``
+    case the question asks for the fact, so stating it is the answer (never flagged)."""
+    return case.kind != "fact" and recites(case.memory, reply)
+
+
+def adheres(case: Case, reply: str) -> bool:
+    """The benchmark's pass: the case's check passes and the reply is no recitation."""
+    return bool(case.check(reply)) and not recitation(case, reply)
+
 
 def conversation(case: Case, depth: int) -> list[dict[str, str]]:
     """``depth`` distractor exchanges, then the case's question."""
