@@ -21,6 +21,10 @@ streams while the long prompt is prefilled (chunked, ``prefill_chunk``) against 
 median gap of the same streams without it: unchunked, fixed chunks, and paced chunks
 (``BatchEngine(pace=...)``: a chunk sized to cost about ``pace`` decoding steps).
 
+Part 3, a burst: ``ROWS`` members' requests arrive together at an idle engine; time to
+first token with each row prefilled alone vs the rows prefilled in one forward
+(``group_prefill``).
+
 Run: ``.venv/bin/python bench/bench_miss.py [--write-docs]`` (``REPEATS``, default 9;
 ``ROWS`` 8, ``LONG`` 2000; ``MODEL_PATH`` any local HF chat model dir).
 """
@@ -136,6 +140,34 @@ def gaps(adapter, chunk: int, long_prompt: bool, pace: float = 0.0) -> tuple[lis
     return out, long_ms
 
 
+def burst(adapter, group: int) -> tuple[float, float]:
+    """ROWS members' requests arriving together at an idle engine (each with its own
+    injected preference): median and last time to first token (ms)."""
+    eng = BatchEngine(adapter, max_batch=ROWS, group_prefill=group, join_wait_ms=50)
+    rows = []
+    for i in range(ROWS):
+        pref = PREFS[i % len(PREFS)] + f" My member number is {i}."
+        parts = adapter.split_prompt(pref, Q)
+        rows.append((adapter.compute_kv(parts.segment),
+                     adapter.renderer.encode(parts.prompt, first=False)))
+    firsts: list[float] = []
+    t0 = time.perf_counter()
+
+    def ask(kv, ids) -> None:
+        out = eng.run(kv, 1.0, ids, 1)
+        firsts.append((time.perf_counter() - t0) * 1000.0 if out else 0.0)
+
+    threads = [threading.Thread(target=ask, args=row) for row in rows]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(600)
+    grouped = eng.counters["grouped_rows"]
+    eng.close()
+    assert (grouped > 0) == (group > 1), grouped
+    return statistics.median(firsts), max(firsts)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write-docs", action="store_true")
@@ -179,6 +211,18 @@ def main() -> None:
             print(label, len(g), p99, long_ms, flush=True)
         lines.append(table(["prefill", "gaps", "median ms", "p99 ms", "p99 / calm median",
                             "long prompt TTFT ms"], gap_rows))
+    lines += ["", f"A burst: {ROWS} members' requests (each with its own injected preference) "
+              "arrive together at an idle engine (join wait 50 ms); time to first token, "
+              f"medians of {max(3, REPEATS // 3)} bursts, alternating:", ""]
+    got: dict[int, list] = {1: [], ROWS: []}
+    for _ in range(max(3, REPEATS // 3)):
+        for group in got:
+            got[group].append(burst(adapter, group))
+    base = statistics.median(m for m, _ in got[1])
+    lines.append(table(["prefill", "TTFT p50 ms", "last first token ms", "p50 vs alone"], [
+        [("alone (group 1)" if g == 1 else f"grouped (up to {g} rows)"),
+         f"{statistics.median(m for m, _ in v):.0f}", f"{statistics.median(x for _, x in v):.0f}",
+         f"{statistics.median(m for m, _ in v) / base:.2f}x"] for g, v in got.items()]))
     body = "\n".join(lines)
     print(body)
     if args.write_docs:

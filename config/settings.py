@@ -165,10 +165,11 @@ WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
 WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024**3)
 # An idle engine waits this long for a burst before its first prefill (0: start at once).
 WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)
-# Prefill chunks of at most this many tokens, one between decoding steps (0: whole); while
-# rows decode, a chunk costs about WORKER_PREFILL_PACE of their steps (0: the cap only).
+# Prefill: chunks of at most CHUNK tokens (0: whole), paced to cost about PACE decoding steps
+# of the running rows; up to GROUP waiting rows in one forward (-1: by device, see injection).
 WORKER_PREFILL_CHUNK = env_int("WORKER_PREFILL_CHUNK", 512)
 WORKER_PREFILL_PACE = env_float("WORKER_PREFILL_PACE", 1.5)
+WORKER_PREFILL_GROUP = env_int("WORKER_PREFILL_GROUP", -1)
 # The batch engine's watchdog: a scheduler busy without progress (one prefill or decoding
 # step) for this long, or dead, fails its requests (503, retryable) and the worker process
 # exits to be replaced (0: no watchdog). Far above any single step's time.

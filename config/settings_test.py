@@ -25,3 +25,7 @@ PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast tes
 # Tests run on the fast random-weight demo model unless MODEL_PATH is set; tests of the
 # real default model ask for it explicitly (fixture real_model_path, marker real_model).
 DEFAULT_MODEL = "demo"
+# Tests never depend on wall-clock speed: paced prefill chunks are sized from measured
+# times, so the test workers prefill in fixed chunks (pacing itself is tested with an
+# injected clock, tests/injection/test_pacing.py).
+WORKER_PREFILL_PACE = 0.0

@@ -56,6 +56,9 @@ __all__ = [
 from injection.base import ALPHA_CAP  # noqa: E402  (torch-free)
 
 GiB, MiB = 1024**3, 1024**2
+# batched prefill by device type (bench/bench_miss.py, "burst"): on a GPU one forward over
+# several short prompts costs about one; on a CPU a prefill is compute-bound
+PREFILL_GROUP = {"cuda": True, "cpu": False}
 
 
 def build_executor(
@@ -75,7 +78,8 @@ def build_executor(
     batch_kv_budget_bytes: int = 0,
     batch_join_wait_ms: float = 0.0,
     batch_prefill_chunk: int = 512,
-    batch_prefill_pace: float = 1.5,
+    batch_prefill_pace: float = 0.0,
+    batch_prefill_group: int | None = None,
     conversation_max_bytes: int = 128 * MiB,
     conversation_l1_max_bytes: int = 1 * GiB,
     conversation_member_max_bytes: int | None = None,
@@ -97,7 +101,10 @@ def build_executor(
     default a quarter, never less than one conversation); 0 generates one request at a
     time. A prompt is prefilled in chunks of at most ``batch_prefill_chunk`` tokens (0:
     whole), one between two decoding steps; while rows decode, a chunk is sized to cost
-    about ``batch_prefill_pace`` of their steps (0: the cap; ``injection.engine.pacing``).
+    about ``batch_prefill_pace`` of their steps (0: the cap; the worker passes
+    WORKER_PREFILL_PACE, 1.5; ``injection.engine.prefill.pacing``).
+    Up to ``batch_prefill_group`` rows waiting together are prefilled in one forward
+    (``injection.engine.prefill.grouping``; None: PREFILL_GROUP by device type).
     A tenant segment stays pinned in L1 while the tenant has member entries there
     or used it within ``tenant_pin_idle_seconds``. Device-to-host K/V copies reuse the
     process's pool of pinned buffers (``injection.hostmem``), bounded by
@@ -134,9 +141,11 @@ def build_executor(
     if batch_max >= 1 and getattr(adapter, "supports_batching", False):
         from injection.engine.batch import BatchEngine
 
+        group = batch_prefill_group if batch_prefill_group is not None else (
+            batch_max if PREFILL_GROUP.get(getattr(adapter.device, "type", "cpu")) else 1)
         engine = BatchEngine(adapter, max_batch=batch_max, kv_budget_bytes=batch_kv_budget_bytes,
                              join_wait_ms=batch_join_wait_ms, prefill_chunk=batch_prefill_chunk,
-                             pace=batch_prefill_pace)
+                             pace=batch_prefill_pace, group_prefill=group)
     # conversation links in an L1 of their own: they never evict tenant/member segments
     conv_l1 = TenantLRU(
         max_bytes=conversation_l1_max_bytes, max_entries=l1_max_entries,

@@ -128,6 +128,8 @@ def _build_executor():
         batch_join_wait_ms=settings.WORKER_BATCH_JOIN_WAIT_MS,
         batch_prefill_chunk=settings.WORKER_PREFILL_CHUNK,
         batch_prefill_pace=settings.WORKER_PREFILL_PACE,
+        batch_prefill_group=(None if settings.WORKER_PREFILL_GROUP < 0
+                             else settings.WORKER_PREFILL_GROUP),
         conversation_max_bytes=settings.KV_CONVERSATION_MAX_BYTES,
         memory_segment_tokens=settings.MEMORY_SEGMENT_TOKENS,
         memory_recall_top_k=settings.MEMORY_RECALL_TOP_K,

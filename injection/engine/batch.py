@@ -28,7 +28,8 @@ from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.faults import COUNTERS, EngineFaults
-from injection.engine.pacing import Pacer
+from injection.engine.prefill.grouping import GroupPrefill
+from injection.engine.prefill.pacing import Pacer
 from injection.engine.sampling import BatchChooser
 from injection.errors import EngineUnavailable, InjectionError, InvalidRequest
 from injection.kvcache.packed import PackedKV
@@ -47,7 +48,7 @@ def _close_live_engines() -> None:  # before the interpreter tears torch down un
         engine.close(timeout=1.0)
 
 
-class BatchEngine(EngineFaults):
+class BatchEngine(EngineFaults, GroupPrefill):
     """Batched generation for one ``ModelAdapter`` (same ``generate`` contract).
 
     Args:
@@ -62,11 +63,14 @@ class BatchEngine(EngineFaults):
             False reallocates every step, as ``DynamicCache`` does (the benchmark's baseline).
         pace: while rows decode, a chunk is sized to cost about this many of their
             decoding steps, measured (``pacing.Pacer``; 0: always ``prefill_chunk``).
+        group_prefill: rows waiting together are prefilled in one forward, up to this
+            many (``grouping``; 1: each alone).
     """
 
     def __init__(self, adapter: Any, *, max_batch: int = 8, kv_budget_bytes: int = 0,
                  join_wait_ms: float = 0.0, clock: Callable[[], float] = time.monotonic,
-                 preallocate: bool = True, prefill_chunk: int = 512, pace: float = 0.0) -> None:
+                 preallocate: bool = True, prefill_chunk: int = 512, pace: float = 0.0,
+                 group_prefill: int = 1) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
         self.adapter, self.max_batch = adapter, int(max_batch)
@@ -86,6 +90,7 @@ class BatchEngine(EngineFaults):
         self._chunking: RowJob | None = None  # its prefill goes on after the next step
         self.prefill_chunk = int(prefill_chunk)
         self.pacer = Pacer(self.prefill_chunk, pace)
+        self.group_prefill, self._grouped = max(1, int(group_prefill)), []
         self.clock, self.busy, self.beat_at = clock, False, clock()
         self.counters = dict.fromkeys(COUNTERS, 0)
         _LIVE.add(self)
@@ -183,6 +188,11 @@ class BatchEngine(EngineFaults):
             if job.abandoned:
                 job.finish(error=InjectionError("abandoned before it started"))
                 self._chunking = self._admitting = job.chunk_cache = None
+                continue
+            group = self._group(job) if self._chunking is None else [job]
+            if len(group) > 1:
+                self._admit_group(group)
+                self._admitting = None
                 continue
             oom, first = False, None
             try:

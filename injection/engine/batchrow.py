@@ -41,6 +41,7 @@ class RowJob:
     # missing from every tier; its K/V, sliced from this row's prefill, goes to ``capture``
     capture: Callable[[PackedKV], None] | None = None
     capture_tokens: int = 0
+    solo: bool = False  # prefilled alone, never in a group (``grouping``)
     started: float = field(default_factory=time.perf_counter)
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --

@@ -32,7 +32,8 @@ from injection.kvcache.packed import PackedKV
 __all__ = ["COUNTERS", "EngineFaults"]
 COUNTERS = ("steps", "rows", "peak_batch", "batched_steps", "oom_shrinks", "row_failures",
             "step_failures", "resumed", "keep_kv_failures", "watchdog_trips", "prefill_chunks",
-            "segment_captures", "capture_failures")
+            "segment_captures", "capture_failures", "group_prefills", "grouped_rows",
+            "group_fallbacks")
 
 log = logging.getLogger("injection.engine.batch")
 
@@ -47,6 +48,7 @@ class EngineFaults:
     _closed: bool
     _oom_cap: int
     _admitting: RowJob | None
+    _grouped: list[RowJob]  # a group being prefilled (``grouping``)
     _thread: threading.Thread | None
     max_batch: int
     counters: dict[str, int]
@@ -70,7 +72,7 @@ class EngineFaults:
         how many requests were failed; later submissions fail with ``exc`` too."""
         with self._cond:
             self._closed, self._stop_error = True, exc
-            jobs = [*self._rows, *self._waiting]
+            jobs = [*self._rows, *self._waiting, *self._grouped]
             if self._admitting is not None:
                 jobs.append(self._admitting)
             self._waiting.clear()
@@ -153,6 +155,8 @@ class EngineFaults:
     def _fail_all(self, exc: BaseException, *, waiting: bool = False) -> None:
         """A step failed (or the engine stops): its rows fail, the batch starts empty."""
         rows, self._rows = self._rows, []
+        rows += [job for job in self._grouped if job not in rows]  # popped, not joined
+        self._grouped = []
         self._batch = self._batch.fresh()
         self._oom_cap = self.max_batch
         with self._cond:

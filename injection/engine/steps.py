@@ -46,6 +46,69 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
     return out.past_key_values, logits
 
 
+def prefill_group(adapter: Any, jobs: list[RowJob]) -> tuple[list[DynamicCache], torch.Tensor]:
+    """Several rows' new tokens in one forward, each after its own (alpha-scaled) prefix.
+
+    Prefixes are right-aligned in a ``[k, H, P, D]`` cache (``P`` the longest), the new
+    tokens right-aligned in the ``N`` columns the forward appends; the attention mask hides
+    the padding before a prefix and the gap between a prefix and a shorter row's new
+    tokens, and positions count real tokens only, so every row sees what it sees alone.
+    Returns each row's cache with its real tokens only (batch 1, ready for
+    ``BatchCache.add``) and the logits of every row's last token ``[k, V]``.
+    """
+    dev = adapter.device
+    plens = [j.prefix.num_tokens if j.prefix is not None else 0 for j in jobs]
+    nlens = [len(j.new_ids) for j in jobs]
+    width, n = max(plens), max(nlens)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        if width:
+            built = [adapter.build_cache(j.prefix, j.alpha) if j.prefix is not None else None
+                     for j in jobs]
+            for i in range(adapter.num_layers):
+                layers = [b.layers[i] if b is not None else None for b in built]
+                keys, values = (_aligned(layers, width, attr) for attr in ("keys", "values"))
+                cache.update(keys, values, i)
+            del built
+        ids = torch.full((len(jobs), n), adapter.tokenizer.pad_token_id or 0, device=dev)
+        mask = torch.zeros((len(jobs), width + n), dtype=torch.long, device=dev)
+        pos = torch.zeros((len(jobs), n), dtype=torch.long, device=dev)
+        for r, (job, p, k) in enumerate(zip(jobs, plens, nlens, strict=True)):
+            ids[r, n - k:] = torch.tensor(job.new_ids, device=dev)
+            mask[r, width - p: width] = 1
+            mask[r, width + n - k:] = 1
+            pos[r, n - k:] = torch.arange(p, p + k, device=dev)
+        out = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                            cache_position=torch.arange(width, width + n, device=dev),
+                            past_key_values=cache, use_cache=True, logits_to_keep=1)
+        rows = [_row_cache(out.past_key_values, r, width, p, n, k)
+                for r, (p, k) in enumerate(zip(plens, nlens, strict=True))]
+        return rows, out.logits[:, -1]
+
+
+def _aligned(layers: list[Any], width: int, attr: str) -> torch.Tensor:
+    """One layer's prefixes right-aligned in ``[k, H, width, D]`` (zeros before)."""
+    some = next(getattr(x, attr) for x in layers if x is not None)
+    out = some.new_zeros((len(layers), some.shape[1], width, some.shape[3]))
+    for r, layer in enumerate(layers):
+        if layer is not None:
+            t = getattr(layer, attr)
+            out[r, :, width - t.shape[2]:] = t[0]
+    return out
+
+
+def _row_cache(cache: Any, r: int, width: int, p: int, n: int, k: int) -> DynamicCache:
+    """Row ``r``'s real tokens (its prefix, then its new tokens) as a batch-1 cache."""
+    row = DynamicCache()
+    for i, layer in enumerate(cache.layers):
+        keys = torch.cat([layer.keys[r:r + 1, :, width - p:width],
+                          layer.keys[r:r + 1, :, width + n - k:]], dim=2)
+        values = torch.cat([layer.values[r:r + 1, :, width - p:width],
+                            layer.values[r:r + 1, :, width + n - k:]], dim=2)
+        row.update(keys, values, i)
+    return row
+
+
 def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> torch.Tensor:
     """One decoding step for every row: the rows' next-token logits ``[B, V]``."""
     mask, positions, cache_position = batch.step_inputs(adapter.device)

@@ -1,5 +1,5 @@
 """Paced chunked prefill: while rows decode, a long prompt's chunks are sized from the
-engine's own measurements to cost about ``pace`` decoding steps (``engine/pacing.py``).
+engine's own measurements to cost about ``pace`` decoding steps (``engine/prefill/pacing.py``).
 The engine's clock is injected and advanced by the model's forward passes: chunk sizes
 follow from the figures the test sets, never from how fast this machine is."""
 
@@ -10,7 +10,7 @@ import threading
 import pytest
 
 from injection.engine.batch import BatchEngine
-from injection.engine.pacing import Pacer
+from injection.engine.prefill.pacing import Pacer
 from tests.injection.test_batch import PREFS, _row
 from tests.injection.test_batch_faults import _Faulty, _until, _with_model
 from tests.injection.test_chunked_prefill import _long_prompt
