@@ -166,7 +166,7 @@ WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024*
 # An idle engine waits this long for a burst before its first prefill (0: start at once).
 WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)
 # Prefill: chunks of at most CHUNK tokens (0: whole), paced to cost about PACE decoding steps
-# of the running rows; up to GROUP waiting rows in one forward (-1: by device, see injection).
+# of the running rows; up to GROUP waiting rows in one forward (-1: WORKER_BATCH_MAX).
 WORKER_PREFILL_CHUNK = env_int("WORKER_PREFILL_CHUNK", 512)
 WORKER_PREFILL_PACE = env_float("WORKER_PREFILL_PACE", 1.5)
 WORKER_PREFILL_GROUP = env_int("WORKER_PREFILL_GROUP", -1)

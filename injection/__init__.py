@@ -56,9 +56,6 @@ __all__ = [
 from injection.base import ALPHA_CAP  # noqa: E402  (torch-free)
 
 GiB, MiB = 1024**3, 1024**2
-# batched prefill by device type (bench/bench_miss.py, "burst"): on a GPU one forward over
-# several short prompts costs about one; on a CPU a prefill is compute-bound
-PREFILL_GROUP = {"cuda": True, "cpu": False}
 
 
 def build_executor(
@@ -104,7 +101,7 @@ def build_executor(
     about ``batch_prefill_pace`` of their steps (0: the cap; the worker passes
     WORKER_PREFILL_PACE, 1.5; ``injection.engine.prefill.pacing``).
     Up to ``batch_prefill_group`` rows waiting together are prefilled in one forward
-    (``injection.engine.prefill.grouping``; None: PREFILL_GROUP by device type).
+    (``injection.engine.prefill.grouping``; None: the batch size).
     A tenant segment stays pinned in L1 while the tenant has member entries there
     or used it within ``tenant_pin_idle_seconds``. Device-to-host K/V copies reuse the
     process's pool of pinned buffers (``injection.hostmem``), bounded by
@@ -141,8 +138,7 @@ def build_executor(
     if batch_max >= 1 and getattr(adapter, "supports_batching", False):
         from injection.engine.batch import BatchEngine
 
-        group = batch_prefill_group if batch_prefill_group is not None else (
-            batch_max if PREFILL_GROUP.get(getattr(adapter.device, "type", "cpu")) else 1)
+        group = batch_max if batch_prefill_group is None else batch_prefill_group
         engine = BatchEngine(adapter, max_batch=batch_max, kv_budget_bytes=batch_kv_budget_bytes,
                              join_wait_ms=batch_join_wait_ms, prefill_chunk=batch_prefill_chunk,
                              pace=batch_prefill_pace, group_prefill=group)
