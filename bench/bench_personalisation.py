@@ -16,7 +16,8 @@ condition: median over cases of one ``max_new_tokens=1`` request, injected ones 
 L1 hit (K/V already cached), interleaved per case.
 
 Run: ``.venv/bin/python bench/bench_personalisation.py [--write-docs]``
-(``MODEL_PATH``: any local HF chat model dir; default: the prepared SmolLM2-135M-Instruct).
+(``MODEL_PATH``: any local HF chat model dir; default: the prepared SmolLM2-135M-Instruct;
+``MODEL_DTYPE``: e.g. bfloat16, default the model's own).
 """
 
 from __future__ import annotations
@@ -149,7 +150,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.manual_seed(0)
     path = model_path()
-    adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
+    adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None,
+                           dtype=os.environ.get("MODEL_DTYPE") or None)
     conds = conditions(default_alpha())
     print(f"{len(CASES)} cases x {len(conds)} conditions, greedy, {MAX_NEW_TOKENS} tokens",
           flush=True)

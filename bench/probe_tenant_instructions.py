@@ -29,7 +29,7 @@ per tenant, and per member only the tokens the member's preference adds. Steps:
 
 Reported: a table per member and a summary; the claim holds when the tenant has exactly
 one tenant-segment entry in Redis and the tenant bytes do not grow with the members.
-The members stay in the tenant afterwards (there is no operator command to remove one).
+The members stay in the tenant afterwards (``manage.py tenant deluser T NAME`` removes one).
 """
 
 from __future__ import annotations

@@ -54,6 +54,22 @@ def test_token_mints_and_revokes_scoped_to_the_tenant():
         run("token", "globex", "alice")  # alice exists, but not in globex
 
 
+def test_deluser_deletes_the_member_in_its_tenant_only():
+    run("create", "acme")
+    run("create", "globex")
+    run("adduser", "acme", "alice", "--preference", "vegetarian")
+    run("adduser", "globex", "bob")
+    with pytest.raises(CommandError, match="Unknown user"):
+        run("deluser", "globex", "alice")  # alice exists, but not in globex
+    assert Member.objects.filter(user__username="alice").exists()
+    assert "deleted" in run("deluser", "acme", "alice")
+    assert not Member.objects.filter(user__username="alice").exists()
+    assert not ApiToken.objects.filter(member__user__username="alice").exists()
+    assert Member.objects.filter(user__username="bob", tenant__slug="globex").exists()
+    row = AuditLog.objects.get(event_type=AuditEvent.MEMBER_DELETED)
+    assert row.tenant.slug == "acme"
+
+
 @pytest.mark.parametrize("args, message", [
     (("adduser", "nope", "x"), "Unknown tenant"),
     (("create", "Bad Slug"), "slug"),

@@ -1,4 +1,4 @@
-"""Operator commands: ``tenant create|adduser|token|budget|list``."""
+"""Operator commands: ``tenant create|adduser|deluser|token|budget|list``."""
 
 from __future__ import annotations
 
@@ -29,6 +29,10 @@ class Command(CliCommandMixin, BaseCommand):
         add.add_argument("--admin", action="store_true", help="Tenant admin (scoped Django admin).")
         add.add_argument("--password", default=None, help="Password for the admin site.")
         add.add_argument("--preference", default=None, help="Initial preference text.")
+        dele = sub.add_parser("deluser", help="Delete a member of a tenant and its account "
+                              "(memories, tokens, conversations and cached K/V go too; audited).")
+        dele.add_argument("slug")
+        dele.add_argument("username")
         tok = sub.add_parser("token", help="Mint a new API token for a member (printed last); "
                              "--revoke-all first revokes the member's existing tokens.")
         tok.add_argument("slug")
@@ -70,11 +74,15 @@ class Command(CliCommandMixin, BaseCommand):
         self.stdout.write(f"added {member} role={member.role}")
         self.stdout.write(key)
 
+    def _deluser(self, opts):
+        member = self._member(actions.get_tenant(opts["slug"]), opts["username"])
+        name = str(member)
+        actions.do_delete_member(member)
+        self.stdout.write(f"deleted {name}")
+
     def _token(self, opts):
         tenant = actions.get_tenant(opts["slug"])
-        member = Member.objects.filter(tenant=tenant, user__username=opts["username"]).first()
-        if member is None:  # tenant-scoped: a user of another tenant is unknown here
-            raise CommandError(f"Unknown user {opts['username']!r} in tenant {tenant.slug!r}.")
+        member = self._member(tenant, opts["username"])
         if opts["revoke_all"]:
             for token in member.api_tokens.filter(revoked=False):
                 actions.do_revoke_api_token(token)
