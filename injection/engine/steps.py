@@ -99,13 +99,12 @@ def _aligned(layers: list[Any], width: int, attr: str) -> torch.Tensor:
 
 def _row_cache(cache: Any, r: int, width: int, p: int, n: int, k: int) -> DynamicCache:
     """Row ``r``'s real tokens (its prefix, then its new tokens) as a batch-1 cache."""
+    def real(t: torch.Tensor) -> torch.Tensor:
+        return torch.cat([t[r:r + 1, :, width - p:width], t[r:r + 1, :, width + n - k:]], dim=2)
+
     row = DynamicCache()
     for i, layer in enumerate(cache.layers):
-        keys = torch.cat([layer.keys[r:r + 1, :, width - p:width],
-                          layer.keys[r:r + 1, :, width + n - k:]], dim=2)
-        values = torch.cat([layer.values[r:r + 1, :, width - p:width],
-                            layer.values[r:r + 1, :, width + n - k:]], dim=2)
-        row.update(keys, values, i)
+        row.update(real(layer.keys), real(layer.values), i)
     return row
 
 
