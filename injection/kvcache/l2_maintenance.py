@@ -24,20 +24,31 @@ class L2Maintenance:
         """Delete ``tenant``'s entries (``user``'s via its index); returns entries deleted.
 
         Queued writes of that scope are dropped first and a write in progress is
-        waited for, so nothing of the scope reappears after this returns.
+        waited for, so nothing of the scope reappears after this returns. An index
+        loses only the names deleted with it: an entry another process indexes while
+        this runs stays indexed, so the next eviction finds it (never an orphan).
         """
         self._writer.cancel(lambda k: k.tenant == tenant and (user is None or k.user == user))
         try:
             if user is not None:
-                return self._evict_user(tenant, user)
-            return sum(self._delete_names(b)
-                       for b in self._scan(self.signer.tenant_prefix(tenant) + "*"))
+                return self._evict_index(tenant, self.signer.user_index_key(tenant, user))
+            return self._evict_tenant(tenant)
         except FAULTS:
             self._count(tenant, "errors")
             raise
 
-    def _evict_user(self, tenant: str, user: str) -> int:
-        index = self.signer.user_index_key(tenant, user)
+    def _evict_tenant(self, tenant: str) -> int:
+        prefix = self.signer.tenant_prefix(tenant)
+        indexes, deleted = (prefix + "u:").encode(), 0
+        for batch in self._scan(prefix + "*"):
+            others = [n for n in batch if not n.startswith(indexes)]  # entries
+            deleted += int(self.client.delete(*others)) if others else 0
+            for index in (n for n in batch if n.startswith(indexes)):
+                deleted += self._evict_index(tenant, index)
+        return deleted
+
+    def _evict_index(self, tenant: str, index: str | bytes) -> int:
+        """Delete the entries a user index names and remove exactly those names from it."""
         try:
             names = list(self.client.smembers(index))
         except redis.ResponseError as e:
@@ -45,9 +56,12 @@ class L2Maintenance:
                 raise
             self._drop_bad_index(tenant, index, e)
             return 0
-        deleted = self.client.delete(*names) if names else 0
-        self.client.delete(index)
-        return int(deleted)
+        if not names:
+            return 0
+        with self.client.pipeline(transaction=True) as p:
+            p.delete(*names)
+            p.srem(index, *names)  # an empty set disappears with its last member
+            return int(p.execute()[0])
 
     def evict_all(self) -> int:
         """Delete every entry and user index of the namespace, of every tenant and key
