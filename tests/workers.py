@@ -72,7 +72,8 @@ class WorkerProcess:
         raise TimeoutError(f"worker {self.name} not ready:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 60) -> str:
-        self._log.flush()
+        if not self._log.closed:  # after stop() the file is closed but still readable
+            self._log.flush()
         lines = self.log_path.read_text(errors="replace").splitlines()
         return "\n".join(lines[-n:])
 
@@ -132,7 +133,8 @@ class AsgiServer:
         raise TimeoutError(f"uvicorn not ready:\n{self.log_tail()}")
 
     def log_tail(self, n: int = 60) -> str:
-        self._log.flush()
+        if not self._log.closed:
+            self._log.flush()
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
 
     def stop(self) -> None:

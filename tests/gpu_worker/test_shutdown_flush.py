@@ -48,10 +48,12 @@ def test_real_worker_flushes_l2_writes_on_sigterm(worker_factory):
     from gpu_worker.routing import registry
     from tests.e2e.conftest import chat_now, member_with_preference
 
-    worker = worker_factory("wshut")
+    # only its private queue (+ an idle one): a task another test left on the shared queue
+    # must not be what this worker is finishing when SIGTERM arrives
+    worker = worker_factory("wshut", queues="wshut-idle")
     member = member_with_preference("shutflush", "shut-user", "tea, not coffee")
     body = chat_now(member, queue=registry.worker_queue(worker.hostname))
     assert body["cache"]["tier"] == "compute"  # its K/V was computed and queued for L2
-    worker.stop()
-    assert worker.proc.returncode == 0, worker.log_tail()
+    worker.stop(timeout=90.0)
+    assert worker.proc.returncode == 0, (worker.proc.returncode, worker.log_tail())
     assert "executor closed at shutdown: L2 writes flushed" in worker.log_path.read_text()
