@@ -105,8 +105,12 @@ class Supervisor:
 
     def run(self) -> None:
         """Until KeyboardInterrupt (SIGTERM is turned into one), then stop every child; or
-        until a child crash-loops: then stop every child, say why and raise CrashLoop."""
+        until a child crash-loops: then stop every child, say why and raise CrashLoop.
+
+        SIGINT interrupts even where it was ignored at start (``make demo &``: a shell
+        starts background jobs with SIGINT ignored, and ``kill -INT`` did nothing)."""
         previous = signal.signal(signal.SIGTERM, _raise_interrupt)
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
         try:
             self.start()
             while True:
@@ -120,6 +124,7 @@ class Supervisor:
         finally:
             self.stop()
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
     def start(self) -> None:
         for child in self.children:

@@ -155,3 +155,35 @@ def test_a_running_child_is_left_alone_and_stop_ends_every_child():
     assert sleeper.running() and sleeper.proc.pid == first and sleeper.restarts == 0
     sup.stop(grace=10)
     assert sleeper.proc.returncode is not None and not sleeper.running()
+
+
+RUN_IGNORING_SIGINT = """
+import os, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # what a shell does to a background job
+from gpu_worker.ops.supervisor import Child, Supervisor
+flag = sys.argv[1]
+child = Child("web", [sys.executable, "-c",
+                      f"open({flag!r}, 'w').close()\\nimport time\\ntime.sleep(120)"],
+              dict(os.environ))
+Supervisor([child], say=print, backoff=(1, 1), crash_limit=3).run()
+print("exited; child returncode", child.proc.returncode, flush=True)
+"""
+
+
+def test_sigint_stops_a_supervisor_started_with_sigint_ignored(tmp_path):
+    import signal
+    import subprocess
+
+    flag = tmp_path / "child-started"
+    proc = subprocess.Popen([sys.executable, "-c", RUN_IGNORING_SIGINT, str(flag)],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(flag.exists, 60, "the supervised child to start")
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, out
+    assert "stopping" in out and "exited; child returncode" in out, out
+    assert "child returncode None" not in out, out
