@@ -18,7 +18,7 @@ ROWS = [(PREFS[0], "What should I cook tonight?", 1.0),
         (PREFS[2], "How are you?", 0.6)]
 
 
-def _run_grouped(adapter, before_group=None, rows=ROWS, **engine_kw):
+def _run_grouped(adapter, before_group=None, rows=ROWS, engines=None, **engine_kw):
     """Row 0 starts alone (its forward held until the others queue); the others are then
     prefilled together. Returns the replies and the engine's counters."""
     ref: dict = {}
@@ -34,6 +34,8 @@ def _run_grouped(adapter, before_group=None, rows=ROWS, **engine_kw):
 
     eng = ref["eng"] = BatchEngine(_with_model(adapter, _Faulty(adapter.model, before)),
                                    max_batch=8, group_prefill=8, **engine_kw)
+    if engines is not None:
+        engines.append(eng)
     made = [_row(adapter, pref, q) for pref, q, _ in rows]
     out: list = [None] * len(rows)
 
@@ -64,6 +66,30 @@ def test_rows_waiting_together_are_prefilled_in_one_forward_and_answer_as_alone(
     assert counters["group_prefills"] == 1 and counters["grouped_rows"] == len(ROWS) - 1
     assert sum(1 for rows, q in forwards if rows > 1 and q > 1) == 1  # one group forward
     assert counters["peak_batch"] == len(ROWS)
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def test_a_group_forward_teaches_the_pacer_its_per_token_cost(adapter):
+    """Only the group's forward takes (injected) time: 10 ms per token it prefills. The
+    pacer's estimate, which sizes the chunks of later long prompts, comes from it."""
+    clock, engines, group_tokens = _Clock(), [], []
+
+    def slow(kw):
+        group_tokens.append(int(kw["attention_mask"][:, -kw["input_ids"].shape[1]:].sum()))
+        clock.t += 0.01 * group_tokens[-1]
+
+    _run_grouped(adapter, before_group=slow, engines=engines, clock=clock)
+    assert len(group_tokens) == 1
+    per_token = engines[0].pacer.token_seconds()
+    # row 0's prefill took no time: without the group's reading there is no estimate
+    assert per_token is not None and 0 < per_token <= 0.01, per_token
 
 
 def test_a_failing_group_forward_sends_its_rows_alone(adapter):

@@ -31,6 +31,8 @@ class GroupPrefill:
     """The group half of ``BatchEngine``; the attributes below are the engine's."""
 
     group_prefill: int
+    clock: Any
+    pacer: Any
     _waiting: Any
     _rows: list[RowJob]
 
@@ -67,7 +69,9 @@ class GroupPrefill:
         for job in group:
             job.reset(self.adapter.tokenizer, self.adapter.device)
         try:
+            t0 = self.clock()
             caches, logits = steps.prefill_group(self.adapter, group)
+            self.pacer.prefilled(sum(len(j.new_ids) for j in group), self.clock() - t0)
         except Exception as exc:  # OOM or a bad row: each is prefilled alone next
             self.counters["group_fallbacks"] += 1
             log.warning("a group prefill failed (%s); its rows go alone", type(exc).__name__)
