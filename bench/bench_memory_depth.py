@@ -254,6 +254,9 @@ def main() -> None:
     ap.add_argument("--reminder-role", default="", help="override: system | user")
     ap.add_argument("--reminder-prefix", default=None, help="override the reminder's prefix")
     ap.add_argument("--reminder-after", type=int, default=None, help="override: exchanges")
+    ap.add_argument("--emphasis-decode", type=float, default=None,
+                    help="override: share of the emphasis the model's own tokens get "
+                         "(emphasis.GENERATED_SCALE; 0: what people wrote only)")
     args = ap.parse_args()
     torch.manual_seed(0)
     from injection.prompting import reminder
@@ -262,6 +265,10 @@ def main() -> None:
     reminder.PREFIX = reminder.PREFIX if args.reminder_prefix is None else args.reminder_prefix
     if args.reminder_after is not None:
         reminder.DEFAULT_AFTER = args.reminder_after
+    if args.emphasis_decode is not None:
+        from injection.engine import emphasis
+
+        emphasis.GENERATED_SCALE = args.emphasis_decode
     path = model_path()
     adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
     emphases = [float(x) for x in args.emphasis.split(",") if x]

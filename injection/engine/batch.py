@@ -27,6 +27,7 @@ from injection.base import GenerationOutput
 from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
+from injection.engine.emphasis import Spans
 from injection.engine.faults import COUNTERS, EngineFaults
 from injection.engine.prefill.grouping import GroupPrefill
 from injection.engine.prefill.pacing import Pacer
@@ -73,10 +74,9 @@ class BatchEngine(EngineFaults, GroupPrefill):
                  group_prefill: int = 1) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
-        self.adapter, self.max_batch = adapter, int(max_batch)
+        self.adapter, self.max_batch, self._oom_cap = adapter, int(max_batch), int(max_batch)
         self.kv_budget_bytes, self.join_wait = int(kv_budget_bytes), join_wait_ms / 1000.0
-        self.bytes_per_token = steps.bytes_per_token(adapter)
-        self._eos = adapter._eos_ids()
+        self.bytes_per_token, self._eos = steps.bytes_per_token(adapter), adapter._eos_ids()
         # the generation config's processors, applied like generate() does (``sampling``)
         self._choose = BatchChooser(adapter.model.generation_config)
         self._waiting: deque[RowJob] = deque()
@@ -85,11 +85,9 @@ class BatchEngine(EngineFaults, GroupPrefill):
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed, self._stop_error = False, EngineUnavailable("the batch engine stopped")
-        self._oom_cap = self.max_batch
         self._admitting: RowJob | None = None  # popped from the queue, being prefilled
         self._chunking: RowJob | None = None  # its prefill goes on after the next step
-        self.prefill_chunk = int(prefill_chunk)
-        self.pacer = Pacer(self.prefill_chunk, pace)
+        self.prefill_chunk, self.pacer = int(prefill_chunk), Pacer(int(prefill_chunk), pace)
         self.group_prefill, self._grouped = max(1, int(group_prefill)), []
         self.clock, self.busy, self.beat_at = clock, False, clock()
         self.counters = dict.fromkeys(COUNTERS, 0)
@@ -104,11 +102,12 @@ class BatchEngine(EngineFaults, GroupPrefill):
 
     def run(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
             max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
-            emphasis: float = 0.0, emphasis_spans: tuple[tuple[int, int], ...] = (),
+            emphasis: float = 0.0, emphasis_spans: Spans = (), quiet_spans: Spans = (),
             capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
             **sampling: Any) -> GenerationOutput:
         """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``;
-        ``emphasis`` nats towards the absolute key positions ``emphasis_spans``;
+        ``emphasis`` nats towards the absolute key positions ``emphasis_spans``, except
+        from the model's own tokens (``quiet_spans``: earlier replies; see emphasis.py);
         ``capture`` gets the K/V of the first ``capture_tokens`` of ``new_ids`` once the
         prefill is done (the one-pass miss; ``faults.capture_segment``)."""
         if not new_ids:
@@ -119,7 +118,8 @@ class BatchEngine(EngineFaults, GroupPrefill):
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
                      int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
                      emphasis=float(emphasis), emphasis_spans=tuple(emphasis_spans),
-                     capture=capture, capture_tokens=int(capture_tokens))
+                     quiet_spans=tuple(quiet_spans), capture=capture,
+                     capture_tokens=int(capture_tokens))
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
         return self.submit(job).wait()
 
@@ -235,7 +235,8 @@ class BatchEngine(EngineFaults, GroupPrefill):
         ids, done = job.prefill_ids(resume), job.prefilled
         size = self.pacer.chunk(len(ids) - done, decoding=bool(self._rows))
         t0 = self.clock()
-        past, logits = steps.prefill(self.adapter, job, ids[done:done + size], job.chunk_cache)
+        past, logits = steps.prefill(self.adapter, job, ids[done:done + size], job.chunk_cache,
+                                     job.quiet(resume))
         self.pacer.prefilled(size, self.clock() - t0)
         if done + size < len(ids):
             job.chunk_cache, job.prefilled, self._chunking = past, done + size, job

@@ -32,6 +32,13 @@ __all__ = ["MAX_EMPHASIS", "Spans", "decode_bias", "default_emphasis", "prefill_
            "resolve", "supports_emphasis"]
 
 MAX_EMPHASIS = 8.0  # nats; requests and tenants are validated against it
+# Share of a row's emphasis that tokens the model wrote attend with: its decoding steps,
+# and earlier replies read back in a prompt (``quiet`` spans), so a conversation continued
+# from its cached link and one prefilled whole see the same biases. 0: only what the
+# member, the tenant and the template wrote attends with emphasis. Measured
+# (bench_memory_depth.py --emphasis-decode; docs/BENCHMARKS.md, memory depth): at 1 the
+# model recites the memory instead of answering.
+GENERATED_SCALE = 0.0
 Spans = tuple[tuple[int, int], ...]
 
 
@@ -103,28 +110,41 @@ def _fill(row: torch.Tensor, value: float, spans: Sequence[tuple[int, int]], shi
 
 
 def prefill_bias(emphasis: float, spans: Spans, kv_len: int, device: Any,
-                 dtype: torch.dtype) -> torch.Tensor | None:
-    """``[1, 1, 1, kv_len]`` bias for a batch-1 prefill (None: no emphasis, pass nothing)."""
+                 dtype: torch.dtype, q_len: int = 1, quiet: Spans = ()) -> torch.Tensor | None:
+    """``[1, 1, 1, kv_len]`` bias for a batch-1 prefill whose ``q_len`` queries are the
+    last of ``kv_len`` positions (None: no emphasis, pass nothing); ``[1, 1, q_len,
+    kv_len]`` when some of them are ``quiet`` (absolute positions of tokens the model
+    wrote: their row gets ``GENERATED_SCALE`` of the bias)."""
     if not emphasis or not spans:
         return None
     bias = torch.zeros(kv_len, dtype=torch.float32)
     if not _fill(bias, emphasis, spans, 0, kv_len):
         return None
-    return bias.to(device=device, dtype=dtype).view(1, 1, 1, kv_len)
+    first = kv_len - q_len
+    rows = [(max(s, first) - first, min(e, kv_len) - first) for s, e in quiet
+            if min(e, kv_len) > max(s, first)]
+    if not rows:
+        return bias.to(device=device, dtype=dtype).view(1, 1, 1, kv_len)
+    full = bias.expand(q_len, kv_len).clone()
+    for lo, hi in rows:
+        full[lo:hi] *= GENERATED_SCALE
+    return full.to(device=device, dtype=dtype).view(1, 1, q_len, kv_len)
 
 
 def decode_bias(rows: Sequence[Any], pads: Sequence[int], width: int, device: Any,
                 dtype: torch.dtype) -> torch.Tensor | None:
     """``[B, 1, 1, width + 1]`` bias for one decoding step that appends a column (None when
     no row is emphasised). Row ``i``'s absolute position ``p`` is column ``pads[i] + p``."""
-    if not any(getattr(r, "emphasis", 0.0) and getattr(r, "emphasis_spans", ()) for r in rows):
+    if not GENERATED_SCALE or not any(getattr(r, "emphasis", 0.0) and getattr(
+            r, "emphasis_spans", ()) for r in rows):
         return None
     cols = width + 1
     bias = torch.zeros(len(rows), cols, dtype=torch.float32)
     hit = False
     for i, row in enumerate(rows):
         if row.emphasis and row.emphasis_spans:
-            hit |= _fill(bias[i], row.emphasis, row.emphasis_spans, pads[i], cols)
+            hit |= _fill(bias[i], row.emphasis * GENERATED_SCALE, row.emphasis_spans,
+                         pads[i], cols)
     if not hit:
         return None
     return bias.to(device=device, dtype=dtype, non_blocking=True).view(len(rows), 1, 1, cols)

@@ -21,9 +21,10 @@ from injection.kvcache.packed import PackedKV
 
 
 def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
-            past: Any = None) -> tuple[Any, torch.Tensor]:
+            past: Any = None, quiet: tuple[tuple[int, int], ...] = ()) -> tuple[Any, torch.Tensor]:
     """The row's new tokens (or ``ids``) on its own (alpha-scaled) prefix K/V, batch 1;
-    ``past``: the row's cache so far (a chunked prefill's next chunk continues it).
+    ``past``: the row's cache so far (a chunked prefill's next chunk continues it);
+    ``quiet``: absolute positions of tokens the model wrote (``emphasis.prefill_bias``).
 
     Returns the row's cache and the logits of its last position; records the K/V
     transfer time and bytes on the job (when it builds the cache).
@@ -36,7 +37,7 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
         tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
         bias = emphasis.prefill_bias(job.emphasis, job.emphasis_spans,
                                      cache.get_seq_length() + tokens.shape[1],
-                                     adapter.device, adapter.dtype)
+                                     adapter.device, adapter.dtype, tokens.shape[1], quiet)
         extra = {} if bias is None else {"position_bias": bias}  # none: today's call
         out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
                             logits_to_keep=1, **extra)

@@ -12,6 +12,7 @@ from injection.base import CacheKey, ExecutionRequest
 from injection.kvcache.conversation import ConversationStore, messages_hash
 from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
+from injection.prompting.emphasis_spans import reply_spans
 
 __all__ = ["TurnGenerator", "TurnPlan", "join"]
 
@@ -27,6 +28,7 @@ class TurnPlan(NamedTuple):
     cached: PackedKV | None  # the conversation's link to continue (None: a miss)
     admitted: bool = False  # the turn's link is stored (see ConversationStore)
     emphasis: float = 0.0  # the turn's attention emphasis (its link is keyed by it)
+    replies: tuple[str, ...] = ()  # earlier assistant messages (the model's own words)
 
 
 def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
@@ -48,9 +50,10 @@ class TurnGenerator:
         if self.engine is None:
             return TurnPlan(None, prompt, None, None)  # emphasis needs the batch engine
         prompt_ids = self.adapter.renderer.encode(prompt, first=not injected)
+        replies = tuple(m["content"] for m in messages if m["role"] == "assistant")
         user = user_or_none(req.user)
         if not (self.store.enabled and req.reuse_conversation and user):
-            return TurnPlan(None, prompt, prompt_ids, None, emphasis=emphasis)
+            return TurnPlan(None, prompt, prompt_ids, None, emphasis=emphasis, replies=replies)
         # /v1: the hash chain of the messages as sent (not of the window that fits), so
         # a trimmed history still finds, and then replaces, its conversation's link
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
@@ -60,7 +63,7 @@ class TurnGenerator:
         admitted = cached is not None or any(m["role"] != "system" for m in messages[:-1])
         if not admitted:
             self.store.metrics.incr("conv_not_admitted")
-        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis)
+        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies)
 
     def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
             sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = (),
@@ -78,8 +81,18 @@ class TurnGenerator:
                                req.max_new_tokens, keep_kv=plan.admitted,
                                prompt_ids=plan.prompt_ids,
                                emphasis=plan.emphasis if spans else 0.0, emphasis_spans=spans,
+                               quiet_spans=self._quiet(plan, prefix, done, len(lead), spans),
                                capture=capture if lead else None, capture_tokens=len(lead),
                                **sampling)
+
+    def _quiet(self, plan: TurnPlan, prefix: PackedKV | None, done: int, lead: int,
+               spans: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+        """Absolute positions of the earlier replies still to prefill (emphasis only)."""
+        if not (spans and plan.emphasis and plan.replies):
+            return ()
+        base = (prefix.num_tokens if prefix is not None else 0) - done + lead
+        found = reply_spans(self.adapter.renderer, plan.prompt, plan.prompt_ids, plan.replies)
+        return tuple((base + s, base + e) for s, e in found if e > done)
 
     def keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
              reply: str, out: Any, head: int, chash: str, alpha: float) -> None:

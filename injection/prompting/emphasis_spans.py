@@ -18,7 +18,7 @@ from typing import Any
 from injection.base import ExecutionRequest, SegmentSplit
 from injection.engine import emphasis as _emphasis
 
-__all__ = ["emphasis_for", "member_texts", "normalised", "text_spans"]
+__all__ = ["emphasis_for", "member_texts", "normalised", "reply_spans", "text_spans"]
 
 Spans = tuple[tuple[int, int], ...]
 REF_TOKENS = 16  # emphasised tokens that get the full strength (about one memory)
@@ -99,6 +99,27 @@ def text_spans(renderer: Any, segment: str, split: SegmentSplit | None, instruct
                 if i >= first_tok and b > a and a < hi and b > lo]
         if toks:
             spans.append((toks[0], toks[-1] + 1))  # a text's tokens are contiguous
+    return _merge(spans)
+
+
+def reply_spans(renderer: Any, prompt: str, prompt_ids: Sequence[int],
+                replies: Sequence[str]) -> Spans:
+    """Token spans of ``replies`` (earlier assistant messages, found in order) in the
+    continuation ``prompt`` encoded as ``prompt_ids``; () when the tokenisation differs."""
+    enc = renderer.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
+    if list(enc["input_ids"]) != list(prompt_ids):
+        return ()
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    spans, cursor = [], 0
+    for text in (r.strip() for r in replies):
+        at = prompt.find(text, cursor) if text else -1
+        if at < 0:
+            continue
+        lo, hi = at, at + len(text)
+        cursor = hi
+        toks = [i for i, (a, b) in enumerate(offsets) if b > a and a < hi and b > lo]
+        if toks:
+            spans.append((toks[0], toks[-1] + 1))
     return _merge(spans)
 
 

@@ -16,6 +16,7 @@ from injection.engine import emphasis
 from injection.engine.batch import BatchEngine
 from injection.errors import InvalidRequest
 from injection.kvcache.conversation import ConversationStore
+from injection.kvcache.packed import PackedKV
 from injection.metrics import Metrics
 from injection.prompting.emphasis_spans import text_spans
 
@@ -46,15 +47,16 @@ def _case(adapter, pref: str, question: str):
 
 
 def _reference(adapter, prefix, ids, n, value, spans):
-    """Greedy batch-1 loop on a plain DynamicCache: the bias built by hand each step."""
+    """Greedy batch-1 loop on a plain DynamicCache: the bias built by hand each step, the
+    prompt's at full strength, the generated tokens' at ``GENERATED_SCALE`` of it."""
     cache = adapter.build_cache(prefix, 1.0)
     out, step = [], torch.tensor([ids])
     with torch.inference_mode():
-        for _ in range(n):
+        for i in range(n):
             kv = cache.get_seq_length() + step.shape[1]
             bias = torch.zeros(1, 1, 1, kv)
             for s, e in spans:
-                bias[..., s:e] = value
+                bias[..., s:e] = value if i == 0 else value * emphasis.GENERATED_SCALE
             logits = adapter.model(input_ids=step, past_key_values=cache, use_cache=True,
                                    position_bias=bias).logits[0, -1]
             out.append(int(logits.argmax()))
@@ -90,12 +92,27 @@ def test_the_bias_is_added_to_the_attention_logits_in_nats():
     torch.testing.assert_close(got, want.transpose(1, 2))
 
 
-def test_decode_bias_follows_each_rows_left_padding():
+def test_prefill_bias_spares_the_models_own_tokens():
+    """Queries at ``quiet`` positions (earlier replies) get GENERATED_SCALE of the bias."""
+    assert emphasis.GENERATED_SCALE == 0.0  # the measured default: the model's own words
+    plain = emphasis.prefill_bias(2.0, ((1, 3),), 8, "cpu", torch.float32, 4)
+    assert plain.shape == (1, 1, 1, 8) and plain[0, 0, 0].tolist() == [0, 2, 2, 0, 0, 0, 0, 0]
+    # queries are positions 4..7; 5..6 are a reply, 9..12 lies beyond this chunk
+    bias = emphasis.prefill_bias(2.0, ((1, 3),), 8, "cpu", torch.float32, 4, ((5, 7), (9, 12)))
+    assert bias.shape == (1, 1, 4, 8)
+    assert [row[1] for row in bias[0, 0].tolist()] == [2, 0, 0, 2]
+    assert emphasis.prefill_bias(2.0, ((1, 3),), 8, "cpu", torch.float32, 4, ((0, 4),)).shape \
+        == (1, 1, 1, 8)  # quiet tokens already in the cache: nothing changes
+
+
+def test_decode_bias_follows_each_rows_left_padding(monkeypatch):
     class Row:
         def __init__(self, e, spans):
             self.emphasis, self.emphasis_spans = e, spans
 
     rows = [Row(2.0, ((1, 3),)), Row(0.0, ((0, 5),)), Row(1.5, ((0, 1), (4, 6)))]
+    assert emphasis.decode_bias(rows, [0, 2, 3], 6, "cpu", torch.float32) is None  # default
+    monkeypatch.setattr(emphasis, "GENERATED_SCALE", 1.0)
     bias = emphasis.decode_bias(rows, [0, 2, 3], 6, "cpu", torch.float32)
     assert bias.shape == (3, 1, 1, 7)
     assert bias[0, 0, 0].tolist() == [0, 2, 2, 0, 0, 0, 0]
@@ -205,3 +222,48 @@ def test_conversation_links_are_keyed_by_emphasis(adapter, ex):
     other = ex.execute(ExecutionRequest("t", "u1", hist, PREF, max_new_tokens=10,
                                         emphasis=2.0, conversation_id="c-u1"))
     assert other.reused_tokens == 0 and other.emphasis_effective == 2.0
+
+
+def test_replies_prefilled_as_prompt_get_the_biases_they_had_while_decoding(adapter, engine):
+    """A reply's K/V made while decoding (its tokens attend without emphasis) equals the
+    same tokens prefilled later with ``quiet_spans`` covering them, not without."""
+    prefix, ids, spans = _case(adapter, PREF, "What should I cook tonight?")
+    decoded = engine.run(prefix, 1.0, ids, 12, emphasis=3.0, emphasis_spans=spans,
+                         keep_kv=True)
+    gen = decoded.token_ids
+    start = prefix.num_tokens + len(ids)
+    reply = (start, start + len(gen) - 1)  # the last token was chosen, never fed
+
+    def prefilled(quiet):
+        out = engine.run(prefix, 1.0, ids + gen[:-1], 1, emphasis=3.0, emphasis_spans=spans,
+                         quiet_spans=quiet, keep_kv=True)
+        return out, out.sequence_kv.keys[:, :, start:reply[1]]
+
+    want = decoded.sequence_kv.keys[:, :, start:reply[1]]
+    quiet, quiet_keys = prefilled((reply,))
+    assert quiet.token_ids[0] == gen[-1]
+    torch.testing.assert_close(quiet_keys, want, atol=1e-4, rtol=1e-4)
+    _, loud_keys = prefilled(())
+    assert (loud_keys - want).abs().max() > 1e-3  # without them the replies' K/V differ
+
+
+def test_a_turns_quiet_spans_are_its_earlier_replies_tokens(adapter, ex):
+    """The executor marks exactly the earlier replies' tokens (absolute positions), with or
+    without a cached link in front of the prompt."""
+    replies = ["I like cooking pasta with basil.", "A lemon sorbet, then."]
+    msgs = [{"role": "user", "content": QUESTIONS[0]}, {"role": "assistant", "content": replies[0]},
+            {"role": "user", "content": QUESTIONS[1]}, {"role": "assistant", "content": replies[1]},
+            {"role": "user", "content": QUESTIONS[2]}]
+    parts = adapter.split_prompt(PREF, msgs)
+    req = ExecutionRequest("t", "u", msgs, PREF, emphasis=3.0)
+    plan = ex.turns.plan(req, msgs, parts.prompt, "h", 1.0, injected=True, emphasis=3.0)
+    head = adapter.compute_kv(parts.segment)
+    ids = [*head.token_ids, *plan.prompt_ids]
+    quiet = ex.turns._quiet(plan, head, 0, 0, ((0, 1),))
+    assert [adapter.tokenizer.decode(ids[s:e]).strip() for s, e in quiet] == replies
+    done = quiet[0][1] - head.num_tokens + 2  # a cached link covering the first reply
+    linked = PackedKV(head.keys[:, :, :1].expand(-1, -1, head.num_tokens + done, -1),
+                      head.values[:, :, :1].expand(-1, -1, head.num_tokens + done, -1),
+                      ids[:head.num_tokens + done])
+    assert ex.turns._quiet(plan, linked, done, 0, ((0, 1),)) == quiet[1:]
+    assert ex.turns._quiet(plan, head, 0, 0, ()) == ()  # no emphasis: nothing to spare
