@@ -17,8 +17,9 @@ condition, in one run:
 
 Adherence = replies passing their check *and* not reciting the memory
 (``memory_cases.recites``: a reply that restates the memory and adds next to nothing; a
-``fact`` case, whose question asks for the fact, is exempt). "recites": the share of
-replies failed for reciting. Fluency: empty replies and replies repeating a 4-gram of
+``fact`` case, whose question asks for the fact, is exempt) and not a non-answer
+(``memory_cases.evades``: declining or apologising for a mistake nobody made, "as an AI
+..."). "recites" / "evades": the share of replies failed for each. Fluency: empty replies and replies repeating a 4-gram of
 words. Time to first token (one ``max_new_tokens=1`` request, segments already
 in L1, median over cases, interleaved): 20 vs 1 memory, reminder on vs off, emphasis on
 vs off, at the deepest depth measured.
@@ -47,7 +48,15 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
-from memory_cases import HELD_OUT, TUNING, adheres, conversation, memory_list, recitation  # noqa: E402
+from memory_cases import (  # noqa: E402
+    HELD_OUT,
+    TUNING,
+    adheres,
+    conversation,
+    evades,
+    memory_list,
+    recitation,
+)
 
 from injection import InjectionExecutor, TenantLRU, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest, MemoryItem  # noqa: E402
@@ -200,7 +209,7 @@ def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps:
 
 def adherence_table(results, sets, depths, conds) -> str:
     header = ["condition"] + [f"{s} d={d}" for s, _ in sets for d in depths] + [
-        "empty", "repeats", "recites"]
+        "empty", "repeats", "recites", "evades"]
     rows = []
     for name in conds:
         cells = []
@@ -211,15 +220,15 @@ def adherence_table(results, sets, depths, conds) -> str:
         mine = [r for r in results if r[3] == name]
         empty = sum(not r[5].strip() for r in mine)
         rep = sum(repeats(r[5]) for r in mine)
-        recited = sum(r[6] for r in mine)
+        recited, evaded = sum(r[6] for r in mine), sum(evades(r[5]) for r in mine)
         rows.append([name, *cells, f"{empty}/{len(mine)}", f"{100 * rep / len(mine):.0f} %",
-                     f"{100 * recited / len(mine):.0f} %"])
+                     f"{100 * recited / len(mine):.0f} %", f"{100 * evaded / len(mine):.0f} %"])
     return table(header, rows)
 
 
 def check_only_table(results, sets, depths, conds) -> str:
-    """The same replies scored by the case's check alone (recitation passes), for
-    comparison with tables measured before recitation was failed."""
+    """The same replies scored by the case's check alone (recitation and non-answers
+    pass), for comparison with tables measured before those were failed."""
     header = ["condition (check alone)"] + [f"{s} d={d}" for s, _ in sets for d in depths]
     rows = []
     for name in conds:

@@ -238,9 +238,26 @@ def recitation(case: Case, reply: str) -> bool:
     return case.kind != "fact" and recites(case.memory, reply)
 
 
+# Non-answers: the reply declines or apologises for a mistake nobody made instead of
+# answering ("I'm sorry for your loss, but as a tech support AI ..."). Sympathy that goes
+# on to answer ("I'm sorry to hear that; try ...") is not one of them.
+EVASIONS = re.compile("|".join([
+    r"\bi(?:'|’)?m sorry for\b", r"\bi am sorry for\b",
+    r"\bas an? (?:[\w-]+ )*(?:ai|assistant|language model)\b",
+    r"\b(?:i(?:'|’)?m|i am) (?:not able|unable|not equipped|not a substitute)\b",
+    r"\bi (?:can(?:'|’)?t|cannot|don(?:'|’)?t have the ability to) (?:provide|assist|give|help you)\b",
+]), re.IGNORECASE)
+
+
+def evades(reply: str) -> bool:
+    """The reply is a non-answer (see ``EVASIONS``)."""
+    return bool(EVASIONS.search(reply))
+
+
 def adheres(case: Case, reply: str) -> bool:
-    """The benchmark's pass: the case's check passes and the reply is no recitation."""
-    return bool(case.check(reply)) and not recitation(case, reply)
+    """The benchmark's pass: the case's check passes, the reply is no recitation and no
+    non-answer."""
+    return bool(case.check(reply)) and not recitation(case, reply) and not evades(reply)
 
 
 def conversation(case: Case, depth: int) -> list[dict[str, str]]:

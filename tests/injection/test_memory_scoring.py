@@ -76,3 +76,17 @@ def test_topic_word_alone_is_not_recitation():
     assert not recites("I am allergic to cats.", "A cat is the best pet.")
     assert not recites("I do not drink alcohol.", "A glass of wine is a great drink to bring.")
     assert recites("I am allergic to cats.", "I'm not a fan of cats. I'm allergic to them.")
+
+
+def test_non_answers_fail_even_when_the_check_passes():
+    from memory_cases import evades
+
+    case = Case("diet", "I am allergic to shellfish.", "What should I order?",
+                avoids("shrimp", "crab", "lobster"))
+    for reply in ["I'm sorry for your loss, but as a tech support AI, I can't help.",
+                  "As a text-based AI assistant, I'm unable to provide guidance on that.",
+                  "I cannot provide specific orders."]:
+        assert case.check(reply) and evades(reply) and not adheres(case, reply), reply
+    for reply in ["I'm sorry to hear that. Try the grilled salmon or a garden salad.",
+                  "I can't help but recommend the grilled salmon."]:
+        assert not evades(reply) and adheres(case, reply), reply
