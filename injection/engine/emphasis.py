@@ -44,11 +44,12 @@ Spans = tuple[tuple[int, int], ...]
 
 # Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
 # depth"): model_key -> nats. A model not listed (the random demo model included) is off.
-# SmolLM2-135M-Instruct ("b7753234439613b9") scored best at 3.0 on the benchmark's keyword
-# checks, but on open requests 2-3 nats make it recite the memory instead of answering
-# ("Suggest a dinner recipe" -> "I am vegetarian and I do not like spicy food."), which
-# those checks count as adherence: off by default until a measure of answer quality
-# says otherwise; tenants and requests can still turn it on.
+# SmolLM2-135M-Instruct ("b7753234439613b9"): with the bias on its own tokens too it
+# recited the memory instead of answering; without it (GENERATED_SCALE 0) it recites no
+# more but answers "I'm sorry for ..., as an AI ..." instead (14 % of replies at 3 nats),
+# and scored with both failed, 2 and 3 nats gain nothing over the reminder alone on the
+# tuning cases (docs/BENCHMARKS.md, memory depth, 2026-11-26): off by default; tenants
+# and requests can still turn it on.
 MEASURED_DEFAULTS: dict[str, float] = {}
 
 
