@@ -65,6 +65,9 @@ async def events(member, started: Started) -> AsyncIterator[tuple[str, Any]]:
     outcome = "error"
     deadline = time.monotonic() + settings.CHAT_RESULT_TIMEOUT
     try:
+        # first, inside the try: a client gone before any text still cancels the worker
+        # (a generator closed before it started runs none of its body)
+        yield "start", None
         async for piece in _pieces(conn, started.request_id, started.dispatched.result.ready,
                                    deadline):
             relayed.append(piece)

@@ -34,9 +34,14 @@ async def sse(events: AsyncIterator, model: str, request_id: str,
         more = {"usage": None} if include_usage else {}
         return _data({**base, "choices": [choice], **more, **extra})
 
+    opened = False
     try:
-        yield chunk({"role": "assistant", "content": ""})
         async for kind, value in events:
+            if not opened:  # the role chunk once the relay runs: closing it now cancels
+                opened = True
+                yield chunk({"role": "assistant", "content": ""})
+            if kind == "start":
+                continue
             if kind == "delta":
                 yield chunk({"content": value})
             elif kind == "error":
