@@ -28,6 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from injection.base import MemoryItem
+from injection.prompting.emphasis_spans import find_spans
 from injection.prompting.template import PromptParts, compose_context
 
 __all__ = ["BULLET", "MemoryPlan", "render", "split_budget"]
@@ -140,14 +141,5 @@ class MemoryPlan:
         enc = renderer.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
         if list(enc["input_ids"]) != renderer.encode(prompt, first=False):
             return ()
-        offsets, spans, cursor = enc["offset_mapping"], [], 0
-        for text in self.texts(self.recalled):
-            at = prompt.find(text, cursor)
-            if at < 0:
-                continue
-            lo, hi = at, at + len(text)
-            cursor = hi
-            toks = [i for i, (a, b) in enumerate(offsets) if b > a and a < hi and b > lo]
-            if toks:
-                spans.append((head + toks[0], head + toks[-1] + 1))
-        return tuple(spans)
+        found = find_spans(prompt, enc["offset_mapping"], self.texts(self.recalled))
+        return tuple((head + lo, head + hi) for lo, hi in found)

@@ -18,7 +18,8 @@ from typing import Any
 from injection.base import ExecutionRequest, SegmentSplit
 from injection.engine import emphasis as _emphasis
 
-__all__ = ["emphasis_for", "member_texts", "normalised", "reply_spans", "text_spans"]
+__all__ = ["emphasis_for", "find_spans", "member_texts", "normalised", "reply_spans",
+           "text_spans"]
 
 Spans = tuple[tuple[int, int], ...]
 REF_TOKENS = 16  # emphasised tokens that get the full strength (about one memory)
@@ -88,18 +89,7 @@ def text_spans(renderer: Any, segment: str, split: SegmentSplit | None, instruct
         first_tok, cursor = len(split.tenant_ids), len(split.tenant_text)
     elif instructions.strip() and (at := segment.find(instructions.strip())) >= 0:
         cursor = at + len(instructions.strip())
-    spans: list[tuple[int, int]] = []
-    for text in texts:
-        at = segment.find(text, cursor) if text else -1
-        if at < 0:
-            continue
-        lo, hi = at, at + len(text)
-        cursor = hi
-        toks = [i for i, (a, b) in enumerate(offsets)
-                if i >= first_tok and b > a and a < hi and b > lo]
-        if toks:
-            spans.append((toks[0], toks[-1] + 1))  # a text's tokens are contiguous
-    return _merge(spans)
+    return _merge(find_spans(segment, offsets, texts, cursor, first_tok))
 
 
 def reply_spans(renderer: Any, prompt: str, prompt_ids: Sequence[int],
@@ -110,17 +100,26 @@ def reply_spans(renderer: Any, prompt: str, prompt_ids: Sequence[int],
     if list(enc["input_ids"]) != list(prompt_ids):
         return ()
     offsets = [tuple(o) for o in enc["offset_mapping"]]
-    spans, cursor = [], 0
-    for text in (r.strip() for r in replies):
-        at = prompt.find(text, cursor) if text else -1
+    return _merge(find_spans(prompt, offsets, [r.strip() for r in replies]))
+
+
+def find_spans(text: str, offsets: Sequence[Sequence[int]], parts: Sequence[str],
+               cursor: int = 0, first_tok: int = 0) -> list[tuple[int, int]]:
+    """Token spans ``(start, end)`` of ``parts``, found in order in ``text`` from character
+    ``cursor`` on (a part not found is skipped): the tokens (from ``first_tok``) whose
+    ``offsets`` overlap the part's characters; a part's tokens are contiguous."""
+    spans: list[tuple[int, int]] = []
+    for part in parts:
+        at = text.find(part, cursor) if part else -1
         if at < 0:
             continue
-        lo, hi = at, at + len(text)
+        lo, hi = at, at + len(part)
         cursor = hi
-        toks = [i for i, (a, b) in enumerate(offsets) if b > a and a < hi and b > lo]
+        toks = [i for i, (a, b) in enumerate(offsets)
+                if i >= first_tok and b > a and a < hi and b > lo]
         if toks:
             spans.append((toks[0], toks[-1] + 1))
-    return _merge(spans)
+    return spans
 
 
 def _merge(spans: list[tuple[int, int]]) -> Spans:
