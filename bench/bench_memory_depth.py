@@ -13,6 +13,9 @@ condition, in one run:
   (injection/prompting/reminder.py);
 * ``+ emphasis E``: attention-logit bias towards the memory tokens (``ExecutionRequest.
   emphasis``; listed with ``--emphasis``);
+* ``+ contrast S``: contrastive guidance (``ExecutionRequest.contrast``: the reply's
+  distribution against the same conversation without the memories; on turns without a
+  reminder; listed with ``--contrast``);
 * ``20 memories``: the case's memory among 19 unrelated ones (``ExecutionRequest.memories``).
 
 Adherence = replies passing their check *and* not reciting the memory
@@ -76,15 +79,23 @@ def model_path() -> Path:
     return prepare_model(ROOT / "var" / "models" / "smollm2-135m-instruct")
 
 
-def conditions(emphases: list[float], reminder: bool, many: str) -> dict[str, dict]:
+def conditions(emphases: list[float], reminder: bool, many: str,
+               contrasts: tuple[float, ...] = ()) -> dict[str, dict]:
     """Name -> options. ``many``: the mechanisms of the "20 memories" condition."""
     out: dict[str, dict] = {
         "no memory": {"mode": "none"},
         "system message": {"mode": "system"},
-        "platform": {"mode": "platform", "reminder": False, "emphasis": 0.0},
+        "platform": {"mode": "platform", "reminder": False, "emphasis": 0.0, "contrast": 0.0},
     }
     if reminder:
-        out["platform + reminder"] = {"mode": "platform", "reminder": True, "emphasis": 0.0}
+        out["platform + reminder"] = {"mode": "platform", "reminder": True, "emphasis": 0.0,
+                                      "contrast": 0.0}
+    for c in contrasts:
+        out[f"platform + contrast {c:g}"] = {"mode": "platform", "reminder": False,
+                                             "emphasis": 0.0, "contrast": c}
+        if reminder:
+            out[f"platform + reminder + contrast {c:g}"] = {
+                "mode": "platform", "reminder": True, "emphasis": 0.0, "contrast": c}
     for e in emphases:
         out[f"platform + emphasis {e:g}"] = {"mode": "platform", "reminder": False, "emphasis": e}
         if reminder:
@@ -93,9 +104,11 @@ def conditions(emphases: list[float], reminder: bool, many: str) -> dict[str, di
     if many:
         rem = "reminder" in many
         emph = next((float(p.split("=")[1]) for p in many.split(",") if p.startswith("e=")), 0.0)
+        con = next((float(p.split("=")[1]) for p in many.split(",") if p.startswith("c=")), 0.0)
         label = "platform, 20 memories" + (" + reminder" if rem else "") + (
-            f" + emphasis {emph:g}" if emph else "")
-        out[label] = {"mode": "platform", "n": 20, "reminder": rem, "emphasis": emph}
+            f" + emphasis {emph:g}" if emph else "") + (f" + contrast {con:g}" if con else "")
+        out[label] = {"mode": "platform", "n": 20, "reminder": rem, "emphasis": emph,
+                      "contrast": con}
     return out
 
 
@@ -122,7 +135,7 @@ class Runner:
             kw["preference_text"] = "\n".join(texts)
             if len(texts) > 1:  # one memory: preference_text, exactly as today
                 kw["memories"] = tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(texts))
-            for name in ("reminder", "emphasis"):
+            for name in ("reminder", "emphasis", "contrast"):
                 if name in FIELDS:
                     kw[name] = cond.get(name)
                 elif cond.get(name):
@@ -249,6 +262,7 @@ def main() -> None:
     ap.add_argument("--sets", default="tuning,held-out")
     ap.add_argument("--depths", default="0,4,8,16")
     ap.add_argument("--emphasis", default="", help="emphasis strengths to run, e.g. 1.6,2.2")
+    ap.add_argument("--contrast", default="", help="contrast strengths to run, e.g. 0.5,1")
     ap.add_argument("--no-reminder", action="store_true", help="leave the reminder out")
     ap.add_argument("--many", default="reminder",
                     help="mechanisms of the 20-memories condition: '', 'reminder', "
@@ -260,6 +274,7 @@ def main() -> None:
                     help="the member segment's token budget (0: the engine's default)")
     ap.add_argument("--ttft-reps", type=int, default=3)
     ap.add_argument("--ttft-cases", type=int, default=8)
+    ap.add_argument("--ttft-depth", type=int, default=None, help="(default: the deepest)")
     ap.add_argument("--reminder-role", default="", help="override: system | user")
     ap.add_argument("--reminder-prefix", default=None, help="override the reminder's prefix")
     ap.add_argument("--reminder-after", type=int, default=None, help="override: exchanges")
@@ -282,7 +297,8 @@ def main() -> None:
     adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
     emphases = [float(x) for x in args.emphasis.split(",") if x]
     conds = conditions(emphases, not args.no_reminder, "" if args.many == "none" else
-                       (args.many or "plain"))
+                       (args.many or "plain"),
+                       tuple(float(x) for x in args.contrast.split(",") if x))
     if args.only:
         keep = [x.strip() for x in args.only.split(";")]
         conds = {k: v for k, v in conds.items() if k in keep}
@@ -323,14 +339,18 @@ def ttft_section(runner: Runner, conds, sets, depths, args) -> list[str]:
     """TTFT ratios of the mechanisms against the plain platform, same run."""
     if "platform" not in conds or args.ttft_reps <= 0:
         return []
-    deep = max(depths)
-    base = {"mode": "platform", "reminder": False, "emphasis": 0.0}
+    deep = max(depths) if args.ttft_depth is None else args.ttft_depth
+    base = {"mode": "platform", "reminder": False, "emphasis": 0.0, "contrast": 0.0}
     pairs = [("platform", base)]
     if "reminder" in FIELDS:
         pairs.append(("+ reminder", {**base, "reminder": True}))
     if any("emphasis" in k for k in conds):
         e = next(v["emphasis"] for k, v in conds.items() if "emphasis" in k and v["emphasis"])
         pairs.append((f"+ emphasis {e:g}", {**base, "emphasis": e}))
+    if any("contrast" in k for k in conds):
+        c = next(v["contrast"] for k, v in conds.items() if "contrast" in k and v["contrast"])
+        pairs.append((f"+ contrast {c:g}", {**base, "contrast": c}))
+        pairs.append((f"+ reminder + contrast {c:g}", {**base, "reminder": True, "contrast": c}))
     pairs.append(("20 memories", {**base, "n": 20}))
     cases = TUNING[: args.ttft_cases]
     med = ttft(runner, cases, deep, pairs, args.ttft_reps)

@@ -123,6 +123,10 @@ class ExecutionRequest:
     # re-state the member's memories before each user turn once the conversation is deep
     # (injection/prompting/reminder.py); None = the measured default
     reminder: bool | None = None
+    # contrastive guidance strength (injection/engine/guidance/contrast.py): the member's memories
+    # as the difference between the reply's distribution with and without them, on turns
+    # that carry no reminder; 0 = off, exactly today's output; None = the model's default
+    contrast: float | None = None
 
 
 @dataclass
@@ -153,6 +157,7 @@ class ExecutionResult:
     # was served from a cache (L1/L2 segments, the conversation's), not recomputed
     cached_tokens: int = 0
     emphasis_effective: float = 0.0  # the attention emphasis applied (nats; 0: off)
+    contrast_effective: float = 0.0  # the strength applied (0: no guide row)
     extra: dict[str, Any] = field(default_factory=dict)
 
     def cache_info(self) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.emphasis import Spans
 from injection.engine.faults import COUNTERS, EngineFaults
+from injection.engine.guidance import contrast
 from injection.engine.prefill.grouping import GroupPrefill
 from injection.engine.prefill.pacing import Pacer
 from injection.engine.sampling import BatchChooser
@@ -96,7 +97,6 @@ class BatchEngine(EngineFaults, GroupPrefill):
     # -- callers ----------------------------------------------------------------------
     def generate(self, prompt: str, injected: PackedKV | None, alpha: float,
                  max_new_tokens: int, **sampling: Any) -> GenerationOutput:
-        """``ModelAdapter.generate`` through the batch: blocks until this row finishes."""
         prompt_ids = self.adapter.renderer.encode(prompt, first=injected is None)
         return self.run(injected, alpha, prompt_ids, max_new_tokens, **sampling)
 
@@ -104,12 +104,13 @@ class BatchEngine(EngineFaults, GroupPrefill):
             max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
             emphasis: float = 0.0, emphasis_spans: Spans = (), quiet_spans: Spans = (),
             capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
-            **sampling: Any) -> GenerationOutput:
+            guide: contrast.Guide | None = None, **sampling: Any) -> GenerationOutput:
         """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``;
         ``emphasis`` nats towards the absolute key positions ``emphasis_spans``, except
         from the model's own tokens (``quiet_spans``: earlier replies; see emphasis.py);
         ``capture`` gets the K/V of the first ``capture_tokens`` of ``new_ids`` once the
-        prefill is done (the one-pass miss; ``faults.capture_segment``)."""
+        prefill is done (the one-pass miss; ``faults.capture_segment``); ``guide``: the
+        conversation without the memories, contrasted (``contrast.py``; needs 2 rows)."""
         if not new_ids:
             raise InvalidRequest("prompt is empty")
         if prefix is not None:
@@ -120,6 +121,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
                      emphasis=float(emphasis), emphasis_spans=tuple(emphasis_spans),
                      quiet_spans=tuple(quiet_spans), capture=capture,
                      capture_tokens=int(capture_tokens))
+        contrast.attach(job, guide, self.max_batch)
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
         return self.submit(job).wait()
 
@@ -214,16 +216,6 @@ class BatchEngine(EngineFaults, GroupPrefill):
             if first is not None:  # in the batch now: its first token (a resumed row: none)
                 self._advance([job], first.unsqueeze(0), cached=False)
 
-    def _next_admissible(self) -> RowJob | None:
-        if not self._waiting or len(self._rows) >= min(self.max_batch, self._oom_cap):
-            return None
-        job = self._waiting[0]
-        if self._rows and self.kv_budget_bytes:
-            widest = max(job.reserve_tokens(), *(r.reserve_tokens() for r in self._rows))
-            if (len(self._rows) + 1) * widest * self.bytes_per_token > self.kv_budget_bytes:
-                return None
-        return self._waiting.popleft()
-
     def _prefill(self, job: RowJob) -> Any:
         """Run the row's new tokens on its own prefix K/V (batch 1), join the batch; returns
         the logits of its first token. A row put back after streaming text resumes: its
@@ -242,10 +234,15 @@ class BatchEngine(EngineFaults, GroupPrefill):
             job.chunk_cache, job.prefilled, self._chunking = past, done + size, job
             self.counters["prefill_chunks"] += 1
             return _PENDING
+        guided = contrast.prefill_guide(self.adapter, job, resume, self.counters)
         if not resume:
             self._capture_segment(job, past)  # before the batch takes the row's K/V
         self._batch.add(past)  # all layers or none
         self._rows.append(job)
+        if guided is not None:  # the guide right after its row
+            self._batch.add(guided[0])
+            self._rows.append(job.guide)
+            logits = contrast.combine(logits, guided[1], job.guide_strength)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
         return None if resume else logits
@@ -273,6 +270,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
         rows leave the batch, then their callers wake. A row whose draw or callbacks raise
         fails alone."""
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
+        rows, logits = contrast.split_rows(rows, logits)  # guides choose nothing
         for job, pick in self._choose(rows, logits, cached=cached):
             if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it
                 continue
@@ -290,6 +288,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
 
     def _append(self, job: RowJob, token: int) -> GenerationOutput | None:
         job.gen.append(token)
+        contrast.mirror(job, token)
         stop = job.watch.observe(job.gen) or token in self._eos
         if job.abandoned:
             job.watch.finish_reason = "cancelled"

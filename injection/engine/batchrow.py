@@ -45,6 +45,10 @@ class RowJob:
     capture: Callable[[PackedKV], None] | None = None
     capture_tokens: int = 0
     solo: bool = False  # prefilled alone, never in a group (``grouping``)
+    # contrastive guidance (``guidance/contrast.py``): the row's guide, and the guide's own flag
+    guide: RowJob | None = None
+    guide_strength: float = 0.0
+    is_guide: bool = False
     started: float = field(default_factory=time.perf_counter)
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --

@@ -24,6 +24,7 @@ from injection.base import (
     PreferenceModel,
     Tier,
 )
+from injection.engine.guidance.plan import plan_guide
 from injection.engine.request_checks import history_len as _history_len
 from injection.engine.request_checks import sampling_options
 from injection.engine.request_checks import validate as _validate
@@ -166,8 +167,7 @@ class InjectionExecutor:
 
     def close(self) -> None:
         """Finish pending L2 writes and stop tier threads (worker shutdown)."""
-        if self.engine is not None:
-            self.engine.close()
+        self.engine.close() if self.engine is not None else None
         for store in (self.l2, self.l1):
             close = getattr(store, "close", None)
             if callable(close):
@@ -207,6 +207,8 @@ class InjectionExecutor:
                                        self.adapter, parts.prompt, n))
         plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)
+        guide = plan_guide(self.adapter, self.chain, req, messages, on=personal and bool(
+            self.engine), reminded=remind.reminds_last(messages))  # contrastive guidance
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         defer = self.one_pass and plan.cached is None and member_alpha == 1.0 and not emph
         chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha,
@@ -215,7 +217,7 @@ class InjectionExecutor:
         assert chain.kv is None or chain.kv.keys.is_cpu, "cached K/V must live on CPU"
         # the chain is scaled already; a conversation hit continues its link after it
         out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling, spans,
-                             lead=chain.lead, capture=chain.capture)
+                             lead=chain.lead, capture=chain.capture, guide=guide)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = clean_reply(out.text, self.metrics.incr)
         head = chain.num_tokens
@@ -235,14 +237,13 @@ class InjectionExecutor:
             injection_mode=parts.mode, history_messages=_history_len(messages),
             finish_reason=out.finish_reason, reused_tokens=reused,
             cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
-            emphasis_effective=emph,
+            emphasis_effective=emph, contrast_effective=guide.strength if guide else 0.0,
             extra={"segments": chain.tiers, "preference_applied": personal, **mem.extra()},
         )
 
     def _fit(self, req: ExecutionRequest, context: str,
              remind: Callable[[list], list] = list) -> list[dict[str, str]]:
-        """History trimmed in whole turns to the model's context (and the request's cap),
-        with the memory reminders (``remind``) in place."""
+        """History trimmed in whole turns to the context (and the request's cap), reminded."""
         messages = [dict(m) for m in req.messages]
         n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), 0)
         max_pos = getattr(self.adapter, "max_positions", None)

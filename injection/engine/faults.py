@@ -26,6 +26,7 @@ from injection.devices import to_host
 from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
+from injection.engine.guidance.contrast import with_guides
 from injection.errors import InjectionError, ModelOOMError
 from injection.kvcache.packed import PackedKV
 
@@ -33,7 +34,7 @@ __all__ = ["COUNTERS", "EngineFaults"]
 COUNTERS = ("steps", "rows", "peak_batch", "batched_steps", "oom_shrinks", "row_failures",
             "step_failures", "resumed", "keep_kv_failures", "watchdog_trips", "prefill_chunks",
             "segment_captures", "capture_failures", "group_prefills", "grouped_rows",
-            "group_fallbacks")
+            "group_fallbacks", "guided_rows")
 
 log = logging.getLogger("injection.engine.batch")
 
@@ -83,6 +84,7 @@ class EngineFaults:
     def _drop(self, leaving: list[RowJob]) -> None:
         if not leaving:
             return
+        leaving = with_guides(leaving)  # a guide leaves with its row
         keep = [i for i, r in enumerate(self._rows) if r not in leaving]
         self._batch.keep(keep)
         self._rows = [self._rows[i] for i in keep]
@@ -131,7 +133,7 @@ class EngineFaults:
         if not self._batch.consistent():  # never decode on a torn cache
             raise InjectionError("the batch cache is inconsistent after a failed step")
         self.counters["oom_shrinks"] += 1
-        victim = self._rows[-1]
+        victim = next(r for r in reversed(self._rows) if not r.is_guide)
         self._oom_cap = max(1, len(self._rows) - 1)
         self._drop([victim])
         steps.free_accelerator()

@@ -7,6 +7,7 @@ from typing import Any
 
 from injection.base import ExecutionRequest
 from injection.engine.emphasis import MAX_EMPHASIS
+from injection.engine.guidance.contrast import MAX_CONTRAST
 from injection.errors import InvalidRequest
 from injection.prompting.markup import MarkupStream
 from injection.prompting.output_filter import strip_control_chars
@@ -47,6 +48,9 @@ def validate(req: ExecutionRequest) -> None:
                                          and 0 <= req.emphasis <= MAX_EMPHASIS):
         raise InvalidRequest(f"emphasis must be between 0 and {MAX_EMPHASIS:g}, got "
                              f"{req.emphasis}")
+    contrast = getattr(req, "contrast", None)
+    if contrast is not None and not (math.isfinite(contrast) and 0 <= contrast <= MAX_CONTRAST):
+        raise InvalidRequest(f"contrast must be between 0 and {MAX_CONTRAST:g}, got {contrast}")
     if req.max_new_tokens < 1:
         raise InvalidRequest("max_new_tokens must be >= 1")
     if not math.isfinite(req.temperature) or req.temperature < 0 or not 0 < req.top_p <= 1:

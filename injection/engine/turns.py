@@ -67,11 +67,12 @@ class TurnGenerator:
 
     def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
             sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = (),
-            lead: tuple[int, ...] = (), capture: Any = None) -> Any:
+            lead: tuple[int, ...] = (), capture: Any = None, guide: Any = None) -> Any:
         """Generate after ``prefix`` (the injected chain, with the conversation's link
         joined on a hit; values already scaled) at alpha 1; ``plan.emphasis`` towards the
         absolute key ``spans`` (engine only). ``lead``: a deferred segment's ids,
-        prefilled before the prompt, their K/V handed to ``capture`` (engine only)."""
+        prefilled before the prompt, their K/V handed to ``capture`` (engine only);
+        ``guide``: contrastive guidance (``contrast.Guide``, engine only)."""
         if self.engine is None:
             assert not lead, "a deferred segment needs the batch engine"
             return self.adapter.generate(plan.prompt, prefix, 1.0, req.max_new_tokens, **sampling)
@@ -83,7 +84,7 @@ class TurnGenerator:
                                emphasis=plan.emphasis if spans else 0.0, emphasis_spans=spans,
                                quiet_spans=self._quiet(plan, prefix, done, len(lead), spans),
                                capture=capture if lead else None, capture_tokens=len(lead),
-                               **sampling)
+                               guide=guide, **sampling)
 
     def _quiet(self, plan: TurnPlan, prefix: PackedKV | None, done: int, lead: int,
                spans: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:

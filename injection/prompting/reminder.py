@@ -76,6 +76,11 @@ class Reminder:
     def __init__(self, text: str = "", *, after: int = DEFAULT_AFTER, role: str = "user"):
         self.text, self.after, self.role = text, int(after), role
 
+    def reminds_last(self, messages: Sequence[Message]) -> bool:
+        """Whether the last user message of ``messages`` (as sent) gets a reminder."""
+        users = sum(m["role"] == "user" for m in messages[:-1])
+        return bool(self.text) and users >= self.after
+
     def apply(self, messages: Sequence[Message]) -> list[Message]:
         if not self.text:
             return [dict(m) for m in messages]

@@ -9,6 +9,7 @@ the group's cache, joins the running batch as a row prefilled alone would; the r
 first tokens are chosen together. A group that fails for any reason is put back at the
 head of the queue, each row marked to be prefilled alone: a bad row then fails alone.
 
+Admission itself (``_next_admissible``: the next row, if the batch has room) lives here too.
 Runs on the scheduler thread.
 """
 
@@ -35,6 +36,22 @@ class GroupPrefill:
     pacer: Any
     _waiting: Any
     _rows: list[RowJob]
+    max_batch: int
+    _oom_cap: int
+    kv_budget_bytes: int
+    bytes_per_token: int
+
+    def _next_admissible(self) -> RowJob | None:
+        """The next waiting row if the batch has room for it (and its guide)."""
+        job = self._waiting[0] if self._waiting else None
+        rows = len(self._rows) + 1 + (job is not None and job.guide is not None)
+        if job is None or (self._rows and rows > min(self.max_batch, self._oom_cap)):
+            return None
+        if self._rows and self.kv_budget_bytes:
+            widest = max(job.reserve_tokens(), *(r.reserve_tokens() for r in self._rows))
+            if rows * widest * self.bytes_per_token > self.kv_budget_bytes:
+                return None
+        return self._waiting.popleft()
 
     def _group(self, first: RowJob) -> list[RowJob]:
         """``first`` and the groupable rows queued right behind it (popped)."""

@@ -1,0 +1,1 @@
+"""Contrastive guidance: the engine half (``contrast``) and the planner half (``plan``)."""

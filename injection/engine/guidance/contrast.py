@@ -1,0 +1,116 @@
+"""Contrastive guidance: what the member's memories change, applied more strongly.
+
+A row may carry a *guide*: the same conversation without the member's memories (the
+tenant's instructions kept), prefilled with the row and decoded beside it in the batch,
+always fed the row's own tokens. The row's token is then chosen from
+
+    (1 + s) * log p(x | memories, conversation) - s * log p(x | conversation)
+
+(context-aware decoding, Shi et al., NAACL 2024), over the tokens the row itself finds
+plausible, ``p(x | memories, ...) >= PLAUSIBLE * max`` (the adaptive plausibility of
+contrastive decoding, Li et al., ACL 2023), so the guide re-ranks what the model would
+say with the memories and never brings in a token it finds implausible. The guide's K/V,
+text and stream are never seen by anyone; it leaves the batch with its row.
+
+Only the platform can do this: a client holding a system prompt gets one distribution,
+the engine has both. ``s = 0`` means no guide at all: today's output, token for token.
+The cost is a second row per request (its prefill, its decoding step in the batch).
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import torch
+
+from injection.engine import steps
+from injection.engine.batchrow import RowJob
+from injection.engine.emphasis import model_key
+from injection.kvcache.packed import PackedKV
+
+__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine", "guide_job", "mirror", "prefill_guide",
+           "resolve", "split_rows", "with_guides"]
+
+PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
+MAX_CONTRAST = 4.0  # requests and tenants are validated against it
+# Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
+# depth"): ``emphasis.model_key`` -> strength. A model not listed (the random demo model
+# included) is off.
+MEASURED_DEFAULTS: dict[str, float] = {}
+
+
+class Guide(NamedTuple):
+    """A row's guide: ``strength`` s, and its input (``prefix`` K/V then ``ids``)."""
+
+    strength: float
+    prefix: PackedKV | None
+    ids: list[int]
+
+
+def resolve(adapter: Any, requested: float | None) -> float:
+    """Effective strength: the request's (or tenant's), else the model's measured default."""
+    value = MEASURED_DEFAULTS.get(model_key(adapter), 0.0) if requested is None else requested
+    return min(max(float(value), 0.0), MAX_CONTRAST)
+
+
+def attach(job: RowJob, guide: Guide | None, max_batch: int) -> None:
+    """Give ``job`` its guide row (none at strength 0, or without room for two rows)."""
+    if guide is not None and guide.strength > 0 and max_batch >= 2:
+        job.guide, job.guide_strength, job.solo = guide_job(job, guide), guide.strength, True
+
+
+def guide_job(main: RowJob, guide: Guide) -> RowJob:
+    """The guide row of ``main``: greedy, silent, as long as ``main`` may run."""
+    return RowJob(guide.prefix, 1.0, list(guide.ids), list(guide.ids), main.max_new_tokens,
+                  {}, {}, solo=True, is_guide=True)
+
+
+def combine(main: torch.Tensor, guide: torch.Tensor, strength: float,
+            plausible: float = PLAUSIBLE) -> torch.Tensor:
+    """``[.., V]`` guided scores of ``main`` against ``guide`` (log-probabilities, with
+    implausible tokens at ``-inf``)."""
+    lp_main = torch.log_softmax(main.float(), dim=-1)
+    lp_guide = torch.log_softmax(guide.float(), dim=-1)
+    scores = (1.0 + strength) * lp_main - strength * lp_guide
+    floor = lp_main.max(dim=-1, keepdim=True).values + float(torch.log(torch.tensor(plausible)))
+    return scores.masked_fill(lp_main < floor, float("-inf"))
+
+
+def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], torch.Tensor]:
+    """The rows that choose a token (guides removed) and their logits, each guided row's
+    combined with its guide's when the guide is in the same step."""
+    if not any(r.guide is not None or r.is_guide for r in rows):
+        return rows, logits
+    index = {id(r): i for i, r in enumerate(rows)}
+    keep = [i for i, r in enumerate(rows) if not r.is_guide]
+    out = logits[keep].float()
+    for j, i in enumerate(keep):
+        row = rows[i]
+        g = index.get(id(row.guide)) if row.guide is not None else None
+        if g is not None:
+            out[j] = combine(logits[i], logits[g], row.guide_strength)
+    return [rows[i] for i in keep], out
+
+
+def mirror(job: RowJob, token: int) -> None:
+    """The guide goes on with the row's token."""
+    if job.guide is not None:
+        job.guide.gen.append(token)
+
+
+def with_guides(rows: list[Any]) -> list[Any]:
+    """``rows`` and their guides (a row leaves the batch with its guide)."""
+    return [*rows, *(r.guide for r in rows if r.guide is not None and r.guide not in rows)]
+
+
+def prefill_guide(adapter: Any, job: RowJob, resume: bool,
+                  counters: dict[str, int]) -> tuple[Any, torch.Tensor] | None:
+    """The guide's whole prefill, after its row's (a resumed row's guide goes on with the
+    row's tokens); None without a guide."""
+    guide = job.guide
+    if guide is None:
+        return None
+    guide.gen = list(job.gen)
+    past, logits = steps.prefill(adapter, guide, guide.prefill_ids(resume))
+    counters["guided_rows"] += 1
+    return past, logits

@@ -1,0 +1,42 @@
+"""The planner's half of contrastive guidance: which turns get a guide, and its input.
+
+A turn is guided (``contrast.py``) when its effective strength is above 0, the member's
+memories are injected, the batch engine runs it, and the turn carries no memory reminder
+(``prompting/reminder.py``): measured on the memory-depth cases, contrasting a reply
+against a conversation without the reminders' restated memories makes the model recite
+them, while the reminder alone keeps deep turns in line (docs/BENCHMARKS.md, memory depth).
+So the guide works on the first turns of a conversation and the reminder on the rest.
+
+The guide's input is what the same request renders without the member's memories: the
+tenant's instructions (their shared cached segment where they have one) and the same
+messages; its prefill is short where it is used (no deep history to repeat).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from injection.base import ExecutionRequest
+from injection.engine.guidance.contrast import Guide, resolve
+from injection.prompting.template import compose_context
+
+__all__ = ["plan_guide"]
+
+
+def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
+               messages: list[dict[str, str]], *, on: bool, reminded: bool) -> Guide | None:
+    """The turn's guide, or None (off, nothing personal injected, or a reminded turn)."""
+    if not on or reminded:
+        return None
+    strength = resolve(adapter, getattr(req, "contrast", None))
+    if strength <= 0.0:
+        return None
+    context = compose_context(req.instructions, "")
+    if context:
+        parts = adapter.split_prompt(context, messages)
+        split = chain.split(parts.segment, context, req.instructions) if parts.segment else None
+        if split is not None:  # the tenant's shared segment, then the rest of the turn
+            head = chain.get(req.tenant, None, parts.segment, split, 1.0)
+            return Guide(strength, head.kv, adapter.renderer.encode(parts.prompt, first=False))
+    prompt = adapter.plain_prompt(context, messages)
+    return Guide(strength, None, adapter.renderer.encode(prompt, first=True))

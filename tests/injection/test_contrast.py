@@ -1,0 +1,209 @@
+"""Contrastive guidance (injection/engine/contrast.py) in the real batch engine on the demo
+model: a guided row's greedy reply equals a step-by-step reference of the formula (two
+caches, the same tokens fed to both), beside other rows and after an OOM put-back; off
+(strength 0, or no room for a second row) is today's output; the guide leaves with its
+row; the executor guides only personal turns without a reminder, against the same
+conversation without the memory."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from injection import InjectionExecutor, TenantLRU
+from injection.base import ExecutionRequest
+from injection.engine.batch import BatchEngine
+from injection.engine.guidance.contrast import PLAUSIBLE, Guide, combine
+from injection.errors import InvalidRequest
+from injection.metrics import Metrics
+from tests.injection.test_batch import _in_threads
+from tests.injection.test_batch_faults import _Faulty, _gate_until_queued, _with_model
+
+MEMORY = "I am vegetarian and I never eat fish."
+QUESTION = [{"role": "user", "content": "What should I cook tonight?"}]
+
+
+def _ids(adapter, context: str, messages=QUESTION) -> list[int]:
+    return adapter.renderer.encode(adapter.plain_prompt(context, messages), first=True)
+
+
+def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[int]:
+    """The formula, one token at a time: both sequences fed the chosen token."""
+    model, eos, out = adapter.model, adapter._eos_ids(), []
+    with torch.inference_mode():
+        caches = [DynamicCache(config=adapter._cache_config) for _ in range(2)]
+        logits = [model(input_ids=torch.tensor([ids]), past_key_values=c,
+                        use_cache=True).logits[0, -1] for ids, c in zip(
+                            (with_ids, without_ids), caches, strict=True)]
+        for _ in range(n):
+            token = int(combine(logits[0], logits[1], strength).argmax())
+            out.append(token)
+            if token in eos:
+                break
+            logits = [model(input_ids=torch.tensor([[token]]), past_key_values=c,
+                            use_cache=True).logits[0, -1] for c in caches]
+    return out
+
+
+def test_combine_is_the_formula_over_plausible_tokens():
+    main = torch.tensor([2.0, 1.2, -1.0, -4.0])
+    guide = torch.tensor([2.0, 0.0, 1.0, -12.0])
+    got = combine(main, guide, 1.0)
+    lp_m, lp_g = torch.log_softmax(main, -1), torch.log_softmax(guide, -1)
+    want = 2 * lp_m - lp_g
+    plausible = lp_m >= lp_m.max() + torch.log(torch.tensor(PLAUSIBLE))
+    assert plausible.tolist() == [True, True, False, False]
+    assert torch.allclose(got[plausible], want[plausible])
+    assert torch.isinf(got[~plausible]).all()
+    # token 1 overtakes token 0: what the memory adds wins, among plausible tokens only
+    assert int(got.argmax()) == 1 and int(want.argmax()) == 3
+
+
+@pytest.mark.parametrize("strength", [0.5, 2.0])
+def test_a_guided_row_equals_the_step_by_step_reference(adapter, strength):
+    with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
+    eng = BatchEngine(adapter, max_batch=4)
+    try:
+        out = eng.run(None, 1.0, with_ids, 16, guide=Guide(strength, None, without_ids))
+        plain = eng.run(None, 1.0, with_ids, 16)
+        assert eng.stats()["active"] == 0  # the guide left with its row
+    finally:
+        eng.close()
+    want = reference(adapter, with_ids, without_ids, 16, strength)
+    assert out.token_ids == want
+    assert out.token_ids != plain.token_ids  # the guide changed the reply
+    assert eng.counters["guided_rows"] == 1
+
+
+def test_off_is_todays_output(adapter):
+    with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
+    eng, solo = BatchEngine(adapter, max_batch=4), BatchEngine(adapter, max_batch=1)
+    try:
+        plain = eng.run(None, 1.0, with_ids, 16)
+        zero = eng.run(None, 1.0, with_ids, 16, guide=Guide(0.0, None, without_ids))
+        no_room = solo.run(None, 1.0, with_ids, 16, guide=Guide(1.0, None, without_ids))
+    finally:
+        eng.close()
+        solo.close()
+    assert zero.token_ids == plain.token_ids == no_room.token_ids
+    assert eng.counters["guided_rows"] == solo.counters["guided_rows"] == 0
+
+
+def test_a_guided_row_beside_other_rows(adapter):
+    """Three rows decode together (one with its guide: four in the batch); each reply is
+    the one it gets alone, the guided one the reference's."""
+    asks = ["What should I cook tonight?", "Plan my weekend.", "Name a good book."]
+    ids = [_ids(adapter, MEMORY, [{"role": "user", "content": q}]) for q in asks]
+    without = _ids(adapter, "", [{"role": "user", "content": asks[1]}])
+    eng = BatchEngine(adapter, max_batch=8)
+    try:
+        alone = [eng.run(None, 1.0, i, 16) for i in ids]
+        calls = [lambda i=i: eng.run(None, 1.0, i, 16) for i in ids]
+        calls[1] = lambda: eng.run(None, 1.0, ids[1], 16, guide=Guide(1.0, None, without))
+        outs = _in_threads(calls)
+        assert eng.stats()["active"] == 0
+    finally:
+        eng.close()
+    assert outs[0].token_ids == alone[0].token_ids and outs[2].token_ids == alone[2].token_ids
+    assert outs[1].token_ids == reference(adapter, ids[1], without, 16, 1.0)
+    assert eng.counters["peak_batch"] >= 3
+
+
+def test_an_oom_puts_the_guided_row_back_with_its_guide(adapter):
+    """The step with [plain row, guided row, its guide] runs out of memory: the newest row
+    that is not a guide goes back in line with its guide; both replies are unchanged."""
+    model = _with_model(adapter, adapter.model).model
+    plain_ids, with_ids, without = _ids(adapter, ""), _ids(adapter, MEMORY), _ids(adapter, "")
+    raised: list[bool] = []
+
+    def oom_in_layer(_module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.shape[0] == 3 and hidden.shape[1] == 1 and not raised:
+            raised.append(True)
+            raise torch.cuda.OutOfMemoryError("injected")
+
+    hook = model.model.layers[1].register_forward_pre_hook(oom_in_layer, with_kwargs=True)
+    ref: dict = {}
+    eng = ref["eng"] = BatchEngine(
+        _with_model(adapter, _Faulty(model, _gate_until_queued(ref, 1))), max_batch=4)
+    try:
+        outs = _in_threads([lambda: eng.run(None, 1.0, plain_ids, 16),
+                            lambda: eng.run(None, 1.0, with_ids, 16,
+                                            guide=Guide(1.0, None, without))])
+    finally:
+        eng.close()
+        hook.remove()
+    assert raised and eng.counters["oom_shrinks"] == 1 and eng.counters["step_failures"] == 0
+    assert outs[1].token_ids == reference(adapter, with_ids, without, 16, 1.0)
+    with torch.inference_mode():
+        alone = BatchEngine(adapter, max_batch=1)
+        try:
+            assert outs[0].token_ids == alone.run(None, 1.0, plain_ids, 16).token_ids
+        finally:
+            alone.close()
+
+
+def _executor(adapter) -> InjectionExecutor:
+    return InjectionExecutor(adapter, l1=TenantLRU(max_bytes=64 * 1024**2), l2=None,
+                             metrics=Metrics(), engine=BatchEngine(adapter, max_batch=4))
+
+
+def _history(n: int) -> list[dict[str, str]]:
+    msgs: list[dict[str, str]] = []
+    for k in range(n):
+        msgs += [{"role": "user", "content": f"Tell me fact {k}."},
+                 {"role": "assistant", "content": f"Fact {k} is short."}]
+    return msgs + QUESTION
+
+
+def test_the_executor_guides_against_the_conversation_without_the_memory(adapter):
+    ex = _executor(adapter)
+    try:
+        req = ExecutionRequest("t1", "u1", QUESTION, MEMORY, max_new_tokens=12, contrast=1.0)
+        res = ex.execute(req)
+        ex.clear_l1()
+        cold = ex.execute(req)  # the member segment recomputed: same reply
+        none = ex.execute(ExecutionRequest("t1", "u2", QUESTION, "", max_new_tokens=12,
+                                           contrast=1.0))
+        with pytest.raises(InvalidRequest, match="contrast"):
+            ex.execute(ExecutionRequest("t1", "u1", QUESTION, MEMORY, contrast=5.0))
+    finally:
+        ex.close()
+    assert res.contrast_effective == 1.0 and cold.text == res.text
+    want = reference(adapter, _ids(adapter, MEMORY), _ids(adapter, ""), 12, 1.0)
+    assert adapter.tokenizer.decode(want, skip_special_tokens=True).strip() == res.text.strip()
+    assert none.contrast_effective == 0.0  # nothing personal: no guide
+
+
+def test_tenant_instructions_stay_in_the_guide(adapter):
+    rules = "You are the help desk of ACME. Answer in one sentence."
+    ex = _executor(adapter)
+    try:
+        res = ex.execute(ExecutionRequest("t1", "u1", QUESTION, MEMORY, rules,
+                                          max_new_tokens=12, contrast=1.0))
+    finally:
+        ex.close()
+    from injection.prompting.template import compose_context
+
+    want = reference(adapter, _ids(adapter, compose_context(rules, MEMORY)),
+                     _ids(adapter, compose_context(rules, "")), 12, 1.0)
+    assert res.contrast_effective == 1.0
+    assert adapter.tokenizer.decode(want, skip_special_tokens=True).strip() == res.text.strip()
+
+
+def test_reminded_turns_are_not_guided(adapter):
+    ex = _executor(adapter)
+    try:
+        early = ex.execute(ExecutionRequest("t1", "u1", _history(1), MEMORY,
+                                            max_new_tokens=4, contrast=1.0))
+        deep = ex.execute(ExecutionRequest("t1", "u1", _history(3), MEMORY,
+                                           max_new_tokens=4, contrast=1.0))
+        unreminded = ex.execute(ExecutionRequest("t1", "u1", _history(3), MEMORY,
+                                                 max_new_tokens=4, contrast=1.0,
+                                                 reminder=False))
+    finally:
+        ex.close()
+    assert early.contrast_effective == 1.0
+    assert deep.contrast_effective == 0.0  # its turn carries the reminder
+    assert unreminded.contrast_effective == 1.0
