@@ -71,6 +71,9 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     emphasis = params.get("emphasis")  # the request's, else the tenant's, else the model's
     if emphasis is None:
         emphasis = getattr(member.tenant, "memory_emphasis", None)
+    contrast = params.get("contrast")  # the same order
+    if contrast is None:
+        contrast = getattr(member.tenant, "memory_contrast", None)
     return ExecutionRequest(
         tenant=str(member.tenant_id),
         user=str(member.pk),
@@ -82,6 +85,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         memories=memories,
         alpha=float(alpha),
         emphasis=None if emphasis is None else float(emphasis),
+        contrast=None if contrast is None else float(contrast),
         max_new_tokens=int(params.get("max_new_tokens") or settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
         temperature=float(params.get("temperature") or 0.0),
         top_p=float(params.get("top_p") or 1.0),

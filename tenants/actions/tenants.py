@@ -32,7 +32,7 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
 
 
 TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens",
-                 "memory_emphasis", "memory_writes_enabled")
+                 "memory_emphasis", "memory_contrast", "memory_writes_enabled")
 
 
 @transaction.atomic
@@ -47,6 +47,10 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
     if emphasis is not None and not (isinstance(emphasis, (int, float)) and 0 <= emphasis <= 8):
         raise InvalidInput("memory_emphasis must be between 0 and 8 (empty: the model's "
                            "default).", fields={"memory_emphasis": ["Between 0 and 8."]})
+    contrast = changes.get("memory_contrast")
+    if contrast is not None and not (isinstance(contrast, (int, float)) and 0 <= contrast <= 4):
+        raise InvalidInput("memory_contrast must be between 0 and 4 (empty: the model's "
+                           "default).", fields={"memory_contrast": ["Between 0 and 4."]})
     assert_actor_may_manage(actor, tenant)
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     changed = {f: v for f, v in changes.items() if getattr(locked, f) != v}

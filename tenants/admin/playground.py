@@ -47,6 +47,9 @@ class PlaygroundForm(forms.Form):
     emphasis = forms.FloatField(required=False, min_value=0.0, max_value=8.0,
                                 help_text="Attention emphasis on the memories, 0 to 8 nats "
                                           "(0: off; empty: the tenant's, else the model's).")
+    contrast = forms.FloatField(required=False, min_value=0.0, max_value=4.0,
+                                help_text="Contrastive guidance by the memories, 0 to 4 "
+                                          "(0: off; empty: the tenant's, else the model's).")
     save = forms.BooleanField(required=False,
                               label="Also save the personalised exchange to the member's "
                                     "history")
@@ -103,7 +106,8 @@ def _run(request, data: dict) -> dict:
     text, alpha = _override(member, data["preference"], data["alpha"])
     try:
         results = playground.compare(member.pk, data["message"], preference_text=text,
-                                     alpha=alpha, emphasis=data.get("emphasis"))
+                                     alpha=alpha, emphasis=data.get("emphasis"),
+                                     contrast=data.get("contrast"))
     except PlatformError as exc:
         return {"error": exc.message}
     saved = actions.do_record_playground(member, message=data["message"], results=results,
@@ -125,7 +129,7 @@ def playground_start(request):
     text, alpha = _override(member, data["preference"], data["alpha"])
     try:
         tasks = playground.start(member.pk, data["message"], preference_text=text, alpha=alpha,
-                                 emphasis=data.get("emphasis"))
+                                 emphasis=data.get("emphasis"), contrast=data.get("contrast"))
     except PlatformError as exc:
         return JsonResponse({"error": exc.message}, status=exc.status)
     run = uuid.uuid4().hex

@@ -42,6 +42,12 @@ class ChatRequestSerializer(serializers.Serializer):
                   "towards their tokens; 0 = off). Default: the tenant's setting, else the "
                   "model's.",
     )
+    contrast = StrictFloatField(
+        required=False, min_value=0.0, max_value=4.0,
+        help_text="Contrastive guidance by your memories (the reply's next-token scores "
+                  "against the same conversation without them; 0 = off). Default: the "
+                  "tenant's setting, else the model's.",
+    )
 
     def get_fields(self):
         fields = super().get_fields()
@@ -98,6 +104,9 @@ class CacheInfoSerializer(serializers.Serializer):
     emphasis_effective = serializers.FloatField(
         required=False, help_text="Attention emphasis applied to the memories' tokens (nats; "
                                   "0: off).")
+    contrast_effective = serializers.FloatField(
+        required=False, help_text="Contrastive guidance strength applied (0: off; turns "
+                                  "carrying a memory reminder are not guided).")
     kv_tokens = serializers.IntegerField()
     kv_layers_count = serializers.IntegerField()
     kv_bytes_cpu = serializers.IntegerField()

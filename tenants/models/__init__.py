@@ -44,6 +44,13 @@ class Tenant(models.Model):
         null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(8.0)],
         help_text="How strongly replies attend to members' memories, 0 (off) to 8; empty: "
                   "the model's default.")
+    # contrastive guidance by the member's memories (injection/engine/guidance/contrast.py;
+    # empty: the model's default)
+    memory_contrast = models.FloatField(
+        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(4.0)],
+        help_text="How strongly replies are steered by members' memories (each reply "
+                  "against the same conversation without them), 0 (off) to 4; empty: the "
+                  "model's default. Costs a second row per guided turn.")
     memory_writes_enabled = models.BooleanField(
         default=False,
         help_text="Members may add or remove memories from a chat (\"remember that ...\", "
