@@ -278,6 +278,9 @@ def main() -> None:
     ap.add_argument("--reminder-role", default="", help="override: system | user")
     ap.add_argument("--reminder-prefix", default=None, help="override the reminder's prefix")
     ap.add_argument("--reminder-after", type=int, default=None, help="override: exchanges")
+    ap.add_argument("--reminder-top", type=int, default=None,
+                    help="override reminder.RELEVANT_TOP (0: the first memories, not the "
+                         "ones relevant to the message)")
     ap.add_argument("--emphasis-decode", type=float, default=None,
                     help="override: share of the emphasis the model's own tokens get "
                          "(emphasis.GENERATED_SCALE; 0: what people wrote only)")
@@ -289,6 +292,8 @@ def main() -> None:
     reminder.PREFIX = reminder.PREFIX if args.reminder_prefix is None else args.reminder_prefix
     if args.reminder_after is not None:
         reminder.DEFAULT_AFTER = args.reminder_after
+    if args.reminder_top is not None:
+        reminder.RELEVANT_TOP = args.reminder_top
     if args.emphasis_decode is not None:
         from injection.engine import emphasis
 

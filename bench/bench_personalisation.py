@@ -8,6 +8,8 @@ is answered greedily under every condition, in one run, through the real engine
 * ``system message``: the preference as the system message, in the prompt (baseline);
 * ``injected a=X``: the preference's system turn injected as K/V, values scaled by X,
   for X in ALPHAS (the platform's default is marked);
+* ``injected a=X + contrast S``: with contrastive guidance (``--contrast``, and the
+  model's default when it has one);
 * ``raw text (old)``: the composition before this change, for the record: K/V of the
   raw preference text (with BOS), then the whole chat template, a=0.7.
 
@@ -61,11 +63,18 @@ def model_path() -> Path:
     return prepare_model(ROOT / "var" / "models" / "smollm2-135m-instruct")
 
 
-def conditions(alpha_default: float) -> list[tuple[str, dict]]:
+def conditions(alpha_default: float, contrast_default: float = 0.0,
+               contrasts: tuple[float, ...] = ()) -> list[tuple[str, dict]]:
+    """``injected a=X`` rows run without contrastive guidance; ``+ contrast S`` rows at the
+    default alpha with it (the default's row marked: alpha and contrast as shipped)."""
     out = [("no preference", {"pref": False}), ("system message", {"system": True})]
     for a in ALPHAS:
-        mark = " (default)" if a == alpha_default else ""
-        out.append((f"injected a={a}{mark}", {"alpha": a}))
+        mark = " (default)" if a == alpha_default and not contrast_default else ""
+        out.append((f"injected a={a}{mark}", {"alpha": a, "contrast": 0.0}))
+    for c in sorted({*contrasts, *([contrast_default] if contrast_default else [])}):
+        mark = " (default)" if c == contrast_default else ""
+        out.append((f"injected a={alpha_default} + contrast {c:g}{mark}",
+                     {"alpha": alpha_default, "contrast": c}))
     return out + [("raw text (old)", {"raw": True})]
 
 
@@ -88,6 +97,7 @@ class Runner:
             TENANT, f"u{i}", msgs, case.preference if cond.get("pref", True) else "",
             injection_enabled=not cond.get("system"), alpha=cond.get("alpha", 1.0),
             instructions=case.preference if cond.get("system") else "", max_new_tokens=n,
+            contrast=cond.get("contrast"),
         )
         return self.ex.execute(req).text
 
@@ -147,12 +157,16 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--write-docs", action="store_true", help="update docs/BENCHMARKS.md")
     ap.add_argument("--show", action="store_true", help="print every reply")
+    ap.add_argument("--contrast", default="", help="contrast strengths to add, e.g. 0.5,1")
     args = ap.parse_args()
     torch.manual_seed(0)
     path = model_path()
     adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None,
                            dtype=os.environ.get("MODEL_DTYPE") or None)
-    conds = conditions(default_alpha())
+    from injection.engine.guidance.contrast import resolve
+
+    conds = conditions(default_alpha(), resolve(adapter, None),
+                       tuple(float(x) for x in args.contrast.split(",") if x))
     print(f"{len(CASES)} cases x {len(conds)} conditions, greedy, {MAX_NEW_TOKENS} tokens",
           flush=True)
     passed, ttft, replies = evaluate(Runner(adapter), conds, CASES)
@@ -160,7 +174,7 @@ def main() -> None:
         for i, name, ok, reply in replies:
             print(f"[{i}] {name:28s} {'PASS' if ok else 'fail'} {reply!r}")
     header = "  \n".join([
-        "Command: `.venv/bin/python bench/bench_personalisation.py --write-docs` "
+        f"Command: `.venv/bin/python bench/bench_personalisation.py {' '.join(sys.argv[1:])}` "
         f"({len(CASES)} cases of bench/personalisation_cases.py, greedy, "
         f"max_new_tokens={MAX_NEW_TOKENS}; TTFT = median of one max_new_tokens=1 request)",
         f"Machine: {machine()}, torch threads {torch.get_num_threads()}",

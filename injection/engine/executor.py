@@ -12,6 +12,7 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, TypeVar
 
 import torch
@@ -160,9 +161,8 @@ class InjectionExecutor:
             "batch": self.engine.stats() if self.engine is not None else None,
             **self.kv_source.tier_stats(),
             "kinds": kind_stats(self.metrics.snapshot()["counters"], self.l1, self.conv_l1),
-            "conversations_l1": (self.conv_l1.stats()
-                                 if self.conv_l1 is not None and self.conv_l1 is not self.l1
-                                 else None),
+            "conversations_l1": self.conv_l1.stats() if self.conv_l1 not in (None, self.l1)
+            else None,
         }
 
     def close(self) -> None:
@@ -180,13 +180,13 @@ class InjectionExecutor:
     def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
         alpha = self.effective_alpha(req.alpha)
         sampling = sampling_options(req)
-        # the member's preference is injected (alpha-scaled); the tenant's instructions
-        # are injected whenever they form their own shared segment, never scaled
+        # the member's part is alpha-scaled; the tenant's shared segment never is
         mem = self.memories.plan(req, on=req.injection_enabled and alpha > self.min_alpha)
         personal = req.injection_enabled and bool(mem.text.strip())
         personal = personal and alpha > self.min_alpha
         context = compose_context(req.instructions, mem.text if personal else "")
-        remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal)
+        remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
+                                      partial(self.memories.relevant, req.tenant))  # + recall
         messages = self._fit(req, context, remind.apply)
         parts = self.adapter.split_prompt(context, messages) if context else None
         parts, head_ctx = mem.cut(self.adapter, parts, context)  # recalled: after the cache

@@ -57,22 +57,33 @@ class MemoryPlanner:
 
     def recall(self, req: ExecutionRequest, candidates: list[MemoryItem]) -> list[MemoryItem]:
         """The candidates most relevant to the latest user message, in their own order."""
-        opts = self.options
-        if opts.top_k < 1:
+        if self.options.top_k < 1:
             return []
         t0 = time.perf_counter()
         candidates = candidates[:MAX_CANDIDATES]
         query = str(list(req.messages)[-1].get("content", ""))
-        emb = self.embedder
-        sims = emb.embed(req.tenant, [m.text for m in candidates]) @ emb.embed(
-            req.tenant, [query])[0]
-        order = sims.argsort(descending=True).tolist()[: opts.top_k]
-        picked = sorted(i for i in order if float(sims[i]) >= opts.min_similarity)
+        picked = self._top(req.tenant, [m.text for m in candidates], query, self.options.top_k)
         if self.metrics is not None:
             self.metrics.incr("memory_recalls")
             self.metrics.incr("memories_recalled", len(picked))
             self.metrics.observe_ms("memory_recall", (time.perf_counter() - t0) * 1000.0)
         return [candidates[i] for i in picked]
+
+    def relevant(self, tenant: str, texts: list[str], message: str, top: int) -> list[str]:
+        """The (at most ``top``) of ``texts`` most similar to ``message``, in their own
+        order (the memory reminder's pick, ``prompting/reminder.py``)."""
+        live = [t for t in texts if t.strip()][:MAX_CANDIDATES]
+        return [live[i] for i in self._top(tenant, live, message, top)] if live else []
+
+    def _top(self, tenant: str, texts: list[str], query: str, top: int) -> list[int]:
+        """Indices of the ``top`` texts most similar to ``query`` with a cosine of at least
+        ``min_similarity``, ascending."""
+        if top < 1 or not texts:
+            return []
+        emb = self.embedder
+        sims = emb.embed(tenant, texts) @ emb.embed(tenant, [query])[0]
+        order = sims.argsort(descending=True).tolist()[:top]
+        return sorted(i for i in order if float(sims[i]) >= self.options.min_similarity)
 
     def evict(self, tenant: str) -> int:
         return self._embedder.evict(tenant) if self._embedder is not None else 0

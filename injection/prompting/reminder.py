@@ -6,6 +6,11 @@ from then on opens with a short reminder of the member's memories, ``"(<memories
 before the user's text (measured ahead of a mid-conversation system message
 ``"Remember: <memories>"``, which ``ROLE = "system"`` selects where the template renders it).
 
+A member with several memories is reminded of their standing instructions (``standing``:
+"Reply in French.") and of the ``RELEVANT_TOP`` others most similar to that turn's own user
+message (the planner's embedding, ``memory/recall.py``), not of the first memories that fit:
+measured with 20 memories, the relevant one drowned among the others.
+
 The reminders are a pure function of the messages, so they stay in the rendered history
 once placed: turn k renders the same reminders before turns 1..k-1 as turn k-1 did, so
 the conversation's cached K/V (``kvcache/conversation.py``) stays a prefix of the next
@@ -15,11 +20,12 @@ the messages are returned unchanged.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
-__all__ = ["DEFAULT_AFTER", "DEFAULT_ON", "REMINDER_TOKENS", "Reminder", "reminder_text",
-           "with_reminders"]
+__all__ = ["DEFAULT_AFTER", "DEFAULT_ON", "RELEVANT_TOP", "REMINDER_TOKENS", "Reminder",
+           "reminder_text", "standing", "with_reminders"]
 
 Message = dict[str, str]
 
@@ -27,6 +33,19 @@ Message = dict[str, str]
 DEFAULT_ON = True
 DEFAULT_AFTER = 2  # exchanges before the first reminder
 REMINDER_TOKENS = 64  # most tokens of memory text a reminder re-states
+# a member with several memories: each reminder re-states their standing instructions
+# ("Reply in French.", ``standing``) and the (at most) this many others most relevant to
+# its own user message (0: the first memories, whatever is asked)
+RELEVANT_TOP = 2
+# a memory that tells the assistant how to answer, whatever the question: it is always
+# relevant (an embedding finds no topic in "Reply in French." to match a question with)
+_STANDING = re.compile(
+    r"^\s*(?:please\s+)?(?:always|never|only|reply|respond|answer|write|speak|talk|use|"
+    r"keep|start|begin|end|finish|mention|address|call|do\s+not|don't|avoid|explain|give|"
+    r"format|translate|include|add|sign|be|make|tell|show|list|summari[sz]e|cite|spell|"
+    r"assume|treat|stick|limit|refer|put|stop|switch|ask|remind|greet|prefer)\b"
+    r"|\b(?:reply|replies|answer|answers|answered|respond|response|responses)\b",
+    re.IGNORECASE)
 PREFIX = "Remember: "  # of the system-message form
 ROLE: str | None = "user"  # "user" | "system" (None: "system" where the template renders it)
 
@@ -48,20 +67,22 @@ def reminder_text(memories: Sequence[str], count: Callable[[str], int] | None = 
     return " ".join(kept)
 
 
-def with_reminders(messages: Sequence[Message], text: str, *, after: int = DEFAULT_AFTER,
-                   role: str = "user") -> list[Message]:
-    """``messages`` with ``text`` before every user message that has at least ``after``
-    user messages before it; ``role`` "user": prepended to that user message instead."""
+def with_reminders(messages: Sequence[Message], text: str | Callable[[str], str], *,
+                   after: int = DEFAULT_AFTER, role: str = "user") -> list[Message]:
+    """``messages`` with ``text`` (or ``text(user message)``) before every user message
+    that has at least ``after`` user messages before it; ``role`` "user": prepended to
+    that user message instead."""
+    of = text if callable(text) else (lambda _content: text)
     out: list[Message] = []
     seen = 0
     for msg in messages:
         msg = dict(msg)
         if msg["role"] == "user":
-            if text and seen >= after:
-                if role == "system":
-                    out.append({"role": "system", "content": PREFIX + text})
-                else:
-                    msg["content"] = f"({text})\n\n{msg['content']}"
+            here = of(str(msg["content"])) if seen >= after else ""
+            if here and role == "system":
+                out.append({"role": "system", "content": PREFIX + here})
+            elif here:
+                msg["content"] = f"({here})\n\n{msg['content']}"
             seen += 1
         out.append(msg)
     return out
@@ -73,30 +94,56 @@ class Reminder:
     ``apply(messages)`` is the identity when the reminder is off or there is no text.
     """
 
-    def __init__(self, text: str = "", *, after: int = DEFAULT_AFTER, role: str = "user"):
+    def __init__(self, text: str = "", *, after: int = DEFAULT_AFTER, role: str = "user",
+                 pick: Callable[[str], list[str]] | None = None,
+                 count: Callable[[str], int] | None = None) -> None:
         self.text, self.after, self.role = text, int(after), role
+        self.pick, self.count = pick, count  # ``pick``: the memories relevant to a message
+
+    def text_for(self, content: str) -> str:
+        """The reminder before the user message ``content``."""
+        if self.pick is None:
+            return self.text
+        return reminder_text(self.pick(content), self.count)
 
     def reminds_last(self, messages: Sequence[Message]) -> bool:
         """Whether the last user message of ``messages`` (as sent) gets a reminder."""
         users = sum(m["role"] == "user" for m in messages[:-1])
-        return bool(self.text) and users >= self.after
+        return bool(self.text) and users >= self.after and bool(
+            self.text_for(str(messages[-1]["content"])))
 
     def apply(self, messages: Sequence[Message]) -> list[Message]:
         if not self.text:
             return [dict(m) for m in messages]
-        return with_reminders(messages, self.text, after=self.after, role=self.role)
+        return with_reminders(messages, self.text if self.pick is None else self.text_for,
+                              after=self.after, role=self.role)
 
     @classmethod
-    def for_request(cls, req: Any, renderer: Any, personal: bool) -> Reminder:
+    def for_request(cls, req: Any, renderer: Any, personal: bool,
+                    relevant: Callable[[list[str], str, int], list[str]] | None = None
+                    ) -> Reminder:
         """The request's reminder: off unless the memory is applied and the request (or
-        the default) asks for it."""
+        the default) asks for it. ``relevant(memories, message, top)``: with several
+        memories, each reminder re-states those most relevant to its message."""
         on = DEFAULT_ON if getattr(req, "reminder", None) is None else bool(req.reminder)
         if not (on and personal):
             return cls()
         memories = [m.text for m in getattr(req, "memories", ())] or [req.preference_text]
         count = _counter(renderer)
+        pick = None
+        if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
+            rest = [m for m in memories if not standing(m)]
+
+            def pick(content: str) -> list[str]:
+                chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
+                return [m for m in memories if standing(m) or m in chosen]
         return cls(reminder_text(memories, count), after=DEFAULT_AFTER,
-                   role=ROLE or _role(renderer))
+                   role=ROLE or _role(renderer), pick=pick, count=count)
+
+
+def standing(text: str) -> bool:
+    """Whether a memory is a standing instruction on how to answer (``_STANDING``)."""
+    return bool(_STANDING.search(text))
 
 
 def _counter(renderer: Any) -> Callable[[str], int] | None:

@@ -123,3 +123,60 @@ def test_real_model_reminder_renders_as_designed_and_is_inert_without_memory(rea
     none_off = ex.execute(ExecutionRequest("t", "u", msgs, "", max_new_tokens=16,
                                            reminder=False))
     assert none_on.text == none_off.text and none_on.prompt_tokens == none_off.prompt_tokens
+
+
+MANY = ("I live in Oslo.", "Reply in French.", "My cat is called Tom.", "I am a nurse.")
+
+
+def test_with_several_memories_each_reminder_carries_the_standing_and_the_relevant_ones():
+    asked: list[tuple[list[str], str, int]] = []
+
+    def relevant(texts, message, top):  # stands in for the planner's embedding pick
+        asked.append((list(texts), message, top))
+        return [t for t in texts if "cat" in t and "cat" in message.lower()]
+
+    req = ExecutionRequest("t", "u", _deep(3), memories=tuple(
+        MemoryItem(str(i), t) for i, t in enumerate(MANY)), reminder=True)
+    rem = Reminder.for_request(req, None, personal=True, relevant=relevant)
+    assert rem.text_for("What is my cat called?") == "Reply in French. My cat is called Tom."
+    assert rem.text_for("Plan my weekend.") == "Reply in French."  # standing only
+    # the standing instruction is always in, never a candidate; top = RELEVANT_TOP
+    assert asked[0] == ([MANY[0], MANY[2], MANY[3]], "What is my cat called?",
+                        reminder.RELEVANT_TOP)
+    msgs = _deep(2)[:-1] + [{"role": "user", "content": "Is my cat hungry?"}]
+    out = rem.apply(msgs)
+    users = [m["content"] for m in out if m["role"] == "user"]
+    assert users == ["Question 0?", "Question 1?",
+                     "(Reply in French. My cat is called Tom.)\n\nIs my cat hungry?"]
+    # one memory: the memory itself, no pick
+    one = ExecutionRequest("t", "u", _deep(3), PREF, reminder=True)
+    assert Reminder.for_request(one, None, True, relevant).pick is None
+
+
+def test_a_turn_with_nothing_to_remind_is_not_reminded():
+    facts = tuple(MemoryItem(str(i), t) for i, t in enumerate(("I live in Oslo.", "I am a nurse.")))
+    rem = Reminder.for_request(ExecutionRequest("t", "u", _deep(3), memories=facts,
+                                                reminder=True), None, True,
+                               lambda texts, message, top: [])
+    assert rem.apply(_deep(3)) == _deep(3) and not rem.reminds_last(_deep(3))
+
+
+def test_standing_instructions_are_told_from_facts():
+    assert all(reminder.standing(t) for t in (
+        "Always answer in Spanish.", "Please keep replies short.", "Use British spelling.",
+        "Don't use emojis.", "I like my answers as bullet points."))
+    assert not any(reminder.standing(t) for t in (
+        "I live in Oslo.", "My dog is called Rex.", "I use Linux at work.",
+        "I prefer tea to coffee.", "I am allergic to peanuts."))
+
+
+def test_relevant_reminders_keep_the_conversation_a_prefix(adapter, reusing):
+    """Each reminder is picked by its own user message, so earlier turns render the same
+    reminders every time and the running conversation keeps continuing its cached K/V."""
+    plain = build_executor(adapter, metrics=Metrics())
+    memories = tuple(MemoryItem(str(i), t) for i, t in enumerate(MANY))
+    got = _talk(reusing, "", reminder=True, memories=memories)
+    want = _talk(plain, "", reminder=True, memories=memories)
+    assert [r.text for r in got] == [r.text for r in want]
+    for prev, turn in zip(got[2:], got[3:], strict=False):
+        assert turn.reused_tokens > prev.reused_tokens
