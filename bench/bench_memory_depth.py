@@ -278,6 +278,8 @@ def main() -> None:
     ap.add_argument("--reminder-role", default="", help="override: system | user")
     ap.add_argument("--reminder-prefix", default=None, help="override the reminder's prefix")
     ap.add_argument("--reminder-after", type=int, default=None, help="override: exchanges")
+    ap.add_argument("--reminder-many-after", type=int, default=None,
+                    help="override reminder.MANY_AFTER (members with several memories)")
     ap.add_argument("--reminder-top", type=int, default=None,
                     help="override reminder.RELEVANT_TOP (0: the first memories, not the "
                          "ones relevant to the message)")
@@ -294,6 +296,8 @@ def main() -> None:
         reminder.DEFAULT_AFTER = args.reminder_after
     if args.reminder_top is not None:
         reminder.RELEVANT_TOP = args.reminder_top
+    if args.reminder_many_after is not None:
+        reminder.MANY_AFTER = args.reminder_many_after
     if args.emphasis_decode is not None:
         from injection.engine import emphasis
 

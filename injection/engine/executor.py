@@ -207,8 +207,8 @@ class InjectionExecutor:
                                        self.adapter, parts.prompt, n))
         plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)
-        guide = plan_guide(self.adapter, self.chain, req, messages, on=personal and bool(
-            self.engine), reminded=remind.reminds_last(messages))  # contrastive guidance
+        guide = plan_guide(self.adapter, self.chain, req, messages, mem, remind,
+                           on=personal and self.engine is not None)  # contrastive guidance
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         defer = self.one_pass and plan.cached is None and member_alpha == 1.0 and not emph
         chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha,

@@ -37,6 +37,9 @@ REMINDER_TOKENS = 64  # most tokens of memory text a reminder re-states
 # ("Reply in French.", ``standing``) and the (at most) this many others most relevant to
 # its own user message (0: the first memories, whatever is asked)
 RELEVANT_TOP = 2
+# ... and their first reminder comes after this many exchanges (None: DEFAULT_AFTER):
+# measured with 20 memories, a reminder of the relevant ones from the first turn on
+MANY_AFTER: int | None = 0
 # a memory that tells the assistant how to answer, whatever the question: it is always
 # relevant (an embedding finds no topic in "Reply in French." to match a question with)
 _STANDING = re.compile(
@@ -130,14 +133,16 @@ class Reminder:
             return cls()
         memories = [m.text for m in getattr(req, "memories", ())] or [req.preference_text]
         count = _counter(renderer)
-        pick = None
+        pick, after = None, DEFAULT_AFTER
+        if len(memories) > 1 and MANY_AFTER is not None:
+            after = MANY_AFTER
         if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
             rest = [m for m in memories if not standing(m)]
 
             def pick(content: str) -> list[str]:
                 chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
                 return [m for m in memories if standing(m) or m in chosen]
-        return cls(reminder_text(memories, count), after=DEFAULT_AFTER,
+        return cls(reminder_text(memories, count), after=after,
                    role=ROLE or _role(renderer), pick=pick, count=count)
 
 

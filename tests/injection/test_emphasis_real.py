@@ -52,13 +52,15 @@ def test_spans_cover_exactly_the_preference_tokens(smollm):
 def test_emphasis_zero_is_the_system_message_reply_token_for_token(smollm, ex, pref, question):
     msgs = [{"role": "user", "content": question}]
     prompted = smollm.generate(smollm.plain_prompt(pref, msgs), None, 1.0, 32)
-    got = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=32, emphasis=0.0))
+    got = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=32, emphasis=0.0,
+                                      contrast=0.0))
     assert got.text == prompted.text and got.emphasis_effective == 0.0
 
 
 def test_emphasis_batched_equals_alone_and_changes_only_marked_rows(smollm, ex):
     reqs = [ExecutionRequest("t", f"u{i}", [{"role": "user", "content": q}], p,
-                             max_new_tokens=32, emphasis=e, reuse_conversation=False)
+                             max_new_tokens=32, emphasis=e, reuse_conversation=False,
+                             contrast=0.0)
             for i, ((p, q), e) in enumerate(zip(CASES, [math.log(5), 0.0, 2.0], strict=True))]
     alone = [ex.execute(r).text for r in reqs]
     out: list = [None] * len(reqs)

@@ -146,11 +146,14 @@ def test_with_several_memories_each_reminder_carries_the_standing_and_the_releva
     msgs = _deep(2)[:-1] + [{"role": "user", "content": "Is my cat hungry?"}]
     out = rem.apply(msgs)
     users = [m["content"] for m in out if m["role"] == "user"]
-    assert users == ["Question 0?", "Question 1?",
+    # several memories: reminded from the first turn on (reminder.MANY_AFTER)
+    assert rem.after == reminder.MANY_AFTER == 0
+    assert users == ["(Reply in French.)\n\nQuestion 0?", "(Reply in French.)\n\nQuestion 1?",
                      "(Reply in French. My cat is called Tom.)\n\nIs my cat hungry?"]
     # one memory: the memory itself, no pick
     one = ExecutionRequest("t", "u", _deep(3), PREF, reminder=True)
-    assert Reminder.for_request(one, None, True, relevant).pick is None
+    single = Reminder.for_request(one, None, True, relevant)
+    assert single.pick is None and single.after == reminder.DEFAULT_AFTER
 
 
 def test_a_turn_with_nothing_to_remind_is_not_reminded():

@@ -7,6 +7,13 @@ against a conversation without the reminders' restated memories makes the model 
 them, while the reminder alone keeps deep turns in line (docs/BENCHMARKS.md, memory depth).
 So the guide works on the first turns of a conversation and the reminder on the rest.
 
+A member with several memories gets no guide: against a conversation without them, what
+the memories add is above all their list, and the model recites it ("- My favourite film
+is Casablanca.\n- I grow tomatoes ..."); contrasting only the memories relevant to the
+message (the reminder's pick) against the others gained nothing either (measured, docs/
+BENCHMARKS.md memory depth). Their reminders start with the first turn instead
+(``reminder.MANY_AFTER``).
+
 The guide's input is what the same request renders without the member's memories: the
 tenant's instructions (their shared cached segment where they have one) and the same
 messages; its prefill is short where it is used (no deep history to repeat).
@@ -24,9 +31,11 @@ __all__ = ["plan_guide"]
 
 
 def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
-               messages: list[dict[str, str]], *, on: bool, reminded: bool) -> Guide | None:
-    """The turn's guide, or None (off, nothing personal injected, or a reminded turn)."""
-    if not on or reminded:
+               messages: list[dict[str, str]], mem: Any, remind: Any, *,
+               on: bool) -> Guide | None:
+    """The turn's guide, or None (off, nothing personal injected, several memories, or a
+    reminded turn)."""
+    if not on or getattr(mem, "many", False) or remind.reminds_last(messages):
         return None
     strength = resolve(adapter, getattr(req, "contrast", None))
     if strength <= 0.0:
