@@ -361,6 +361,8 @@ def ttft_section(runner: Runner, conds, sets, depths, args) -> list[str]:
         pairs.append((f"+ contrast {c:g}", {**base, "contrast": c}))
         pairs.append((f"+ reminder + contrast {c:g}", {**base, "reminder": True, "contrast": c}))
     pairs.append(("20 memories", {**base, "n": 20}))
+    if "reminder" in FIELDS:  # its reminders pick the memories relevant to each message
+        pairs.append(("20 memories + reminder", {**base, "n": 20, "reminder": True}))
     cases = TUNING[: args.ttft_cases]
     med = ttft(runner, cases, deep, pairs, args.ttft_reps)
     rows = []

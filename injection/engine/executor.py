@@ -9,7 +9,7 @@ the request boundary and in OOM recovery.
 
 from __future__ import annotations
 
-import gc
+import threading
 import time
 from collections.abc import Callable
 from functools import partial
@@ -26,11 +26,12 @@ from injection.base import (
     Tier,
 )
 from injection.engine.guidance.plan import plan_guide
+from injection.engine.oom import on_cuda, with_oom_retry
 from injection.engine.request_checks import history_len as _history_len
 from injection.engine.request_checks import sampling_options
 from injection.engine.request_checks import validate as _validate
 from injection.engine.turns import TurnGenerator, join
-from injection.errors import InvalidRequest, ModelOOMError
+from injection.errors import InvalidRequest
 from injection.kvcache.chain import SegmentChain, kind_stats
 from injection.kvcache.conversation import ConversationStore
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
@@ -94,6 +95,7 @@ class InjectionExecutor:
         self.turns = TurnGenerator(adapter, engine, self.conversations)
         self.memories = MemoryPlanner(adapter, memory, self.metrics)  # budget + recall
         self.one_pass = one_pass and engine is not None
+        self._started = threading.local()  # when this thread's request began (``_since``)
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -103,7 +105,7 @@ class InjectionExecutor:
         try:
             result = self._with_oom_retry(lambda: self._execute_once(req))
         finally:
-            if self.engine is None and self._on_cuda():
+            if self.engine is None and on_cuda(self.adapter):
                 # the request boundary cleans up only without the batch engine: there other
                 # rows are mid-generation and only OOM recovery empties the allocator's cache
                 torch.cuda.empty_cache()
@@ -178,7 +180,7 @@ class InjectionExecutor:
 
     # -- request path -------------------------------------------------------------------
     def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
-        alpha = self.effective_alpha(req.alpha)
+        self._started.value, alpha = time.perf_counter(), self.effective_alpha(req.alpha)
         sampling = sampling_options(req)
         # the member's part is alpha-scaled; the tenant's shared segment never is
         mem = self.memories.plan(req, on=req.injection_enabled and alpha > self.min_alpha)
@@ -233,7 +235,7 @@ class InjectionExecutor:
                 chain.lead) * getattr(self.engine, "bytes_per_token", 0),
             kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
             kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
-            ttft_ms=fetch_ms + out.first_token_ms, stripped_count=stripped,
+            ttft_ms=self._since(t0) + fetch_ms + out.first_token_ms, stripped_count=stripped,
             injection_mode=parts.mode, history_messages=_history_len(messages),
             finish_reason=out.finish_reason, reused_tokens=reused,
             cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
@@ -271,29 +273,18 @@ class InjectionExecutor:
         return ExecutionResult(
             text=text, tier=Tier.NONE, prompt_tokens=prompt_tokens,
             completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
-            inference_latency_ms=infer_ms, ttft_ms=out.first_token_ms, stripped_count=stripped,
+            inference_latency_ms=infer_ms, ttft_ms=self._since(t0) + out.first_token_ms,
+            stripped_count=stripped,
             injection_mode=mode, history_messages=history, finish_reason=out.finish_reason,
             reused_tokens=reused, cached_tokens=min(reused, prompt_tokens),
         )
 
-    # -- GPU memory discipline --------------------------------------------------------
-    def _with_oom_retry(self, fn: Callable[[], T]) -> T:
-        """Run ``fn``; on CUDA OOM free the allocator cache and retry once."""
-        try:
-            return fn()
-        except torch.cuda.OutOfMemoryError:
-            self.metrics.incr("oom_retries")
-        # outside the except block: the failed attempt's frames (and tensors) are gone
-        gc.collect()
-        torch.cuda.empty_cache()
-        try:
-            return fn()
-        except torch.cuda.OutOfMemoryError as exc:
-            self.metrics.incr("oom_failures")
-            raise ModelOOMError("accelerator out of memory after one retry") from exc
+    def _since(self, t0: float) -> float:
+        """ms of this request's planning (recall, reminders, fitting) before ``t0``."""
+        return (t0 - getattr(self._started, "value", t0)) * 1000.0
 
-    def _on_cuda(self) -> bool:
-        return torch.device(self.adapter.device).type == "cuda" and torch.cuda.is_available()
+    def _with_oom_retry(self, fn: Callable[[], T]) -> T:
+        return with_oom_retry(fn, self.metrics)
 
 
 def _layers(chain: Any, adapter: PreferenceModel) -> int:

@@ -383,3 +383,34 @@ def test_build_executor_factory(adapter, redis_client, chat_messages, preference
     assert build_executor(adapter).l2 is None
     with pytest.raises(ValueError, match="signing_secret"):
         build_executor(adapter, redis_client=redis_client)
+
+
+@pytest.mark.parametrize("pref", ["I am vegetarian.", ""])
+def test_ttft_counts_the_planning_before_the_fetch(adapter, monkeypatch, pref):
+    """Recall, reminders and fitting run before the first token too: ``ttft_ms`` is
+    measured from the request's start. The executor's clock jumps 10 s during planning
+    (an injected clock, not a slow step): the reported TTFT includes the jump."""
+    import injection.engine.executor as executor_module
+
+    jump = {"s": 0.0}
+
+    class Clock:
+        @staticmethod
+        def perf_counter():
+            return time.perf_counter() + jump["s"]
+
+    monkeypatch.setattr(executor_module, "time", Clock)
+    ex = build_executor(adapter, batch_max=2, metrics=Metrics())
+    real_plan = ex.memories.plan
+
+    def plan(*a, **kw):
+        jump["s"] += 10.0
+        return real_plan(*a, **kw)
+
+    monkeypatch.setattr(ex.memories, "plan", plan)
+    try:
+        res = ex.execute(ExecutionRequest("t", "u", [{"role": "user", "content": "Hi"}], pref,
+                                          max_new_tokens=2))
+    finally:
+        ex.close()
+    assert 10_000 <= res.ttft_ms < 10_000 + 60_000
