@@ -374,7 +374,8 @@ def ttft_section(runner: Runner, conds, sets, depths, args) -> list[str]:
         e = next(v["emphasis"] for k, v in conds.items() if "emphasis" in k and v["emphasis"])
         pairs.append((f"+ emphasis {e:g}", {**base, "emphasis": e}))
     if any("contrast" in k for k in conds):
-        c = next(v["contrast"] for k, v in conds.items() if "contrast" in k and v["contrast"])
+        strengths = [v["contrast"] for k, v in conds.items() if "contrast" in k and v["contrast"]]
+        c = 1.0 if 1.0 in strengths else strengths[0]  # the cost does not depend on it
         pairs.append((f"+ contrast {c:g}", {**base, "contrast": c}))
         pairs.append((f"+ reminder + contrast {c:g}", {**base, "reminder": True, "contrast": c}))
     pairs.append(("20 memories", {**base, "n": 20}))
