@@ -15,9 +15,15 @@ from injection.prompting.output_filter import strip_control_chars
 __all__ = ["history_len", "sampling_options", "validate"]
 
 
+# a temperature below this is greedy decoding (its limit): dividing float32 logits by it
+# overflows (1e-313 is 0 in float32) and the draw fails; vLLM uses the same floor
+GREEDY_BELOW = 1e-5
+
+
 def sampling_options(req: ExecutionRequest) -> dict[str, Any]:
     """The generation's sampling, stop strings and stream callbacks."""
-    sampling: dict[str, Any] = {"temperature": req.temperature, "top_p": req.top_p,
+    temperature = req.temperature if req.temperature >= GREEDY_BELOW else 0.0
+    sampling: dict[str, Any] = {"temperature": temperature, "top_p": req.top_p,
                                 "seed": req.seed}
     if req.stop:
         sampling["stop"] = tuple(req.stop)

@@ -65,7 +65,7 @@ def test_schemathesis_finds_no_failures(live_server, gpu_worker, fuzz_settings, 
     only_v1_mismatch = ("Schema validation mismatch: 1 operation" in warned
                         and "- POST /v1/chat/completions" in warned
                         and warned.count("⚠️") == 1 and "FAILURES" not in out)
-    assert proc.returncode == 0 or only_v1_mismatch, out[-8000:]
+    assert proc.returncode == 0 or only_v1_mismatch, out[-8000:] + gpu_worker.log_tail()
     assert "No issues found" in out or only_v1_mismatch, out[-4000:]
     junit = "".join(p.read_text() for p in tmp_path.glob("junit*.xml"))
     assert "POST /api/chat" in junit and "PATCH /api/preference" in junit

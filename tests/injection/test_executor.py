@@ -414,3 +414,18 @@ def test_ttft_counts_the_planning_before_the_fetch(adapter, monkeypatch, pref):
     finally:
         ex.close()
     assert 10_000 <= res.ttft_ms < 10_000 + 60_000
+
+
+@pytest.mark.parametrize("contrast", [0.0, 1.0])
+def test_a_vanishing_temperature_is_greedy_not_a_failed_draw(adapter, contrast):
+    """Found by the live fuzzer: temperature 2.2e-313 (positive, 0 in float32) made every
+    logit +-inf and the draw failed (a 502). Below GREEDY_BELOW the reply is the greedy one."""
+    ex = build_executor(adapter, batch_max=4, metrics=Metrics())
+    msgs = [{"role": "user", "content": "What should I cook?"}]
+    try:
+        tiny, greedy = (ex.execute(ExecutionRequest(
+            "t", "u", msgs, "I like tests.", max_new_tokens=6, temperature=t, top_p=0.5,
+            contrast=contrast, reuse_conversation=False)) for t in (2.2250738585e-313, 0.0))
+    finally:
+        ex.close()
+    assert tiny.text == greedy.text and tiny.completion_tokens == greedy.completion_tokens

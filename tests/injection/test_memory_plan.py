@@ -69,8 +69,10 @@ def test_recalled_memories_follow_the_cached_segment_and_the_reply_is_the_plain_
     ex = build_executor(adapter, batch_max=batch_max, metrics=Metrics(),
                         memory_segment_tokens=two_lines(adapter), memory_recall_top_k=2,
                         memory_recall_min_similarity=-1.0)
+    # the reminders (several memories: from the first turn) are tests/injection/
+    # test_reminder.py's; here the prompt is the plain system message's
     req = ExecutionRequest("t1", "u1", MSGS, "ignored preference", instructions=INSTR,
-                           memories=MEMS, max_new_tokens=8)
+                           memories=MEMS, max_new_tokens=8, reminder=False)
     plan = ex.memories.plan(req)
     assert [m.id for m in plan.segment] == ["0", "1"] and len(plan.recalled) == 2
     out = ex.execute(req)
