@@ -223,8 +223,8 @@ def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps:
                 req = runner.request("ttft", i, case, depth, cond, 1)
                 forget(runner, conv[-1]["content"])
                 times.setdefault((name, "cold"), []).append(runner.ex.execute(req).ttft_ms)
-                if depth == 0:
-                    continue  # no earlier turn to continue: cold only
+                if depth < 2:  # a first turn (one-shot) is not kept: nothing to continue
+                    continue
                 cid = f"c{i}-{rep}-{name}"
                 runner.run(runner.request("ttft", i, case, depth, cond, 1, messages=conv[:-2],
                                           reuse_conversation=True, conversation_id=cid))
