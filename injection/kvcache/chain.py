@@ -158,6 +158,13 @@ class SegmentChain:
                        base.stored_bytes if base else 0, lead=ids, capture=capture)
 
 
+    def shared(self, tenant: str, text: str, ids: list[int]) -> tuple[PackedKV, Tier]:
+        """A tenant-wide segment of ``text`` (its ``ids`` from the turn's start) that is no
+        member's: the contrast guide's head (``engine/guidance/plan.py``)."""
+        key = CacheKey(tenant, TENANT_USER, _sha("shared", content_hash(text)),
+                       self.adapter.fingerprint)
+        return self._fetch(key, lambda: self.adapter.compute_kv_ids(ids), "tenant", tuple(ids))
+
     def _fetch(self, key: CacheKey, compute, kind: str,
                ids: tuple[int, ...]) -> tuple[PackedKV, Tier]:
         kv, tier = self.source.fetch(key, compute, kind=kind)

@@ -138,10 +138,13 @@ class Reminder:
             after = MANY_AFTER
         if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
             rest = [m for m in memories if not standing(m)]
+            picked: dict[str, list[str]] = {}  # per message: fitting renders many times
 
             def pick(content: str) -> list[str]:
-                chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
-                return [m for m in memories if standing(m) or m in chosen]
+                if content not in picked:
+                    chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
+                    picked[content] = [m for m in memories if standing(m) or m in chosen]
+                return picked[content]
         return cls(reminder_text(memories, count), after=after,
                    role=ROLE or _role(renderer), pick=pick, count=count)
 

@@ -164,6 +164,10 @@ def test_the_executor_guides_against_the_conversation_without_the_memory(adapter
         res = ex.execute(req)
         ex.clear_l1()
         cold = ex.execute(req)  # the member segment recomputed: same reply
+        hits = ex.metrics.get("tenant_l1_hits")
+        again = ex.execute(req)
+        # the guide's head (the template's default system turn) is a cached tenant segment
+        assert ex.metrics.get("tenant_l1_hits") == hits + 1 and again.text == res.text
         none = ex.execute(ExecutionRequest("t1", "u2", QUESTION, "", max_new_tokens=12,
                                            contrast=1.0))
         with pytest.raises(InvalidRequest, match="contrast"):

@@ -48,4 +48,25 @@ def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
             head = chain.get(req.tenant, None, parts.segment, split, 1.0)
             return Guide(strength, head.kv, adapter.renderer.encode(parts.prompt, first=False))
     prompt = adapter.plain_prompt(context, messages)
+    head = _head(adapter.renderer, prompt) if not context else ""
+    if head:  # the template's own system turn, cached once per tenant
+        kv, _ = chain.shared(req.tenant, head, adapter.renderer.encode(head, first=True))
+        return Guide(strength, kv, adapter.renderer.encode(prompt[len(head):], first=False))
     return Guide(strength, None, adapter.renderer.encode(prompt, first=True))
+
+
+def _head(renderer: Any, prompt: str) -> str:
+    """What ``prompt`` (a conversation without a system message) has before its messages'
+    text: the template's default system turn and the first turn's header; '' where it
+    cannot be cut token-exactly (the guide is then prefilled whole)."""
+    probe = getattr(renderer, "_guide_probe", None)
+    if probe is None:
+        probe = renderer._guide_probe = renderer.render([{"role": "user", "content": "\x1f"}])
+    n = 0
+    while n < min(len(prompt), len(probe)) and prompt[n] == probe[n]:
+        n += 1
+    head = prompt[:n]
+    if not head or renderer.encode(head, first=True) + renderer.encode(
+            prompt[n:], first=False) != renderer.encode(prompt, first=True):
+        return ""
+    return head
