@@ -227,14 +227,15 @@ class BatchEngine(EngineFaults, GroupPrefill):
         ids, done = job.prefill_ids(resume), job.prefilled
         size = self.pacer.chunk(len(ids) - done, decoding=bool(self._rows))
         t0 = self.clock()
-        past, logits = steps.prefill(self.adapter, job, ids[done:done + size], job.chunk_cache,
-                                     job.quiet(resume))
+        past, logits, guided = contrast.prefill(  # a guided row: with its guide, if it can
+            self.adapter, job, ids[done:done + size], job.chunk_cache, job.quiet(resume),
+            whole=not resume and done + size == len(ids), counters=self.counters)
         self.pacer.prefilled(size, self.clock() - t0)
         if done + size < len(ids):
             job.chunk_cache, job.prefilled, self._chunking = past, done + size, job
             self.counters["prefill_chunks"] += 1
             return _PENDING
-        guided = contrast.prefill_guide(self.adapter, job, resume, self.counters)
+        guided = guided or contrast.prefill_guide(self.adapter, job, resume, self.counters)
         if not resume:
             self._capture_segment(job, past)  # before the batch takes the row's K/V
         self._batch.add(past)  # all layers or none

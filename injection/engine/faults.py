@@ -34,7 +34,7 @@ __all__ = ["COUNTERS", "EngineFaults"]
 COUNTERS = ("steps", "rows", "peak_batch", "batched_steps", "oom_shrinks", "row_failures",
             "step_failures", "resumed", "keep_kv_failures", "watchdog_trips", "prefill_chunks",
             "segment_captures", "capture_failures", "group_prefills", "grouped_rows",
-            "group_fallbacks", "guided_rows")
+            "group_fallbacks", "guided_rows", "guide_pairs")
 
 log = logging.getLogger("injection.engine.batch")
 

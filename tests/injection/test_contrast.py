@@ -60,10 +60,12 @@ def test_combine_is_the_formula_over_plausible_tokens():
     assert int(got.argmax()) == 1 and int(want.argmax()) == 3
 
 
-@pytest.mark.parametrize("strength", [0.5, 2.0])
-def test_a_guided_row_equals_the_step_by_step_reference(adapter, strength):
+@pytest.mark.parametrize("strength, chunk", [(0.5, 512), (2.0, 512), (1.0, 8)])
+def test_a_guided_row_equals_the_step_by_step_reference(adapter, strength, chunk):
+    """A short prompt is prefilled with its guide in one forward; one in chunks (8 tokens)
+    gets its guide prefilled after its last chunk."""
     with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
-    eng = BatchEngine(adapter, max_batch=4)
+    eng = BatchEngine(adapter, max_batch=4, prefill_chunk=chunk)
     try:
         out = eng.run(None, 1.0, with_ids, 16, guide=Guide(strength, None, without_ids))
         plain = eng.run(None, 1.0, with_ids, 16)
@@ -74,6 +76,8 @@ def test_a_guided_row_equals_the_step_by_step_reference(adapter, strength):
     assert out.token_ids == want
     assert out.token_ids != plain.token_ids  # the guide changed the reply
     assert eng.counters["guided_rows"] == 1
+    assert eng.counters["guide_pairs"] == (chunk > len(with_ids))
+    assert (eng.counters["prefill_chunks"] > 0) == (chunk < len(with_ids))
 
 
 def test_off_is_todays_output(adapter):

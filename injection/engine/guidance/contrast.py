@@ -28,7 +28,7 @@ from injection.engine.batchrow import RowJob
 from injection.engine.emphasis import model_key
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine", "guide_job", "mirror", "prefill_guide",
+__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine", "guide_job", "mirror", "prefill", "prefill_guide",
            "resolve", "split_rows", "with_guides"]
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
@@ -104,6 +104,22 @@ def mirror(job: RowJob, token: int) -> None:
 def with_guides(rows: list[Any]) -> list[Any]:
     """``rows`` and their guides (a row leaves the batch with its guide)."""
     return [*rows, *(r.guide for r in rows if r.guide is not None and r.guide not in rows)]
+
+
+def prefill(adapter: Any, job: RowJob, ids: list[int], past: Any, quiet: Any, *, whole: bool,
+            counters: dict[str, int]) -> tuple[Any, torch.Tensor, Any]:
+    """``steps.prefill`` of the row's ``ids``, and ``guided`` None; a guided row whose
+    prefill is this one whole chunk (no emphasis, not resumed) runs with its guide in one
+    forward (``steps.prefill_group``: both first tokens for about the cost of one row's
+    on an accelerator, and one forward's fixed cost on a CPU), ``guided`` its guide's
+    ``(cache, logits)``."""
+    if job.guide is None or not whole or past is not None or job.emphasis or quiet:
+        return (*steps.prefill(adapter, job, ids, past, quiet), None)
+    job.guide.gen = []
+    rows, logits = steps.prefill_group(adapter, [job, job.guide])
+    counters["guided_rows"] += 1
+    counters["guide_pairs"] += 1
+    return rows[0], logits[0], (rows[1], logits[1])
 
 
 def prefill_guide(adapter: Any, job: RowJob, resume: bool,
