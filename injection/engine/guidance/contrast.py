@@ -109,11 +109,13 @@ def with_guides(rows: list[Any]) -> list[Any]:
 def prefill(adapter: Any, job: RowJob, ids: list[int], past: Any, quiet: Any, *, whole: bool,
             counters: dict[str, int]) -> tuple[Any, torch.Tensor, Any]:
     """``steps.prefill`` of the row's ``ids``, and ``guided`` None; a guided row whose
-    prefill is this one whole chunk (no emphasis, not resumed) runs with its guide in one
+    prefill is this one whole chunk (no emphasis, not resumed, its guide at most twice as
+    long: the shorter row is padded to the longer) runs with its guide in one
     forward (``steps.prefill_group``: both first tokens for about the cost of one row's
     on an accelerator, and one forward's fixed cost on a CPU), ``guided`` its guide's
     ``(cache, logits)``."""
-    if job.guide is None or not whole or past is not None or job.emphasis or quiet:
+    if (job.guide is None or not whole or past is not None or job.emphasis or quiet
+            or len(job.guide.new_ids) > 2 * len(ids)):  # padding would cost more than it saves
         return (*steps.prefill(adapter, job, ids, past, quiet), None)
     job.guide.gen = []
     rows, logits = steps.prefill_group(adapter, [job, job.guide])
