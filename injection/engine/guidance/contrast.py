@@ -14,7 +14,8 @@ text and stream are never seen by anyone; it leaves the batch with its row.
 
 Only the platform can do this: a client holding a system prompt gets one distribution,
 the engine has both. ``s = 0`` means no guide at all: today's output, token for token.
-The cost is a second row per request (its prefill, its decoding step in the batch).
+The cost is a second row per request (its prefill, in the same forward as the row's
+where it can, ``prefill``; its decoding step in the batch).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ from injection.engine.batchrow import RowJob
 from injection.engine.emphasis import model_key
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine", "guide_job", "mirror", "prefill", "prefill_guide",
-           "resolve", "split_rows", "with_guides"]
+__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
+           "guide_job", "mirror", "prefill", "prefill_guide", "resolve", "split_rows",
+           "with_guides"]
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
