@@ -15,13 +15,15 @@ from tenants.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
+from tenants.api.memories.serializers import StrictSerializer
 from tenants.models import Conversation, Member, Message, Preference
 
 PK_MAX = 2**63 - 1  # Postgres bigint: larger ids are refused as input, never sent to the DB
 
 
-class ChatRequestSerializer(serializers.Serializer):
-    """Bounds come from settings when the serializer is built (schema and validation)."""
+class ChatRequestSerializer(StrictSerializer):
+    """Bounds come from settings when the serializer is built (schema and validation);
+    unknown fields are refused (a 400 naming them), as ``/v1`` and ``/api/memories`` do."""
 
     conversation = StrictIntegerField(
         required=False, min_value=1, max_value=PK_MAX,

@@ -107,3 +107,14 @@ def test_chat_that_cannot_fit_the_context_is_refused_before_dispatch(acme, setti
     assert error["code"] == "context_length_exceeded" and error["context_tokens"] == 2048
     assert error["needed_tokens"] > 2048
     assert not AuditLog.objects.filter(event_type=AuditEvent.CHAT_REQUEST).exists()
+
+
+def test_a_chat_with_an_unknown_field_is_refused_naming_it(acme):
+    """A typo ("contrats") is a 400 naming the field, never silently ignored (found by the
+    live fuzzer: a body with odd extra keys reached the worker)."""
+    client = token_client(acme.user_key)
+    body = {"message": "hi", "contrats": 2}
+    response = client.post("/api/chat", data=json.dumps(body), content_type="application/json")
+    assert response.status_code == 400
+    assert "contrats" in response.json()["error"]["fields"]
+    assert not AuditLog.objects.filter(event_type=AuditEvent.CHAT_REQUEST).exists()
