@@ -38,6 +38,12 @@ def history_len(messages: list[dict[str, str]]) -> int:
     return sum(1 for m in messages[:-1] if m["role"] != "system")
 
 
+def _in_range(name: str, value: float | None, high: float) -> None:
+    """An optional strength: unset, or finite within [0, high]."""
+    if value is not None and not (math.isfinite(value) and 0 <= value <= high):
+        raise InvalidRequest(f"{name} must be between 0 and {high:g}, got {value}")
+
+
 def validate(req: ExecutionRequest) -> None:
     if not req.tenant:
         raise InvalidRequest("tenant is required")
@@ -50,13 +56,8 @@ def validate(req: ExecutionRequest) -> None:
         raise InvalidRequest("the conversation must end with a non-empty user message")
     if not math.isfinite(req.alpha) or req.alpha < 0:
         raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
-    if req.emphasis is not None and not (math.isfinite(req.emphasis)
-                                         and 0 <= req.emphasis <= MAX_EMPHASIS):
-        raise InvalidRequest(f"emphasis must be between 0 and {MAX_EMPHASIS:g}, got "
-                             f"{req.emphasis}")
-    contrast = getattr(req, "contrast", None)
-    if contrast is not None and not (math.isfinite(contrast) and 0 <= contrast <= MAX_CONTRAST):
-        raise InvalidRequest(f"contrast must be between 0 and {MAX_CONTRAST:g}, got {contrast}")
+    _in_range("emphasis", req.emphasis, MAX_EMPHASIS)
+    _in_range("contrast", req.contrast, MAX_CONTRAST)
     if req.max_new_tokens < 1:
         raise InvalidRequest("max_new_tokens must be >= 1")
     if not math.isfinite(req.temperature) or req.temperature < 0 or not 0 < req.top_p <= 1:

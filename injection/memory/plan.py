@@ -126,8 +126,7 @@ class MemoryPlan:
             return parts, context
         pos = start + len(head_context)
         segment, prompt = parts.segment[:pos], parts.segment[pos:] + parts.prompt
-        whole = renderer.encode(parts.segment + parts.prompt, first=True)
-        if renderer.encode(segment, first=True) + renderer.encode(prompt, first=False) != whole:
+        if not renderer.reproduces(segment, prompt, parts.segment + parts.prompt):
             return parts, context
         self.tail_cut = True
         return PromptParts(segment, prompt, parts.mode), head_context

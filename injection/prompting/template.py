@@ -120,7 +120,7 @@ class ChatRenderer:
         if not segment or context not in segment or not full.startswith(segment):
             return None
         rest = full[len(segment):]
-        if not rest or not self._reproduces(segment, rest, full):
+        if not rest or not self.reproduces(segment, rest, full):
             return None
         return PromptParts(segment, rest, mode)
 
@@ -130,7 +130,8 @@ class ChatRenderer:
         end = full.find(context + SEPARATOR)
         return "" if end < 0 else full[: end + len(context) + len(SEPARATOR)]
 
-    def _reproduces(self, segment: str, rest: str, full: str) -> bool:
+    def reproduces(self, segment: str, rest: str, full: str) -> bool:
+        """``full``'s tokens are ``segment``'s (first) then ``rest``'s: a cut at a token edge."""
         whole = self.encode(full, first=True)
         return self.encode(segment, first=True) + self.encode(rest, first=False) == whole
 

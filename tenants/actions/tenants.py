@@ -35,6 +35,14 @@ TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens"
                  "memory_emphasis", "memory_contrast", "memory_writes_enabled")
 
 
+def _strength_in_range(changes: dict[str, Any], field: str, high: int) -> None:
+    """An optional per-tenant strength: empty (the model's default) or within [0, high]."""
+    value = changes.get(field)
+    if value is not None and not (isinstance(value, (int, float)) and 0 <= value <= high):
+        raise InvalidInput(f"{field} must be between 0 and {high} (empty: the model's "
+                           "default).", fields={field: [f"Between 0 and {high}."]})
+
+
 @transaction.atomic
 def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
     """Change name/active/audit_message_text/max_completion_tokens; audited old -> new (only
@@ -43,14 +51,8 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
         raise InvalidInput(f"Cannot change {', '.join(sorted(unknown))} of a tenant.")
     if "name" in changes and not (changes["name"] or "").strip():
         raise InvalidInput("A tenant needs a name.")
-    emphasis = changes.get("memory_emphasis")
-    if emphasis is not None and not (isinstance(emphasis, (int, float)) and 0 <= emphasis <= 8):
-        raise InvalidInput("memory_emphasis must be between 0 and 8 (empty: the model's "
-                           "default).", fields={"memory_emphasis": ["Between 0 and 8."]})
-    contrast = changes.get("memory_contrast")
-    if contrast is not None and not (isinstance(contrast, (int, float)) and 0 <= contrast <= 4):
-        raise InvalidInput("memory_contrast must be between 0 and 4 (empty: the model's "
-                           "default).", fields={"memory_contrast": ["Between 0 and 4."]})
+    _strength_in_range(changes, "memory_emphasis", 8)
+    _strength_in_range(changes, "memory_contrast", 4)
     assert_actor_may_manage(actor, tenant)
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     changed = {f: v for f, v in changes.items() if getattr(locked, f) != v}

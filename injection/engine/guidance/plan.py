@@ -21,6 +21,7 @@ messages; its prefill is short where it is used (no deep history to repeat).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from injection.base import ExecutionRequest
@@ -35,9 +36,9 @@ def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
                on: bool) -> Guide | None:
     """The turn's guide, or None (off, nothing personal injected, several memories, or a
     reminded turn)."""
-    if not on or getattr(mem, "many", False) or remind.reminds_last(messages):
+    if not on or mem.many or remind.reminds_last(messages):
         return None
-    strength = resolve(adapter, getattr(req, "contrast", None))
+    strength = resolve(adapter, req.contrast)
     if strength <= 0.0:
         return None
     context = compose_context(req.instructions, "")
@@ -62,11 +63,5 @@ def _head(renderer: Any, prompt: str) -> str:
     probe = getattr(renderer, "_guide_probe", None)
     if probe is None:
         probe = renderer._guide_probe = renderer.render([{"role": "user", "content": "\x1f"}])
-    n = 0
-    while n < min(len(prompt), len(probe)) and prompt[n] == probe[n]:
-        n += 1
-    head = prompt[:n]
-    if not head or renderer.encode(head, first=True) + renderer.encode(
-            prompt[n:], first=False) != renderer.encode(prompt, first=True):
-        return ""
-    return head
+    head = os.path.commonprefix([prompt, probe])
+    return head if head and renderer.reproduces(head, prompt[len(head):], prompt) else ""
