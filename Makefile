@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install model demo test test-fast bench lint fmt clean
+.PHONY: install model demo test test-fast test-gpu bench lint fmt clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required"'
@@ -29,6 +29,16 @@ test: install model
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not e2e"
+
+# On a machine with CUDA: the `gpu` tests, and the engine's tests again with their adapter on
+# cuda (no database or Redis needed; TEST_PY=python3 where torch is installed system-wide)
+TEST_PY ?= $(BIN)/python
+ENGINE_TESTS := devices hostmem packed adapter batch batch_faults chunked_prefill group_prefill \
+	contrast emphasis conversation sliding_window logitprocs stopping memory_plan history
+test-gpu:
+	@$(TEST_PY) -c 'import torch; assert torch.cuda.is_available(), "test-gpu needs CUDA"'
+	KVI_TEST_DEVICE=cuda $(TEST_PY) -m pytest -p no:cacheprovider -m "not real_model" \
+		$(foreach t,$(ENGINE_TESTS),tests/injection/test_$(t).py)
 
 bench: install
 	@for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done

@@ -142,9 +142,13 @@ def _flush_retries_a_deadlock():
     stream was closed, a worker recording a cancellation). Postgres then aborts one side
     as a deadlock; when it aborts the TRUNCATE, flush it again (a few times) instead of
     failing the test and leaving its rows to the next one."""
-    from django.core.management.base import CommandError
-    from django.core.management.commands import flush
-    from django.db import OperationalError
+    try:
+        from django.core.management.base import CommandError
+        from django.core.management.commands import flush
+        from django.db import OperationalError
+    except ImportError:  # the engine's tests alone, without Django (`make test-gpu`)
+        yield
+        return
 
     original = flush.Command.handle
 

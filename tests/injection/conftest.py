@@ -1,11 +1,21 @@
-"""Engine fixtures: the locally built demo model and adapters on it (CPU, fp32)."""
+"""Engine fixtures: the locally built demo model and adapters on it (fp32).
+
+The ``adapter`` the engine tests share runs on ``KVI_TEST_DEVICE`` (default ``cpu``):
+``make test-gpu`` runs the engine's tests again with ``KVI_TEST_DEVICE=cuda``, so the
+batch engine, contrast, emphasis, chunked and grouped prefill and the conversation store
+are checked on CUDA against the same references (computed on the same device).
+"""
 
 from __future__ import annotations
+
+import os
 
 import pytest
 
 from injection.model.adapter import ModelAdapter, load_adapter
 from injection.model.demo_model import build_demo_model
+
+TEST_DEVICE = os.environ.get("KVI_TEST_DEVICE", "cpu")
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +26,7 @@ def demo_model_path(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def adapter(demo_model_path) -> ModelAdapter:
-    return load_adapter(str(demo_model_path), device="cpu", dtype="fp32")
+    return load_adapter(str(demo_model_path), device=TEST_DEVICE, dtype="fp32")
 
 
 @pytest.fixture(scope="session")

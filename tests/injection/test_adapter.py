@@ -15,7 +15,7 @@ PROMPTS = ["What should I cook tonight?", "Plan a rainy day in Lisbon for me."]
 
 def plain_ids(adapter, input_ids: list[int], n: int) -> list[int]:
     """Greedy generation on explicit ids, no injection (the reference)."""
-    ids = torch.tensor([input_ids])
+    ids = torch.tensor([input_ids], device=adapter.device)
     out = adapter.model.generate(
         input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False
     )
@@ -37,10 +37,11 @@ def test_compute_kv_shape_gqa_bos_cpu(adapter, preference):
 def test_compute_kv_equals_the_models_own_cache(adapter, preference):
     kv = adapter.compute_kv(preference)
     with torch.no_grad():
-        out = adapter.model(input_ids=torch.tensor([list(kv.token_ids)]), use_cache=True)
+        out = adapter.model(input_ids=torch.tensor([list(kv.token_ids)], device=adapter.device),
+                            use_cache=True)
     for i, layer in enumerate(out.past_key_values.layers):
-        assert torch.equal(layer.keys[0], kv.keys[i])
-        assert torch.equal(layer.values[0], kv.values[i])
+        assert torch.equal(layer.keys[0].cpu(), kv.keys[i])
+        assert torch.equal(layer.values[0].cpu(), kv.values[i])
 
 
 def test_build_cache_is_a_dynamic_cache_with_value_only_scaling(adapter, preference):
@@ -51,8 +52,8 @@ def test_build_cache_is_a_dynamic_cache_with_value_only_scaling(adapter, prefere
     assert len(cache.layers) == kv.num_layers
     assert cache.get_seq_length() == kv.num_tokens
     for i, layer in enumerate(cache.layers):
-        assert torch.equal(layer.keys[0], kv.keys[i])  # keys never scaled
-        torch.testing.assert_close(layer.values[0], kv.values[i] * 0.4, rtol=0, atol=0)
+        assert torch.equal(layer.keys[0].cpu(), kv.keys[i])  # keys never scaled
+        torch.testing.assert_close(layer.values[0].cpu(), kv.values[i] * 0.4, rtol=0, atol=0)
         # fresh storage: growing the cache can never write into the cached PackedKV
         assert layer.keys.data_ptr() != kv.keys[i].data_ptr()
         assert layer.values.data_ptr() != kv.values[i].data_ptr()
@@ -99,7 +100,7 @@ def test_passing_only_prompt_ids_silently_drops_tokens(adapter, preference, chat
         lambda m, a, kw: seen.append(kw["input_ids"].shape[1]), with_kwargs=True
     )
     try:
-        ids = torch.tensor([prompt_ids])  # what **tokenizer(prompt) would pass
+        ids = torch.tensor([prompt_ids], device=adapter.device)  # as **tokenizer(prompt)
         wrong = adapter.model.generate(
             input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=8,
             past_key_values=adapter.build_cache(kv, 1.0), do_sample=False,

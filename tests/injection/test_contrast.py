@@ -30,10 +30,10 @@ def _ids(adapter, context: str, messages=QUESTION) -> list[int]:
 
 def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[int]:
     """The formula, one token at a time: both sequences fed the chosen token."""
-    model, eos, out = adapter.model, adapter._eos_ids(), []
+    model, eos, out, dev = adapter.model, adapter._eos_ids(), [], adapter.device
     with torch.inference_mode():
         caches = [DynamicCache(config=adapter._cache_config) for _ in range(2)]
-        logits = [model(input_ids=torch.tensor([ids]), past_key_values=c,
+        logits = [model(input_ids=torch.tensor([ids], device=dev), past_key_values=c,
                         use_cache=True).logits[0, -1] for ids, c in zip(
                             (with_ids, without_ids), caches, strict=True)]
         for _ in range(n):
@@ -41,7 +41,8 @@ def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[i
             out.append(token)
             if token in eos:
                 break
-            logits = [model(input_ids=torch.tensor([[token]]), past_key_values=c,
+            logits = [model(input_ids=torch.tensor([[token]], device=dev),
+                            past_key_values=c,
                             use_cache=True).logits[0, -1] for c in caches]
     return out
 

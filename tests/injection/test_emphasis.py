@@ -50,17 +50,18 @@ def _reference(adapter, prefix, ids, n, value, spans):
     """Greedy batch-1 loop on a plain DynamicCache: the bias built by hand each step, the
     prompt's at full strength, the generated tokens' at ``GENERATED_SCALE`` of it."""
     cache = adapter.build_cache(prefix, 1.0)
-    out, step = [], torch.tensor([ids])
+    dev = adapter.device
+    out, step = [], torch.tensor([ids], device=dev)
     with torch.inference_mode():
         for i in range(n):
             kv = cache.get_seq_length() + step.shape[1]
-            bias = torch.zeros(1, 1, 1, kv)
+            bias = torch.zeros(1, 1, 1, kv, device=dev)
             for s, e in spans:
                 bias[..., s:e] = value if i == 0 else value * emphasis.GENERATED_SCALE
             logits = adapter.model(input_ids=step, past_key_values=cache, use_cache=True,
                                    position_bias=bias).logits[0, -1]
             out.append(int(logits.argmax()))
-            step = torch.tensor([[out[-1]]])
+            step = torch.tensor([[out[-1]]], device=dev)
     return out
 
 
