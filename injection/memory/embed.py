@@ -3,16 +3,21 @@
 What and why: recall needs a similarity between a memory and the user's message. No
 model hub is reachable and the embedded Postgres's pgvector (0.6.2 ships with pgserver
 and ``CREATE EXTENSION vector`` works) only stores and searches vectors: something still
-has to make them. The served model is already loaded in the worker, so it embeds: one
-forward pass over ``PREFIX + text``; the hidden states of the text's tokens (the
-prefix takes the first position, the attention sink whose huge norm would dominate a
-mean) are mean-pooled at two depths (a quarter of the way up, and the last layer),
-each standardised per dimension against a fixed set of neutral reference sentences
-(removes the large common direction of a decoder's states, which otherwise makes every
-cosine ~1), L2-normalised, concatenated and normalised again. Measured on SmolLM2-135M
-(bench/bench_recall.py, docs/BENCHMARKS.md "Memory recall"): raw last-layer means pick
-the right memory of 10 for 5/12 messages; this recipe 9/12 on the set it was chosen on
-and 10/12 on a held-out set (top-3 with cosine >= 0.1: 10/12 on both).
+has to make them. The served model is already loaded in the worker, so it embeds: a
+forward pass over ``PREFIX + text`` that stops after the decoder layer a quarter of the
+way up (``n // 4``: 8 of SmolLM2's 30 layers; a forward hook raises once that layer's
+output exists, so the rest of the model never runs). The hidden states of the text's
+tokens (the prefix takes the first position, the attention sink whose huge norm would
+dominate a mean) are mean-pooled, standardised per dimension against a fixed set of
+neutral reference sentences (removes the large common direction of a decoder's states,
+which otherwise makes every cosine ~1) and L2-normalised.
+
+A message is embedded on every turn that recalls or picks reminders, so this forward is
+paid before the first token. The recipe used to concatenate this layer with the last
+one (a whole forward); on SmolLM2-135M the quarter-depth layer alone picks the same on
+the sets it was chosen on and one fewer on each held-out set, at about a quarter of the
+cost (docs/BENCHMARKS.md "Memory recall"). A model whose decoder layers are not found at
+``model.get_decoder().layers`` runs whole and reads ``hidden_states`` (same vector).
 
 The vectors live in this process, not in Postgres: a member has tens of memories, so a
 recall is one small matrix product here (microseconds), while the vectors depend on the
@@ -28,13 +33,14 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["HiddenStateEmbedder", "REFERENCE_SENTENCES"]
+__all__ = ["HiddenStateEmbedder", "REFERENCE_SENTENCES", "early_exit"]
 
 PREFIX = "Text: "
 MAX_TEXT_TOKENS = 256  # longer texts are embedded from their last tokens
@@ -57,10 +63,10 @@ class HiddenStateEmbedder:
         self.adapter = adapter
         self.max_entries = max(1, int(max_entries))
         n = int(getattr(adapter, "num_layers", 0) or adapter.model.config.num_hidden_layers)
-        self.layers = (n // 4 + 1, n)  # indices into hidden_states (0 = embeddings)
+        self.layer = n // 4 + 1  # index into hidden_states (0 = embeddings): layer n//4's output
         self._cache: OrderedDict[tuple[str, str, str], torch.Tensor] = OrderedDict()
         self._lock = threading.Lock()
-        self._ref: list[tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._ref: tuple[torch.Tensor, torch.Tensor] | None = None
         self.hits = self.misses = 0
 
     # -- public ----------------------------------------------------------------------
@@ -101,29 +107,75 @@ class HiddenStateEmbedder:
                     "per_tenant": per}
 
     # -- internals ---------------------------------------------------------------------
-    def _pooled(self, text: str) -> list[torch.Tensor]:
+    def _pooled(self, text: str) -> torch.Tensor:
         tok = self.adapter.tokenizer
         head = tok(PREFIX, add_special_tokens=False)["input_ids"]
         body = tok(text, add_special_tokens=False)["input_ids"][-MAX_TEXT_TOKENS:] or head[-1:]
         ids = torch.tensor([head + body], device=self.adapter.device)
-        with torch.inference_mode():
-            out = self.adapter.model(input_ids=ids, output_hidden_states=True, use_cache=False,
-                                     logits_to_keep=1)
-            return [out.hidden_states[i][0, len(head):].float().mean(0).cpu()
-                    for i in self.layers]
+        hidden = early_exit(self.adapter.model, ids, self.layer)
+        return hidden[0, len(head):].float().mean(0).cpu()
 
-    def _reference(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def _reference(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._ref is None:
-            pooled = [self._pooled(s) for s in REFERENCE_SENTENCES]
-            ref = []
-            for i in range(len(self.layers)):
-                m = torch.stack([p[i] for p in pooled])
-                ref.append((m.mean(0), m.std(0) + 1e-3))
-            self._ref = ref
+            m = torch.stack([self._pooled(s) for s in REFERENCE_SENTENCES])
+            self._ref = (m.mean(0), m.std(0) + 1e-3)
         return self._ref
 
     def _vector(self, text: str) -> torch.Tensor:
-        ref = self._reference()
-        parts = [torch.nn.functional.normalize((h - mu) / sd, dim=-1)
-                 for h, (mu, sd) in zip(self._pooled(text), ref, strict=True)]
-        return torch.nn.functional.normalize(torch.cat(parts), dim=-1)
+        mu, sd = self._reference()
+        return torch.nn.functional.normalize((self._pooled(text) - mu) / sd, dim=-1)
+
+
+# -- a forward that stops early ------------------------------------------------------------
+class _Exit(Exception):
+    def __init__(self, hidden: torch.Tensor) -> None:
+        self.hidden = hidden
+
+
+# per decoder layer: the threads whose forward should stop there. The hook stays on the
+# layer (the batch engine's forwards on other threads only read one attribute), so no
+# hook is added or removed while another thread runs the model.
+_EXITS: weakref.WeakKeyDictionary[torch.nn.Module, threading.local] = weakref.WeakKeyDictionary()
+_EXITS_LOCK = threading.Lock()
+
+
+def early_exit(model: Any, ids: torch.Tensor, index: int) -> torch.Tensor:
+    """``hidden_states[index]`` of ``model(ids)`` (``[1, t, d]``), running the decoder
+    layers up to ``index`` only; the whole forward where its layers are not found."""
+    flag = _exit_flag(model, index)
+    with torch.inference_mode():
+        if flag is None:
+            out = model(input_ids=ids, output_hidden_states=True, use_cache=False,
+                        logits_to_keep=1)
+            return out.hidden_states[index]
+        flag.on = True
+        try:
+            model(input_ids=ids, use_cache=False, logits_to_keep=1)
+        except _Exit as stop:
+            return stop.hidden
+        finally:
+            flag.on = False
+    raise RuntimeError("the forward passed its exit layer without stopping")
+
+
+def _exit_flag(model: Any, index: int) -> threading.local | None:
+    try:
+        layers = model.get_decoder().layers
+    except AttributeError:
+        return None
+    if not 1 <= index < len(layers):  # the last entry of hidden_states is after the norm
+        return None
+    layer = layers[index - 1]
+    with _EXITS_LOCK:
+        flag = _EXITS.get(layer)
+        if flag is None:
+            flag = _EXITS[layer] = threading.local()
+            layer.register_forward_hook(_stopper(flag))
+    return flag
+
+
+def _stopper(flag: threading.local):
+    def hook(_module, _args, output):
+        if getattr(flag, "on", False):
+            raise _Exit(output[0] if isinstance(output, tuple) else output)
+    return hook

@@ -3,12 +3,15 @@ the cached memories (token-exact), memories_used, and the embedding cache's tena
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
 from injection import build_executor
 from injection.base import ExecutionRequest, MemoryItem
 from injection.memory import HiddenStateEmbedder, MemoryPlan, render, split_budget
+from injection.memory.embed import _EXITS, early_exit
 from injection.metrics import Metrics
 from injection.prompting.output_filter import strip_control_chars
 
@@ -141,6 +144,58 @@ def test_embedding_cache_is_keyed_by_tenant(adapter):
     emb.embed("tenant-b", ["x", "y", "z"])  # bounded: the oldest goes
     assert emb.stats()["entries"] == 3
     assert abs(float(b[0].norm()) - 1.0) < 1e-5
+
+
+def _forward_counts(model):
+    layers = model.get_decoder().layers
+    calls = [0] * len(layers)
+    handles = [layer.register_forward_pre_hook(
+        lambda _m, _a, i=i: calls.__setitem__(i, calls[i] + 1)) for i, layer in
+        enumerate(layers)]
+    return calls, handles
+
+
+@pytest.mark.parametrize("index", [1, 2, 3])
+def test_early_exit_is_the_full_forwards_hidden_state_and_skips_the_later_layers(
+        adapter, index):
+    ids = torch.tensor([adapter.tokenizer("Text: I live in Oslo.")["input_ids"]],
+                       device=adapter.device)
+    with torch.inference_mode():
+        full = adapter.model(input_ids=ids, output_hidden_states=True,
+                             use_cache=False).hidden_states[index]
+    calls, handles = _forward_counts(adapter.model)
+    try:
+        got = early_exit(adapter.model, ids, index)
+    finally:
+        for h in handles:
+            h.remove()
+    assert torch.equal(got, full)
+    assert calls == [1] * index + [0] * (adapter.num_layers - index)
+
+
+def test_early_exit_stops_only_its_own_threads_forward(adapter):
+    ids = torch.tensor([adapter.tokenizer("Text: hello")["input_ids"]], device=adapter.device)
+    early_exit(adapter.model, ids, 2)  # the hook is on layer 1 from now on
+    flag = _EXITS[adapter.model.get_decoder().layers[1]]
+    flag.on = True  # as if this thread were inside early_exit
+    try:
+        out: list = []
+        t = threading.Thread(target=lambda: out.append(adapter.model(input_ids=ids).logits))
+        t.start()
+        t.join()
+    finally:
+        flag.on = False
+    assert out and out[0].shape[-1] == adapter.model.config.vocab_size
+    # and on this thread, with the flag down again, a forward runs whole too
+    assert adapter.model(input_ids=ids).logits.shape == out[0].shape
+
+
+def test_a_model_without_decoder_layers_is_embedded_by_a_whole_forward(adapter, monkeypatch):
+    ids = torch.tensor([adapter.tokenizer("Text: I live in Oslo.")["input_ids"]],
+                       device=adapter.device)
+    want = early_exit(adapter.model, ids, 2)
+    monkeypatch.setattr(type(adapter.model), "get_decoder", lambda self: object())
+    assert torch.equal(early_exit(adapter.model, ids, 2), want)
 
 
 def test_warm_caches_the_segment_a_request_with_memories_uses(adapter):
