@@ -6,6 +6,8 @@ searched for the distinctive message and reply texts."""
 from __future__ import annotations
 
 import logging
+import os
+import signal
 import time
 import uuid
 
@@ -82,14 +84,21 @@ def test_no_message_or_reply_text_in_worker_or_web_logs(live_server, gpu_worker,
     assert status == 400
     texts.append(refused)
 
-    # the web gives up waiting and abandons the claim; the worker refuses the turn
+    # the web gives up waiting and abandons the claim; the worker refuses the turn. The
+    # worker is held (SIGSTOP) until the claim is abandoned, so the web's short wait
+    # times out whatever the machine's speed (no race with a fast worker)
     abandoned = secret("abandoned")
     params = {"max_new_tokens": LONG_TOKENS}
     claim = chat_client.claim_chat(member, None, abandoned, params)
-    dispatched = chat_client.dispatch_chat(member.pk, None, abandoned, params, claim.request_id)
-    with pytest.raises(errors.WorkerUnavailable):
-        chat_client.wait_chat(dispatched, timeout=0.5)
-    assert actions.do_abandon_chat(member, claim.request_id, reason="test") is None
+    os.kill(gpu_worker.pid, signal.SIGSTOP)
+    try:
+        dispatched = chat_client.dispatch_chat(member.pk, None, abandoned, params,
+                                               claim.request_id)
+        with pytest.raises(errors.WorkerUnavailable):
+            chat_client.wait_chat(dispatched, timeout=0.5)
+        assert actions.do_abandon_chat(member, claim.request_id, reason="test") is None
+    finally:
+        os.kill(gpu_worker.pid, signal.SIGCONT)
     texts.append(abandoned)
 
     for task_id in task_ids:
