@@ -98,3 +98,28 @@ def test_each_memory_is_embedded_once_per_tenant(smollm):
     assert planner.stats()["misses"] == 12 and planner.stats()["hits"] == 10
     planner.plan(ExecutionRequest("t2", "u", ask("And 18 times 23?"), memories=mems))
     assert planner.stats()["per_tenant"] == {"t": 12, "t2": 11}  # never shared
+
+
+NINETEEN = [
+    "I was born in Nairobi.", "My favourite sport is tennis.", "I am vegetarian.",
+    "I have two cats.", "I work as a nurse.", "I live in Lyon.", "I drive an electric car.",
+    "My daughter is called Ana.", "I am learning Spanish.", "I run marathons.",
+    "I hate cilantro.", "My budget is 50 euros.", "I use metric units.",
+    "I work from home on Fridays.", "I am allergic to peanuts.", "My wife is diabetic.",
+    "I like jazz music.", "I play the piano.", "I grew up near the sea.",
+]
+
+
+def test_the_reminders_pick_restates_only_memories_that_stand_out(smollm):
+    """A message related to none of the memories re-states none of them (the two best
+    scores of unrelated memories are no pick: next to the question they outweigh the
+    tenant's instructions); a related one re-states its memory."""
+    planner = MemoryPlanner(smollm)
+    for message in ("What is your name?", "Hello!"):
+        assert planner.relevant("t", NINETEEN, message, 2) == [], message
+    assert planner.relevant("t", NINETEEN, "Where should I charge my car?", 2) == [
+        "I drive an electric car."]
+    assert planner.relevant("t", NINETEEN, "Suggest a jazz album for me.", 2) == [
+        "I like jazz music."]
+    assert "I am learning Spanish." in planner.relevant(
+        "t", NINETEEN, "How do I say thank you in the language I am learning?", 2)
