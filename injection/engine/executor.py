@@ -25,7 +25,7 @@ from injection.base import (
     PreferenceModel,
     Tier,
 )
-from injection.engine.guidance.plan import plan_guide
+from injection.engine.guidance.plan import plan_guide, reminded_guide
 from injection.engine.oom import on_cuda, with_oom_retry
 from injection.engine.request_checks import history_len as _history_len
 from injection.engine.request_checks import sampling_options
@@ -209,17 +209,21 @@ class InjectionExecutor:
                                        self.adapter, parts.prompt, n))
         plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)
-        guide = plan_guide(self.adapter, self.chain, req, messages, mem, remind,
-                           on=personal and self.engine is not None)  # contrastive guidance
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         defer = self.one_pass and plan.cached is None and member_alpha == 1.0 and not emph
         chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha,
                                defer=defer)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
         assert chain.kv is None or chain.kv.keys.is_cpu, "cached K/V must live on CPU"
-        # the chain is scaled already; a conversation hit continues its link after it
-        out = self.turns.run(plan, req, join(chain.kv, plan.cached), sampling, spans,
-                             lead=chain.lead, capture=chain.capture, guide=guide)
+        prefix = join(chain.kv, plan.cached)  # a conversation hit continues its link
+        done = plan.cached.num_tokens if plan.cached is not None else 0
+        guide = plan_guide(self.adapter, self.chain, req, messages, mem, remind,  # contrast
+                           on=personal and self.engine is not None,
+                           reminded=lambda s: reminded_guide(
+                               self.adapter, s, context, mem, [*messages[:-1], dict(
+                                   req.messages[-1])], prefix, chain.lead, plan.prompt_ids, done))
+        out = self.turns.run(plan, req, prefix, sampling, spans, lead=chain.lead,
+                             capture=chain.capture, guide=guide)
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = clean_reply(out.text, self.metrics.incr)
         head = chain.num_tokens

@@ -107,8 +107,8 @@ class CacheInfoSerializer(serializers.Serializer):
         required=False, help_text="Attention emphasis applied to the memories' tokens (nats; "
                                   "0: off).")
     contrast_effective = serializers.FloatField(
-        required=False, help_text="Contrastive guidance strength applied (0: off; turns "
-                                  "carrying a memory reminder are not guided).")
+        required=False, help_text="Contrastive guidance strength applied (0: off; from the "
+                                  "third turn of a conversation on, turns are not guided).")
     kv_tokens = serializers.IntegerField()
     kv_layers_count = serializers.IntegerField()
     kv_bytes_cpu = serializers.IntegerField()

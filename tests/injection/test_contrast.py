@@ -185,7 +185,16 @@ def test_the_executor_guides_against_the_conversation_without_the_memory(adapter
     assert none.contrast_effective == 0.0  # nothing personal: no guide
 
 
-def test_tenant_instructions_stay_in_the_guide(adapter):
+@pytest.mark.parametrize("keeps", [False, True])
+def test_the_guide_has_nothing_injected_unless_it_keeps_the_instructions(
+        adapter, monkeypatch, keeps):
+    """The default guide has neither the tenant's instructions nor the memory, so the
+    instructions are amplified with the memory (they keep precedence); keeping them in the
+    guide (``GUIDE_KEEPS_INSTRUCTIONS``) contrasts the memory alone."""
+    from injection.engine.guidance import plan as guide_plan
+    from injection.prompting.template import compose_context
+
+    monkeypatch.setattr(guide_plan, "GUIDE_KEEPS_INSTRUCTIONS", keeps)
     rules = "You are the help desk of ACME. Answer in one sentence."
     ex = _executor(adapter)
     try:
@@ -193,10 +202,8 @@ def test_tenant_instructions_stay_in_the_guide(adapter):
                                           max_new_tokens=12, contrast=1.0))
     finally:
         ex.close()
-    from injection.prompting.template import compose_context
-
     want = reference(adapter, _ids(adapter, compose_context(rules, MEMORY)),
-                     _ids(adapter, compose_context(rules, "")), 12, 1.0)
+                     _ids(adapter, compose_context(rules if keeps else "", "")), 12, 1.0)
     assert res.contrast_effective == 1.0
     assert adapter.tokenizer.decode(want, skip_special_tokens=True).strip() == res.text.strip()
 

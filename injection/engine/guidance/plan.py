@@ -1,22 +1,27 @@
 """The planner's half of contrastive guidance: which turns get a guide, and its input.
 
-A turn is guided (``contrast.py``) when its effective strength is above 0, the member's
-memories are injected, the batch engine runs it, and the turn carries no memory reminder
-(``prompting/reminder.py``): measured on the memory-depth cases, contrasting a reply
-against a conversation without the reminders' restated memories makes the model recite
-them, while the reminder alone keeps deep turns in line (docs/BENCHMARKS.md, memory depth).
-So the guide works on the first turns of a conversation and the reminder on the rest.
+A one-memory turn is guided (``contrast.py``) when its effective strength is above 0,
+the member's memories are injected, the batch engine runs it, and the turn carries no
+memory reminder (``prompting/reminder.py``): measured on the memory-depth cases,
+contrasting a reply against a conversation without the reminders' restated memories
+makes the model recite them, while the reminder alone keeps deep turns in line
+(docs/BENCHMARKS.md, memory depth). So the guide works on the first turns of a
+conversation and the reminder on the rest.
 
-A member with several memories gets no guide: against a conversation without them, what
-the memories add is above all their list, and the model recites it ("- My favourite film
-is Casablanca.\n- I grow tomatoes ..."); contrasting only the memories relevant to the
-message (the reminder's pick) against the others gained nothing either (measured, docs/
-BENCHMARKS.md memory depth). Their reminders start with the first turn instead
-(``reminder.MANY_AFTER``).
+A member with several memories is never guided against a conversation without them:
+what the memories add is above all their list, and the model recites it ("- My favourite
+film is Casablanca.\n- I grow tomatoes ..."); contrasting only the memories relevant to
+the message (the reminder's pick) against the others gained nothing either (measured,
+docs/BENCHMARKS.md memory depth). Their reminders start with the first turn instead
+(``reminder.MANY_AFTER``), and those first turns (``MANY_GUIDED_BEFORE``) are guided
+against the same turn *without its reminder* (``reminded_guide``): the same injected
+memories and history, so the guide starts from the row's own prefix K/V and prefills only
+the un-reminded last turn. What is amplified is what re-stating the relevant memories
+next to the question changes.
 
-The guide's input is what the same request renders without the member's memories: the
-tenant's instructions (their shared cached segment where they have one) and the same
-messages; its prefill is short where it is used (no deep history to repeat).
+For one memory, the guide's input is what the same request renders without the member's
+memories: the tenant's instructions (their shared cached segment where they have one) and
+the same messages; its prefill is short where it is used (no deep history to repeat).
 """
 
 from __future__ import annotations
@@ -28,20 +33,40 @@ from injection.base import ExecutionRequest
 from injection.engine.guidance.contrast import Guide, resolve
 from injection.prompting.template import compose_context
 
-__all__ = ["plan_guide"]
+__all__ = ["plan_guide", "reminded_guide"]
+
+# A member with several memories: a turn with fewer exchanges before it than this is
+# guided against the same turn without its reminder (0: never). Measured on the memory
+# depth cases, 20 memories, depth 0: 12/20 against 9/20 unguided (tuning), 12/20 against
+# 8/20 (held-out); guiding at depth 8 too: 8/20 against 10/20 and 6/20 against 6/20.
+MANY_GUIDED_BEFORE = 2
+# One memory: whether the guide keeps the tenant's instructions (contrasting the memories
+# alone) or has nothing injected (contrasting the whole system turn, the tenant's
+# instructions amplified with the memory). Measured with tenant instructions
+# (bench/bench_tenant_precedence.py): keeping them let the memory pull replies away from
+# the instructions; without them the instructions are followed more often than unguided.
+GUIDE_KEEPS_INSTRUCTIONS = False
 
 
 def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
                messages: list[dict[str, str]], mem: Any, remind: Any, *,
-               on: bool) -> Guide | None:
+               on: bool, reminded: Any = None) -> Guide | None:
     """The turn's guide, or None (off, nothing personal injected, several memories, or a
-    reminded turn)."""
-    if not on or mem.many or remind.reminds_last(messages):
+    reminded turn). ``reminded(strength)``: a reminded turn's guide."""
+    if not on:
         return None
     strength = resolve(adapter, req.contrast)
     if strength <= 0.0:
         return None
-    context = compose_context(req.instructions, "")
+    if remind.reminds_last(messages):
+        # several memories, a first turn, no tenant instructions (which the guide would
+        # not amplify: the memories would override them; measured, the docstring)
+        early = sum(m["role"] == "user" for m in messages[:-1]) < MANY_GUIDED_BEFORE
+        use = mem.many and early and not req.instructions and reminded is not None
+        return reminded(strength) if use else None
+    if mem.many:
+        return None
+    context = compose_context(req.instructions if GUIDE_KEEPS_INSTRUCTIONS else "", "")
     if context:
         parts = adapter.split_prompt(context, messages)
         split = chain.split(parts.segment, context, req.instructions) if parts.segment else None
@@ -65,3 +90,16 @@ def _head(renderer: Any, prompt: str) -> str:
         probe = renderer._guide_probe = renderer.render([{"role": "user", "content": "\x1f"}])
     head = os.path.commonprefix([prompt, probe])
     return head if head and renderer.reproduces(head, prompt[len(head):], prompt) else ""
+
+
+def reminded_guide(adapter: Any, strength: float, context: str, mem: Any,
+                   messages: list[dict[str, str]], prefix: Any, lead: tuple[int, ...],
+                   prompt_ids: list[int], done: int) -> Guide | None:
+    """The same turn without its last reminder (``messages``), after the row's own
+    ``prefix`` (the chain and the conversation's cached link, ``done`` tokens of the
+    row's ``prompt_ids``; ``lead``: a deferred segment's ids, prefilled first)."""
+    parts, _ = mem.cut(adapter, adapter.split_prompt(context, messages), context)
+    ids = adapter.renderer.encode(parts.prompt, first=False)
+    if ids[:done] != prompt_ids[:done] or ids == prompt_ids:
+        return None
+    return Guide(strength, prefix, [*lead, *ids[done:]])
