@@ -294,6 +294,9 @@ def main() -> None:
     ap.add_argument("--ttft-depth", type=int, default=None, help="(default: the deepest)")
     ap.add_argument("--reminder-role", default="", help="override: system | user")
     ap.add_argument("--reminder-prefix", default=None, help="override the reminder's prefix")
+    ap.add_argument("--many-guided-before", type=int, default=None,
+                    help="override guidance.plan.MANY_GUIDED_BEFORE (several memories: turns "
+                         "with fewer exchanges before them are guided; 0: never)")
     ap.add_argument("--reminder-after", type=int, default=None, help="override: exchanges")
     ap.add_argument("--reminder-many-after", type=int, default=None,
                     help="override reminder.MANY_AFTER (members with several memories)")
@@ -309,6 +312,10 @@ def main() -> None:
 
     reminder.ROLE = args.reminder_role or reminder.ROLE
     reminder.PREFIX = reminder.PREFIX if args.reminder_prefix is None else args.reminder_prefix
+    if args.many_guided_before is not None:
+        from injection.engine.guidance import plan as guide_plan
+
+        guide_plan.MANY_GUIDED_BEFORE = args.many_guided_before
     if args.reminder_after is not None:
         reminder.DEFAULT_AFTER = args.reminder_after
     if args.reminder_top is not None:
@@ -378,6 +385,8 @@ def ttft_section(runner: Runner, conds, sets, depths, args) -> list[str]:
         c = 1.0 if 1.0 in strengths else strengths[0]  # the cost does not depend on it
         pairs.append((f"+ contrast {c:g}", {**base, "contrast": c}))
         pairs.append((f"+ reminder + contrast {c:g}", {**base, "reminder": True, "contrast": c}))
+        pairs.append((f"20 memories + reminder + contrast {c:g}",
+                      {**base, "n": 20, "reminder": True, "contrast": c}))
     pairs.append(("20 memories", {**base, "n": 20}))
     if "reminder" in FIELDS:  # its reminders pick the memories relevant to each message
         pairs.append(("20 memories + reminder", {**base, "n": 20, "reminder": True}))
