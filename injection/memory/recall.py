@@ -14,8 +14,6 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple
 
-import torch
-
 from injection.base import ExecutionRequest, MemoryItem
 from injection.memory.embed import HiddenStateEmbedder
 from injection.memory.plan import MemoryPlan, split_budget
@@ -97,12 +95,11 @@ class MemoryPlanner:
             return []
         emb = self.embedder
         sims = emb.embed(tenant, texts) @ emb.embed(tenant, [query])[0]
-        floor = torch.full_like(sims, self.options.min_similarity)
+        floor = self.options.min_similarity
         if stand_out and len(texts) >= Z_CANDIDATES:
-            floor = floor.clamp(min=float(sims.mean() + RELEVANT_MIN_Z * sims.std(
-                unbiased=False)))
+            floor = max(floor, float(sims.mean() + RELEVANT_MIN_Z * sims.std(correction=0)))
         order = sims.argsort(descending=True).tolist()[:top]
-        return sorted(i for i in order if float(sims[i]) >= float(floor[i]))
+        return sorted(i for i in order if float(sims[i]) >= floor)
 
     def evict(self, tenant: str) -> int:
         return self._embedder.evict(tenant) if self._embedder is not None else 0

@@ -19,9 +19,11 @@ memories and history, so the guide starts from the row's own prefix K/V and pref
 the un-reminded last turn. What is amplified is what re-stating the relevant memories
 next to the question changes.
 
-For one memory, the guide's input is what the same request renders without the member's
-memories: the tenant's instructions (their shared cached segment where they have one) and
-the same messages; its prefill is short where it is used (no deep history to repeat).
+For one memory, the guide's input is what the same request renders with nothing injected:
+the template's default system turn (cached once per tenant) and the same messages, so the
+tenant's instructions are amplified together with the memory and keep precedence
+(``GUIDE_KEEPS_INSTRUCTIONS`` keeps them in the guide instead, through their shared
+segment); its prefill is short where it is used (no deep history to repeat).
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ __all__ = ["plan_guide", "reminded_guide"]
 # A member with several memories: a turn with fewer exchanges before it than this is
 # guided against the same turn without its reminder (0: never). Measured on the memory
 # depth cases, 20 memories, depth 0: 12/20 against 9/20 unguided (tuning), 12/20 against
-# 8/20 (held-out); guiding at depth 8 too: 8/20 against 10/20 and 6/20 against 6/20.
+# 8/20 (held-out), before the reminder pick's stand-out rule (with it, guided: 11/20 and
+# 12/20); guiding at depth 8 too: 8/20 against 10/20 and 6/20 against 6/20.
 MANY_GUIDED_BEFORE = 2
 # One memory: whether the guide keeps the tenant's instructions (contrasting the memories
 # alone) or has nothing injected (contrasting the whole system turn, the tenant's
@@ -59,8 +62,9 @@ def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
     if strength <= 0.0:
         return None
     if remind.reminds_last(messages):
-        # several memories, a first turn, no tenant instructions (which the guide would
-        # not amplify: the memories would override them; measured, the docstring)
+        # several memories, a first turn, and no tenant instructions: both rows have them,
+        # so only the memories would be amplified, over the instructions (a precedence
+        # test failed with it: tests/injection/test_memory_instructions.py)
         early = sum(m["role"] == "user" for m in messages[:-1]) < MANY_GUIDED_BEFORE
         use = mem.many and early and not req.instructions and reminded is not None
         return reminded(strength) if use else None
