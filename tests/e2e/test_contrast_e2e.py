@@ -55,6 +55,32 @@ def test_request_then_tenant_then_model_default(live_server, gpu_worker, alice, 
     assert v1["kvinject"]["cache"]["contrast_effective"] == 2.0
 
 
+def test_several_memories_are_guided_on_first_turns_unless_the_tenant_has_instructions(
+        live_server, gpu_worker, alice, settings, demo_model_path):  # noqa: F811
+    """Memories from Postgres, instructions from the tenant: a member with several memories
+    is guided on a conversation's first turns (against the turn without its reminder),
+    never deeper, and never where the tenant has instructions (they keep precedence)."""
+    settings.MODEL_PATH = str(demo_model_path)
+    member, key = alice
+    for text in ("Reply in French.", "My dog is called Biscuit."):
+        actions.do_create_memory(member, text=text)
+    ask = {"message": "What should I cook?", "max_new_tokens": 4, "contrast": 1.0}
+    status, first = post(live_server.url, "/api/chat", key, ask)
+    assert status == 200, (first, gpu_worker.log_tail())
+    assert first["cache"]["contrast_effective"] == 1.0
+    conv, effective = first["conversation"], []
+    for message in ("And for dessert?", "And tomorrow?"):
+        status, body = post(live_server.url, "/api/chat", key,
+                            {**ask, "message": message, "conversation": conv})
+        assert status == 200, body
+        effective.append(body["cache"]["contrast_effective"])
+    assert effective == [1.0, 0.0]  # the second turn still guided, the third not
+    actions.do_set_tenant_instructions(Tenant.objects.get(pk=member.tenant_id),
+                                       "Always answer politely.")
+    status, ruled = post(live_server.url, "/api/chat", key, ask)
+    assert status == 200 and ruled["cache"]["contrast_effective"] == 0.0, ruled
+
+
 def test_the_playground_sends_and_shows_the_contrast(gpu_worker):
     from tests.tenants.conftest import admin_client, make_world
 
