@@ -193,16 +193,17 @@ class ModelAdapter(PreferenceModel):
 
         Exactly two host-to-device copies (``PackedKV.to``); keys unscaled. The
         cache never holds the cached PackedKV's storage (on CPU ``to()`` is a
-        no-op): values come from ``scaled_values`` (always new) and ``update``
-        concatenates keys into new tensors, which is checked, not assumed.
+        no-op): ``update`` concatenates into new tensors, which is checked, not
+        assumed; values are scaled into a new tensor only when ``alpha != 1`` (at 1
+        they were cloned first, a copy ``update`` makes anyway).
         """
         self._check_compatible(injected)
         on_device = injected.to(self.device, non_blocking=True)
-        values = on_device.scaled_values(alpha)
+        values = on_device.values if alpha == 1.0 else on_device.scaled_values(alpha)
         cache = DynamicCache(config=self._cache_config)
         for i in range(on_device.num_layers):
             cache.update(on_device.keys[i].unsqueeze(0), values[i].unsqueeze(0), i)
-        _unalias_keys(cache, injected.keys)
+        _unalias(cache, injected)
         return cache
 
     def _run_generate(
@@ -269,9 +270,12 @@ def _layer_kinds(cfg: Any) -> set[str]:
     return {"sliding_attention" if getattr(cfg, "sliding_window", None) else "full_attention"}
 
 
-def _unalias_keys(cache: DynamicCache, source: torch.Tensor) -> None:
-    """Give a layer its own key tensor should ``update`` ever keep the caller's storage."""
-    src = source.untyped_storage().data_ptr()
+def _unalias(cache: DynamicCache, source: PackedKV) -> None:
+    """Give a layer its own tensors should ``update`` ever keep the caller's storage."""
+    keys = source.keys.untyped_storage().data_ptr()
+    values = source.values.untyped_storage().data_ptr()
     for layer in cache.layers:
-        if layer.keys.untyped_storage().data_ptr() == src:
+        if layer.keys.untyped_storage().data_ptr() == keys:
             layer.keys = layer.keys.clone()
+        if layer.values.untyped_storage().data_ptr() == values:
+            layer.values = layer.values.clone()

@@ -44,19 +44,41 @@ def test_compute_kv_equals_the_models_own_cache(adapter, preference):
         assert torch.equal(layer.values[0].cpu(), kv.values[i])
 
 
-def test_build_cache_is_a_dynamic_cache_with_value_only_scaling(adapter, preference):
+@pytest.mark.parametrize("alpha", [0.4, 1.0])
+def test_build_cache_is_a_dynamic_cache_with_value_only_scaling(adapter, preference, alpha):
     kv = adapter.compute_kv(preference)
-    cache = adapter.build_cache(kv, 0.4)
+    cache = adapter.build_cache(kv, alpha)
     assert isinstance(cache, DynamicCache) and isinstance(cache, Cache)
     assert not isinstance(cache, tuple)
     assert len(cache.layers) == kv.num_layers
     assert cache.get_seq_length() == kv.num_tokens
     for i, layer in enumerate(cache.layers):
         assert torch.equal(layer.keys[0].cpu(), kv.keys[i])  # keys never scaled
-        torch.testing.assert_close(layer.values[0].cpu(), kv.values[i] * 0.4, rtol=0, atol=0)
+        torch.testing.assert_close(layer.values[0].cpu(), kv.values[i] * alpha, rtol=0, atol=0)
         # fresh storage: growing the cache can never write into the cached PackedKV
         assert layer.keys.data_ptr() != kv.keys[i].data_ptr()
         assert layer.values.data_ptr() != kv.values[i].data_ptr()
+
+
+def test_build_cache_copies_even_if_update_kept_the_callers_tensors(adapter, preference,
+                                                                   monkeypatch):
+    """Were ``DynamicLayer.update`` to keep the tensors it is given (no concatenation),
+    the cache would still never share the cached PackedKV's storage, at alpha 1 too."""
+    from transformers.cache_utils import DynamicLayer
+
+    def keep(self, key_states, value_states, *args, **kwargs):
+        self.lazy_initialization(key_states, value_states)
+        self.keys, self.values = key_states, value_states
+        return self.keys, self.values
+
+    monkeypatch.setattr(DynamicLayer, "update", keep)
+    kv = adapter.compute_kv(preference)
+    cache = adapter.build_cache(kv, 1.0)
+    storages = {kv.keys.untyped_storage().data_ptr(), kv.values.untyped_storage().data_ptr()}
+    for i, layer in enumerate(cache.layers):
+        assert layer.keys.untyped_storage().data_ptr() not in storages
+        assert layer.values.untyped_storage().data_ptr() not in storages
+        assert torch.equal(layer.values[0].cpu(), kv.values[i])
 
 
 @pytest.mark.parametrize("prompt", PROMPTS)
