@@ -229,7 +229,7 @@ class InjectionExecutor:
         head = chain.num_tokens
         self.turns.keep(plan, req, messages, text, out, head, chash, member_alpha)
         self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
-        reused = plan.cached.num_tokens if plan.cached is not None else 0
+        reused = done  # the conversation's cached tokens this turn continued
         prompt_tokens = head + len(out.prompt_token_ids)
         return ExecutionResult(
             text=text, tier=chain.tier, prompt_tokens=prompt_tokens,

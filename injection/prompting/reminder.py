@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = ["DEFAULT_AFTER", "DEFAULT_ON", "RELEVANT_TOP", "REMINDER_TOKENS", "Reminder",
-           "reminder_text", "standing", "with_reminders"]
+           "reminder_text", "standing", "turns_before", "with_reminders"]
 
 Message = dict[str, str]
 
@@ -111,8 +111,7 @@ class Reminder:
 
     def reminds_last(self, messages: Sequence[Message]) -> bool:
         """Whether the last user message of ``messages`` (as sent) gets a reminder."""
-        users = sum(m["role"] == "user" for m in messages[:-1])
-        return bool(self.text) and users >= self.after and bool(
+        return bool(self.text) and turns_before(messages) >= self.after and bool(
             self.text_for(str(messages[-1]["content"])))
 
     def apply(self, messages: Sequence[Message]) -> list[Message]:
@@ -147,6 +146,12 @@ class Reminder:
                 return picked[content]
         return cls(reminder_text(memories, count), after=after,
                    role=ROLE or _role(renderer), pick=pick, count=count)
+
+
+def turns_before(messages: Sequence[Message]) -> int:
+    """How many user turns come before the last message (the exchanges a reminder and
+    the several-memory guide count)."""
+    return sum(m["role"] == "user" for m in messages[:-1])
 
 
 def standing(text: str) -> bool:

@@ -1,8 +1,9 @@
 """Contrastive guidance: what the member's memories change, applied more strongly.
 
 A row may carry a *guide*: the same conversation with nothing injected, or for a member
-with several memories the same turn without its memory reminder (``plan.py``), prefilled with the row and decoded beside it in the
-batch, always fed the row's own tokens. The row's token is then chosen from
+with several memories the same turn without its memory reminder (``plan.py``),
+prefilled with the row and decoded beside it in the batch, always fed the row's own
+tokens. The row's token is then chosen from
 
     (1 + s) * log p(x | memories, conversation) - s * log p(x | conversation)
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from injection.base import ExecutionRequest
 from injection.engine.guidance.contrast import Guide, resolve
+from injection.prompting.reminder import turns_before
 from injection.prompting.template import compose_context
 
 __all__ = ["plan_guide", "reminded_guide"]
@@ -65,7 +66,7 @@ def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
         # several memories, a first turn, and no tenant instructions: both rows have them,
         # so only the memories would be amplified, over the instructions (a precedence
         # test failed with it: tests/injection/test_memory_instructions.py)
-        early = sum(m["role"] == "user" for m in messages[:-1]) < MANY_GUIDED_BEFORE
+        early = turns_before(messages) < MANY_GUIDED_BEFORE
         use = mem.many and early and not req.instructions and reminded is not None
         return reminded(strength) if use else None
     if mem.many:
