@@ -102,12 +102,15 @@ class Reminder:
                  count: Callable[[str], int] | None = None) -> None:
         self.text, self.after, self.role = text, int(after), role
         self.pick, self.count = pick, count  # ``pick``: the memories relevant to a message
+        self._texts: dict[str, str] = {}  # per message: fitting the history renders often
 
     def text_for(self, content: str) -> str:
         """The reminder before the user message ``content``."""
         if self.pick is None:
             return self.text
-        return reminder_text(self.pick(content), self.count)
+        if content not in self._texts:
+            self._texts[content] = reminder_text(self.pick(content), self.count)
+        return self._texts[content]
 
     def reminds_last(self, messages: Sequence[Message]) -> bool:
         """Whether the last user message of ``messages`` (as sent) gets a reminder."""
@@ -137,13 +140,10 @@ class Reminder:
             after = MANY_AFTER
         if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
             rest = [m for m in memories if not standing(m)]
-            picked: dict[str, list[str]] = {}  # per message: fitting renders many times
 
-            def pick(content: str) -> list[str]:
-                if content not in picked:
-                    chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
-                    picked[content] = [m for m in memories if standing(m) or m in chosen]
-                return picked[content]
+            def pick(content: str) -> list[str]:  # once per message (``text_for``)
+                chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
+                return [m for m in memories if standing(m) or m in chosen]
         return cls(reminder_text(memories, count), after=after,
                    role=ROLE or _role(renderer), pick=pick, count=count)
 

@@ -150,6 +150,11 @@ def test_with_several_memories_each_reminder_carries_the_standing_and_the_releva
     assert rem.after == reminder.MANY_AFTER == 0
     assert users == ["(Reply in French.)\n\nQuestion 0?", "(Reply in French.)\n\nQuestion 1?",
                      "(Reply in French. My cat is called Tom.)\n\nIs my cat hungry?"]
+    # fitting the history renders the turns many times: each message is picked once
+    assert rem.apply(msgs) == out and rem.reminds_last(msgs)
+    assert sorted(m for _, m, _ in asked) == sorted(
+        ["What is my cat called?", "Plan my weekend.", "Question 0?", "Question 1?",
+         "Is my cat hungry?"])
     # one memory: the memory itself, no pick
     one = ExecutionRequest("t", "u", _deep(3), PREF, reminder=True)
     single = Reminder.for_request(one, None, True, relevant)
