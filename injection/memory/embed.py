@@ -4,9 +4,9 @@ What and why: recall needs a similarity between a memory and the user's message.
 model hub is reachable and the embedded Postgres's pgvector (0.6.2 ships with pgserver
 and ``CREATE EXTENSION vector`` works) only stores and searches vectors: something still
 has to make them. The served model is already loaded in the worker, so it embeds: a
-forward pass over ``PREFIX + text`` that stops after the decoder layer a quarter of the
-way up (``n // 4``: 8 of SmolLM2's 30 layers; a forward hook raises once that layer's
-output exists, so the rest of the model never runs). The hidden states of the text's
+forward pass over ``PREFIX + text`` that stops after the decoder layer a fifth of the
+way up (``n // 5``: the 6th of SmolLM2's 30 layers; a forward hook raises once that
+layer's output exists, so the rest of the model never runs). The hidden states of the text's
 tokens (the prefix takes the first position, the attention sink whose huge norm would
 dominate a mean) are mean-pooled, standardised per dimension against a fixed set of
 neutral reference sentences (removes the large common direction of a decoder's states,
@@ -17,7 +17,10 @@ paid before the first token. The recipe used to concatenate this layer with the 
 one (a whole forward); on SmolLM2-135M (bench/bench_recall.py) the quarter-depth layer
 alone has one pick fewer of 12 on set A's top-3 and on set B's top-1, the rest the same
 (9-10/12), at 0.18x of the message's prefill instead of 0.79x on the CPU (docs/BENCHMARKS.md
-"Memory recall"). A model whose decoder layers are not found at
+"Memory recall"). Layer 6 then costs 0.7x of layer 8's forward, with the same 20-memory
+reminder picks and adherence on the memory-depth cases and recall within a pick of it
+(a sweep over layers 2-8, docs/BENCHMARKS.md; layer 5 lost two top-1 picks of 12 on the
+held-out recall set). A model whose decoder layers are not found at
 ``model.get_decoder().layers`` runs whole and reads ``hidden_states`` (same vector).
 
 The vectors live in this process, not in Postgres: a member has tens of memories, so a
@@ -64,7 +67,8 @@ class HiddenStateEmbedder:
         self.adapter = adapter
         self.max_entries = max(1, int(max_entries))
         n = int(getattr(adapter, "num_layers", 0) or adapter.model.config.num_hidden_layers)
-        self.layer = n // 4 + 1  # index into hidden_states (0 = embeddings): layer n//4's output
+        # index into hidden_states (0 = embeddings, k = decoder layer k's output)
+        self.layer = max(1, n // 5)
         self._cache: OrderedDict[tuple[str, str, str], torch.Tensor] = OrderedDict()
         self._lock = threading.Lock()
         self._ref: tuple[torch.Tensor, torch.Tensor] | None = None

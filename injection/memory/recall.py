@@ -28,7 +28,8 @@ MAX_CANDIDATES = 512  # a member's memories are bounded by the platform far belo
 # question can outweigh the tenant's instructions ("I am learning Spanish." turned a
 # reply Spanish). On bench/memory_cases.py's 20-memory lists, every pick of the case's
 # own memory had z >= 2.05, and 6 of 35 other top-2 picks were over 2 (22 over the
-# cosine floor alone); chosen looking at both case sets.
+# cosine floor alone); chosen looking at both case sets, with layer 8's embedding (layer
+# 6's, the default since, keeps the case's memory in the same 21 of 28 picks).
 RELEVANT_MIN_Z = 2.0
 Z_CANDIDATES = 5
 

@@ -17,6 +17,7 @@ from injection.engine.batch import BatchEngine
 from injection.engine.guidance.contrast import PLAUSIBLE, Guide, combine
 from injection.errors import InvalidRequest
 from injection.metrics import Metrics
+from injection.prompting.output_filter import clean_reply
 from tests.injection.test_batch import _in_threads
 from tests.injection.test_batch_faults import _Faulty, _gate_until_queued, _with_model
 
@@ -26,6 +27,14 @@ QUESTION = [{"role": "user", "content": "What should I cook tonight?"}]
 
 def _ids(adapter, context: str, messages=QUESTION) -> list[int]:
     return adapter.renderer.encode(adapter.plain_prompt(context, messages), first=True)
+
+
+def client_text(adapter, ids: list[int]) -> str:
+    """``ids`` decoded as a client gets a reply (the executor's output filter applied: a
+    random model's reply may hold control characters)."""
+    text, _ = clean_reply(adapter.tokenizer.decode(ids, skip_special_tokens=True),
+                          lambda *_: None)
+    return text.strip()
 
 
 def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[int]:
@@ -181,7 +190,7 @@ def test_the_executor_guides_against_the_conversation_without_the_memory(adapter
         ex.close()
     assert res.contrast_effective == 1.0 and cold.text == res.text
     want = reference(adapter, _ids(adapter, MEMORY), _ids(adapter, ""), 12, 1.0)
-    assert adapter.tokenizer.decode(want, skip_special_tokens=True).strip() == res.text.strip()
+    assert client_text(adapter, want) == res.text.strip()
     assert none.contrast_effective == 0.0  # nothing personal: no guide
 
 
@@ -205,7 +214,7 @@ def test_the_guide_has_nothing_injected_unless_it_keeps_the_instructions(
     want = reference(adapter, _ids(adapter, compose_context(rules, MEMORY)),
                      _ids(adapter, compose_context(rules if keeps else "", "")), 12, 1.0)
     assert res.contrast_effective == 1.0
-    assert adapter.tokenizer.decode(want, skip_special_tokens=True).strip() == res.text.strip()
+    assert client_text(adapter, want) == res.text.strip()
 
 
 def test_reminded_turns_are_not_guided(adapter):

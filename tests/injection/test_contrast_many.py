@@ -16,7 +16,14 @@ from injection.engine.guidance import plan as guide_plan
 from injection.metrics import Metrics
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import compose_context
-from tests.injection.test_contrast import QUESTION, _executor, _history, _ids, reference
+from tests.injection.test_contrast import (
+    QUESTION,
+    _executor,
+    _history,
+    _ids,
+    client_text,
+    reference,
+)
 
 MEMS = tuple(MemoryItem(str(i), t) for i, t in enumerate([
     "Reply in French.", "I am vegetarian and I never eat fish.", "My dog is called Biscuit.",
@@ -49,7 +56,7 @@ def test_an_early_turn_with_several_memories_is_guided_without_its_reminder(
         ex.close()
     assert res.contrast_effective == 1.0
     want = reference(adapter, with_ids, without_ids, 12, 1.0)
-    assert adapter.tokenizer.decode(want, skip_special_tokens=True).strip() == res.text.strip()
+    assert client_text(adapter, want) == res.text.strip()
 
 
 def test_deeper_turns_and_strength_zero_are_not_guided(adapter):
@@ -85,4 +92,4 @@ def test_a_guided_turn_continuing_its_cached_conversation_shares_the_rows_prefix
         ex.close()
     assert res.reused_tokens > 0 and res.contrast_effective == 1.0
     want = reference(adapter, with_ids, without_ids, 12, 1.0)
-    assert adapter.tokenizer.decode(want, skip_special_tokens=True).strip() == res.text.strip()
+    assert client_text(adapter, want) == res.text.strip()
