@@ -211,8 +211,11 @@ def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps:
     """Median TTFT per condition and mode: max_new_tokens=1, segments in L1, interleaved.
 
     ``cold``: one request with the whole history (prefilled); ``warm``: the conversation's
-    link is cached (the previous turn ran, as in a live chat): only the last assistant
-    reply, the new turn (and its reminder) are prefilled."""
+    link is cached up to the previous user turn (the previous turn ran, its reply is the
+    pre-written one): the last assistant reply, the new turn (and its reminder) are
+    prefilled; ``live``: the previous turn generated its reply (``LIVE_REPLY_TOKENS``),
+    which the client sends back, as in a live chat: only the new turn (and its reminder)
+    is prefilled."""
     times: dict[tuple[str, str], list[float]] = {}
     for i, case in enumerate(cases):
         conv = conversation(case, depth)
@@ -234,7 +237,26 @@ def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps:
                 res = runner.ex.execute(req)
                 assert res.reused_tokens > 0, "the warm turn did not continue its conversation"
                 times.setdefault((name, "warm"), []).append(res.ttft_ms)
+                times.setdefault((name, "live"), []).append(live(runner, i, case, depth, cond,
+                                                                 f"{cid}-live", conv))
     return {k: statistics.median(v) for k, v in times.items()}
+
+
+LIVE_REPLY_TOKENS = 24
+
+
+def live(runner: Runner, i: int, case, depth: int, cond: dict, cid: str, conv) -> float:
+    """TTFT of the last turn after a previous turn that generated the reply it is sent."""
+    prev = runner.ex.execute(runner.request("ttft", i, case, depth, cond, LIVE_REPLY_TOKENS,
+                                            messages=conv[:-2], reuse_conversation=True,
+                                            conversation_id=cid))
+    msgs = [*conv[:-2], {"role": "assistant", "content": prev.text}, conv[-1]]
+    req = runner.request("ttft", i, case, depth, cond, 1, messages=msgs,
+                         reuse_conversation=True, conversation_id=cid)
+    forget(runner, conv[-1]["content"])
+    res = runner.ex.execute(req)
+    assert res.reused_tokens > prev.prompt_tokens - prev.kv_tokens, "the reply was not reused"
+    return res.ttft_ms
 
 
 def adherence_table(results, sets, depths, conds) -> str:
@@ -306,6 +328,9 @@ def main() -> None:
     ap.add_argument("--emphasis-decode", type=float, default=None,
                     help="override: share of the emphasis the model's own tokens get "
                          "(emphasis.GENERATED_SCALE; 0: what people wrote only)")
+    ap.add_argument("--embed-layer", type=int, default=None,
+                    help="override: the decoder layer whose output the recall and reminder "
+                         "embedding pools (memory/embed.py)")
     args = ap.parse_args()
     torch.manual_seed(0)
     from injection.prompting import reminder
@@ -339,6 +364,8 @@ def main() -> None:
     sets = [(s, all_sets[s][: args.cases or None]) for s in args.sets.split(",")]
     depths = [int(d) for d in args.depths.split(",")]
     runner = Runner(adapter, args.workers, args.segment_tokens)
+    if args.embed_layer is not None:
+        runner.ex.memories.embedder.layer = args.embed_layer
     n = sum(len(c) for _, c in sets) * len(depths) * len(conds)
     print(f"{n} replies ({len(conds)} conditions x depths {depths}), greedy, "
           f"{MAX_NEW_TOKENS} tokens", flush=True)
@@ -395,17 +422,20 @@ def ttft_section(runner: Runner, conds, sets, depths, args) -> list[str]:
     rows = []
     for name, _ in pairs:
         row = [name]
-        for mode in ("warm", "cold"):
+        for mode in ("live", "warm", "cold"):
             ms = med.get((name, mode))
             row += ([f"{ms:.1f}", f"{ms / med[('platform', mode)]:.2f}x"] if ms is not None
                     else ["-", "-"])
         rows.append(row)
     return ["", f"Time to first token at depth {deep}, segments in L1 (median of {len(cases)} "
-            f"cases x {args.ttft_reps}, one max_new_tokens=1 request, interleaved). Warm: the "
-            "conversation's K/V is cached from its previous turn (a live chat); cold: the "
-            "whole history arrives in one request and is prefilled:",
-            "", table(["condition", "warm ms", "warm vs platform", "cold ms",
-                       "cold vs platform"], rows)]
+            f"cases x {args.ttft_reps}, one max_new_tokens=1 request, interleaved). Live: "
+            f"the previous turn generated its reply ({LIVE_REPLY_TOKENS} tokens at most), "
+            "which comes back with the new message, so only the new turn is prefilled; "
+            "warm: the conversation's K/V is cached up to the previous user turn and the "
+            "pre-written reply is prefilled with the new turn; cold: the whole history "
+            "arrives in one request and is prefilled:",
+            "", table(["condition", "live ms", "live vs platform", "warm ms",
+                       "warm vs platform", "cold ms", "cold vs platform"], rows)]
 
 
 if __name__ == "__main__":
