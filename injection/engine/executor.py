@@ -39,6 +39,7 @@ from injection.memory.recall import MemoryPlanner, RecallOptions
 from injection.metrics import METRICS, Metrics
 from injection.prompting.emphasis_spans import emphasis_for
 from injection.prompting.history import fit_history
+from injection.prompting.opening import next_opening
 from injection.prompting.output_filter import clean_reply
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import compose_context
@@ -169,6 +170,7 @@ class InjectionExecutor:
 
     def close(self) -> None:
         """Finish pending L2 writes and stop tier threads (worker shutdown)."""
+        self.turns.close()  # the openings being prefilled finish first: they need the engine
         self.engine.close() if self.engine is not None else None
         for store in (self.l2, self.l1):
             close = getattr(store, "close", None)
@@ -227,7 +229,8 @@ class InjectionExecutor:
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = clean_reply(out.text, self.metrics.incr)
         head = chain.num_tokens
-        self.turns.keep(plan, req, messages, text, out, head, chash, member_alpha)
+        self.turns.keep(plan, req, messages, text, out, head, chash, member_alpha, opening=partial(
+            next_opening, self.adapter.plain_prompt, context, messages, text, remind))
         self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
         reused = done  # the conversation's cached tokens this turn continued
         prompt_tokens = head + len(out.prompt_token_ids)

@@ -4,12 +4,15 @@ the batch engine that continues the conversation's cached link and keeps the nex
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple
 
 import torch
 
 from injection.base import CacheKey, ExecutionRequest
-from injection.kvcache.conversation import ConversationStore, messages_hash
+from injection.kvcache.conversation import ConversationStore, common_prefix, messages_hash
 from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
 from injection.prompting.emphasis_spans import reply_spans
@@ -17,6 +20,13 @@ from injection.prompting.emphasis_spans import reply_spans
 __all__ = ["TurnGenerator", "TurnPlan", "join"]
 
 log = logging.getLogger(__name__)
+
+# After a reply, prefill the next turn's opening (the reply, the next user header and a
+# fixed reminder: ``prompting/opening.py``) onto the conversation's link in the background,
+# so the next turn prefills only its message; at most this many turns wait for it.
+PREFILL_OPENING = True
+MAX_PENDING_OPENINGS = 8
+OPENING_PROBES = ("Hello", "what", "1", " (")  # unlike starts of a next message
 
 
 class TurnPlan(NamedTuple):
@@ -42,6 +52,10 @@ def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
 class TurnGenerator:
     def __init__(self, adapter: Any, engine: Any, store: ConversationStore) -> None:
         self.adapter, self.engine, self.store = adapter, engine, store
+        self._lock = threading.Lock()  # a turn's link and a late opening never cross
+        self._pending: set[Future] = set()
+        self._openings: ThreadPoolExecutor | None = None
+        self._closed = False
 
     def plan(self, req: ExecutionRequest, messages: list[dict[str, str]], prompt: str,
              chash: str, alpha: float, *, injected: bool, emphasis: float = 0.0) -> TurnPlan:
@@ -96,18 +110,21 @@ class TurnGenerator:
         return tuple((base + s, base + e) for s, e in found if e > done)
 
     def keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
-             reply: str, out: Any, head: int, chash: str, alpha: float) -> None:
+             reply: str, out: Any, head: int, chash: str, alpha: float,
+             opening: Callable[[], str | None] | None = None) -> None:
         """Store the turn's link (what follows the ``head`` injected tokens) under the key
-        the next turn looks up. Bookkeeping after the reply is final: a failure here costs
-        the next turn's reuse, never this reply."""
+        the next turn looks up; ``opening()``: the next turn's text before its message,
+        prefilled onto the link in the background. Bookkeeping after the reply is final:
+        a failure here costs the next turn's reuse, never this reply."""
         try:
-            self._keep(plan, req, messages, reply, out, head, chash, alpha)
+            self._keep(plan, req, messages, reply, out, head, chash, alpha, opening)
         except Exception as exc:
             self.store.metrics.incr("conv_keep_errors")
             log.warning("conversation link not kept (%s)", type(exc).__name__)
 
     def _keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
-              reply: str, out: Any, head: int, chash: str, alpha: float) -> None:
+              reply: str, out: Any, head: int, chash: str, alpha: float,
+              opening: Callable[[], str | None] | None) -> None:
         seq = out.sequence_kv
         if plan.key is None or not plan.admitted or seq is None:
             return
@@ -116,7 +133,66 @@ class TurnGenerator:
             req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
             chash, alpha, plan.emphasis)
         link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
-        self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
+        with self._lock:
+            self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
+        if opening is not None and PREFILL_OPENING and self.engine is not None and not (
+                plan.emphasis or plan.prompt_ids is None):
+            self._submit(nxt, plan.prompt, seq, head, opening)
+
+    # -- the next turn's opening, prefilled ahead ---------------------------------------
+    def _submit(self, key: CacheKey, prompt: str, seq: PackedKV, head: int,
+                opening: Callable[[], str | None]) -> None:
+        with self._lock:
+            self._pending = {f for f in self._pending if not f.done()}
+            if self._closed or len(self._pending) >= MAX_PENDING_OPENINGS:
+                self.store.metrics.incr("conv_opening_skipped")
+                return
+            if self._openings is None:
+                self._openings = ThreadPoolExecutor(1, thread_name_prefix="kv-opening")
+            self._pending.add(self._openings.submit(self._open, key, prompt, seq, head, opening))
+
+    def _open(self, key: CacheKey, prompt: str, seq: PackedKV, head: int,
+              opening: Callable[[], str | None]) -> None:
+        """Prefill the opening after ``seq``; the longer link replaces the turn's in L1
+        while that is still the one stored. Best effort: a failure costs the reuse."""
+        try:
+            text = opening()
+            ids = self._opening_ids(prompt, text, seq.token_ids[head:]) if text else []
+            if not ids:
+                return
+            kv = self.engine.run(seq, 1.0, ids, 1, keep_kv=True).sequence_kv
+            if kv is None or kv.num_tokens != seq.num_tokens + len(ids):
+                return
+            link = PackedKV(kv.keys[:, :, head:], kv.values[:, :, head:], kv.token_ids[head:])
+            with self._lock:
+                self.store.extend(key, seq.token_ids[head:], link)
+        except Exception as exc:
+            self.store.metrics.incr("conv_opening_errors")
+            log.warning("next turn's opening not prefilled (%s)", type(exc).__name__)
+
+    def _opening_ids(self, prompt: str, text: str, link_ids: tuple[int, ...]) -> list[int]:
+        """The opening's token ids after the link's: those the next turn tokenises the same
+        whatever its message (the common prefix over a few unlike ones: "\n\n" alone is
+        one token, before a word two); [] where the link is not their prefix."""
+        encode, n = self.adapter.renderer.encode, len(link_ids)
+        first, *rest = [encode(prompt + text + m, first=False) for m in OPENING_PROBES]
+        ids = first[:min(common_prefix(first, other) for other in rest)]
+        if len(ids) <= n or tuple(ids[:n]) != tuple(link_ids):
+            return []
+        return ids[n:]
+
+    def drain(self) -> None:
+        """Wait for the openings being prefilled (a member reading the reply, in tests)."""
+        with self._lock:
+            pending = list(self._pending)
+        for f in pending:
+            f.result()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        if self._openings is not None:
+            self._openings.shutdown(wait=True, cancel_futures=True)
 
     def _key(self, req: ExecutionRequest, user: str, ident: str, chash: str,
              alpha: float, emphasis: float = 0.0) -> CacheKey:

@@ -112,6 +112,14 @@ class Reminder:
             self._texts[content] = reminder_text(self.pick(content), self.count)
         return self._texts[content]
 
+    def next_text(self, messages: Sequence[Message]) -> str:
+        """The reminder before the user message that will follow ``messages`` (and a
+        reply) where it does not depend on that message; '' where there is none, or it is
+        picked per message."""
+        if not self.text or self.pick is not None:
+            return ""
+        return self.text if sum(m["role"] == "user" for m in messages) >= self.after else ""
+
     def reminds_last(self, messages: Sequence[Message]) -> bool:
         """Whether the last user message of ``messages`` (as sent) gets a reminder."""
         return bool(self.text) and turns_before(messages) >= self.after and bool(

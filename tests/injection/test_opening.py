@@ -1,0 +1,109 @@
+"""The next turn's opening prefilled after a reply (engine/turns.py, prompting/opening.py):
+a live chat's next turn reuses the reply, the next user header and a fixed reminder, and
+answers exactly as it does without it; a late opening never replaces a newer link."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from injection import build_executor, load_adapter
+from injection.base import CacheKey, ExecutionRequest, MemoryItem
+from injection.engine import turns
+from injection.kvcache.packed import PackedKV
+from injection.metrics import Metrics
+from injection.prompting.opening import PROBE, next_opening
+from injection.prompting.reminder import Reminder
+
+QUESTIONS = ["What should I cook tonight?", "And for dessert?", "Which drink goes with it?",
+             "How long will it all take?"]
+PREF = "I am vegetarian."
+
+
+@pytest.fixture(scope="module")
+def smollm(real_model_path):
+    return load_adapter(real_model_path, device="cpu")
+
+
+def _chat(ex, *, drain: bool, conversation_id: str | None, **kw):
+    """A live chat: each reply goes back with the next message."""
+    history, results = [], []
+    for q in QUESTIONS:
+        msgs = [*history, {"role": "user", "content": q}]
+        res = ex.execute(ExecutionRequest("t1", "u1", msgs, PREF, max_new_tokens=8,
+                                          reuse_conversation=True,
+                                          conversation_id=conversation_id, **kw))
+        if drain:
+            ex.turns.drain()  # the member reads the reply
+        results.append(res)
+        history += [{"role": "user", "content": q}, {"role": "assistant", "content": res.text}]
+    return results
+
+
+@pytest.mark.real_model  # the replies must come back token for token (a random model's do not)
+@pytest.mark.parametrize("conversation_id", ["c1", None])  # /api/chat's id; /v1's hash chain
+def test_the_next_turn_reuses_its_opening_and_answers_the_same(smollm, monkeypatch,
+                                                                conversation_id):
+    monkeypatch.setattr(turns, "PREFILL_OPENING", False)
+    off = build_executor(smollm, batch_max=4, metrics=Metrics())
+    try:
+        want = _chat(off, drain=False, conversation_id=conversation_id, reminder=True)
+    finally:
+        off.close()
+    monkeypatch.setattr(turns, "PREFILL_OPENING", True)
+    on = build_executor(smollm, batch_max=4, metrics=Metrics())
+    try:
+        got = _chat(on, drain=True, conversation_id=conversation_id, reminder=True)
+        extended = on.metrics.snapshot()["counters"].get("conv_extended", 0)
+    finally:
+        on.close()
+    assert [r.text for r in got] == [r.text for r in want]
+    assert [r.prompt_tokens for r in got] == [r.prompt_tokens for r in want]
+    # the first turn is not kept (no history); every later one is extended
+    assert extended == len(QUESTIONS) - 1
+    # from the third turn: its opening (the reply's end, the header and the reminder) was
+    # prefilled ahead, so more of the prompt is reused than the link alone gave
+    gained = [g.reused_tokens - w.reused_tokens for g, w in zip(got, want, strict=True)]
+    assert gained[:2] == [0, 0] and all(n > 0 for n in gained[2:])
+    assert all(g.cached_tokens > w.cached_tokens for g, w in zip(got[2:], want[2:], strict=True))
+
+
+def test_the_opening_text_is_the_reply_the_header_and_a_fixed_reminder(adapter):
+    plain = adapter.plain_prompt
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."},
+            {"role": "user", "content": "Cook?"}]
+    one = Reminder.for_request(ExecutionRequest("t", "u", msgs, PREF, reminder=True),
+                               adapter.renderer, True)
+    text = next_opening(plain, PREF, one.apply(msgs), "Pasta.", one)
+    nxt = one.apply([*msgs, {"role": "assistant", "content": "Pasta."},
+                     {"role": "user", "content": PROBE}])
+    assert plain(PREF, one.apply(msgs)) + text + PROBE + plain(PREF, nxt).split(PROBE)[1] == \
+        plain(PREF, nxt)
+    assert text.startswith("Pasta.") and text.endswith(f"({PREF})\n\n")
+    # before the reminder's depth, and for a reminder picked per message: no reminder
+    early = next_opening(plain, PREF, msgs[:1], "Hello.", one)
+    assert early.startswith("Hello.") and PREF not in early
+    many = (MemoryItem("a", "I have a cat."), MemoryItem("b", "I live in Oslo."))
+    req = ExecutionRequest("t", "u", msgs, memories=many, reminder=True)
+    picked = Reminder.for_request(req, adapter.renderer, True, lambda texts, m, top: texts)
+    assert picked.next_text(msgs) == "" and one.next_text(msgs) == PREF
+
+
+def test_a_late_opening_never_replaces_a_newer_link(adapter):
+    ex = build_executor(adapter, batch_max=4, metrics=Metrics())
+    try:
+        store = ex.conversations
+        key = CacheKey("t1", "u1", "conv-x", adapter.fingerprint)
+        keys, values = torch.randn(2, 2, 6, 4), torch.randn(2, 2, 6, 4)  # [L, H, T, D]
+        kv = PackedKV(keys, values, (1, 2, 3, 4, 9, 9))
+        base = PackedKV(kv.keys[:, :, :4], kv.values[:, :, :4], (1, 2, 3, 4))
+        newer = PackedKV(kv.keys[:, :, :5], kv.values[:, :, :5], (1, 2, 3, 4, 5))
+        longer = PackedKV(kv.keys, kv.values, (1, 2, 3, 4, 9, 9))
+        store.keep(key, newer)  # the next turn stored its link first
+        assert not store.extend(key, base.token_ids, longer)
+        assert tuple(store.l1.get(key).token_ids) == (1, 2, 3, 4, 5)
+        store.keep(key, base)
+        assert store.extend(key, base.token_ids, longer)
+        assert tuple(store.l1.get(key).token_ids) == (1, 2, 3, 4, 9, 9)
+    finally:
+        ex.close()
