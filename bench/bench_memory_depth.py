@@ -220,21 +220,22 @@ def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps:
     for i, case in enumerate(cases):
         conv = conversation(case, depth)
         for _name, cond in pairs:
-            runner.run(runner.request("ttft", i, case, depth, cond, 1))  # segments into L1
+            settled(runner, runner.request("ttft", i, case, depth, cond, 1))  # segments into L1
         for rep in range(reps):
             for name, cond in pairs:
                 req = runner.request("ttft", i, case, depth, cond, 1)
                 forget(runner, conv[-1]["content"])
-                times.setdefault((name, "cold"), []).append(runner.ex.execute(req).ttft_ms)
+                times.setdefault((name, "cold"), []).append(settled(runner, req).ttft_ms)
                 if depth < 2:  # a first turn (one-shot) is not kept: nothing to continue
                     continue
                 cid = f"c{i}-{rep}-{name}"
-                runner.run(runner.request("ttft", i, case, depth, cond, 1, messages=conv[:-2],
-                                          reuse_conversation=True, conversation_id=cid))
+                settled(runner, runner.request("ttft", i, case, depth, cond, 1,
+                                               messages=conv[:-2], reuse_conversation=True,
+                                               conversation_id=cid))
                 req = runner.request("ttft", i, case, depth, cond, 1, reuse_conversation=True,
                                      conversation_id=cid)
                 forget(runner, conv[-1]["content"])
-                res = runner.ex.execute(req)
+                res = settled(runner, req)
                 assert res.reused_tokens > 0, "the warm turn did not continue its conversation"
                 times.setdefault((name, "warm"), []).append(res.ttft_ms)
                 times.setdefault((name, "live"), []).append(live(runner, i, case, depth, cond,
@@ -245,16 +246,24 @@ def ttft(runner: Runner, cases, depth: int, pairs: list[tuple[str, dict]], reps:
 LIVE_REPLY_TOKENS = 24
 
 
+def settled(runner: Runner, req: ExecutionRequest):
+    """``execute``, then wait for its background work (the next turn's opening,
+    engine/turns.py): the member reads the reply, and no timed request runs beside it."""
+    res = runner.ex.execute(req)
+    runner.ex.turns.drain()
+    return res
+
+
 def live(runner: Runner, i: int, case, depth: int, cond: dict, cid: str, conv) -> float:
     """TTFT of the last turn after a previous turn that generated the reply it is sent."""
-    prev = runner.ex.execute(runner.request("ttft", i, case, depth, cond, LIVE_REPLY_TOKENS,
-                                            messages=conv[:-2], reuse_conversation=True,
-                                            conversation_id=cid))
+    prev = settled(runner, runner.request("ttft", i, case, depth, cond, LIVE_REPLY_TOKENS,
+                                          messages=conv[:-2], reuse_conversation=True,
+                                          conversation_id=cid))
     msgs = [*conv[:-2], {"role": "assistant", "content": prev.text}, conv[-1]]
     req = runner.request("ttft", i, case, depth, cond, 1, messages=msgs,
                          reuse_conversation=True, conversation_id=cid)
     forget(runner, conv[-1]["content"])
-    res = runner.ex.execute(req)
+    res = settled(runner, req)
     assert res.reused_tokens > prev.prompt_tokens - prev.kv_tokens, "the reply was not reused"
     return res.ttft_ms
 
@@ -331,8 +340,15 @@ def main() -> None:
     ap.add_argument("--embed-layer", type=int, default=None,
                     help="override: the decoder layer whose output the recall and reminder "
                          "embedding pools (memory/embed.py)")
+    ap.add_argument("--no-opening", action="store_true",
+                    help="do not prefill the next turn's opening after a reply "
+                         "(engine/turns.py PREFILL_OPENING)")
     args = ap.parse_args()
     torch.manual_seed(0)
+    if args.no_opening:
+        from injection.engine import turns
+
+        turns.PREFILL_OPENING = False
     from injection.prompting import reminder
 
     reminder.ROLE = args.reminder_role or reminder.ROLE
