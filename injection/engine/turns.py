@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
 
 # After a reply, prefill the next turn's opening (the reply, the next user header and a
 # fixed reminder: ``prompting/opening.py``) onto the conversation's link in the background,
-# so the next turn prefills only its message; at most this many turns wait for it.
+# so the next turn prefills only its message; at most this many turns wait for it. Only
+# while the engine has nothing else to do: measured back to back (bench/bench_opening_load.py,
+# 4 chats), openings run beside other rows cost 0.90x tokens/s and 1.48x TTFT (the next turn
+# mostly arriving before its opening was ready); idle-only, 1.01x and 0.93-1.06x.
 PREFILL_OPENING = True
 MAX_PENDING_OPENINGS = 8
 OPENING_PROBES = ("Hello", "what", "1", " (")  # unlike starts of a next message
@@ -156,6 +159,9 @@ class TurnGenerator:
         """Prefill the opening after ``seq``; the longer link replaces the turn's in L1
         while that is still the one stored. Best effort: a failure costs the reuse."""
         try:
+            if not (self._idle() and self.store.holds(key, seq.token_ids[head:])):
+                self.store.metrics.incr("conv_opening_skipped")  # busy, or the chat moved on
+                return
             text = opening()
             ids = self._opening_ids(prompt, text, seq.token_ids[head:]) if text else []
             if not ids:
@@ -169,6 +175,10 @@ class TurnGenerator:
         except Exception as exc:
             self.store.metrics.incr("conv_opening_errors")
             log.warning("next turn's opening not prefilled (%s)", type(exc).__name__)
+
+    def _idle(self) -> bool:
+        stats = self.engine.stats()
+        return not stats.get("active") and not stats.get("waiting")
 
     def _opening_ids(self, prompt: str, text: str, link_ids: tuple[int, ...]) -> list[int]:
         """The opening's token ids after the link's: those the next turn tokenises the same

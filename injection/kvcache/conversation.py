@@ -123,15 +123,17 @@ class ConversationStore:
         """Put ``kv``, a continuation of the link ``base_ids`` (the next turn's opening
         prefilled ahead, ``turns.py``), in L1 under ``key`` while that link is still the
         one there; Redis keeps the link as the turn stored it."""
-        if not self.enabled or kv.nbytes > self.max_bytes:
-            return False
-        current = self._call("l1", self.l1, "get", key)
-        if current is None or tuple(current.token_ids) != tuple(base_ids):
+        if kv.nbytes > self.max_bytes or not self.holds(key, base_ids):
             return False
         assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
         stored = bool(self._call("l1", self.l1, "put", key, kv))
         self.metrics.incr("conv_extended" if stored else "conv_extend_refused")
         return stored
+
+    def holds(self, key: CacheKey, token_ids: tuple[int, ...] | list[int]) -> bool:
+        """Whether L1's link under ``key`` is the one of ``token_ids``."""
+        current = self._call("l1", self.l1, "get", key) if self.enabled else None
+        return current is not None and tuple(current.token_ids) == tuple(token_ids)
 
     def drop_stale(self, old: CacheKey, new: CacheKey, tokens: int, digest: str) -> int:
         """Another worker replaced ``old`` with a link of ``tokens`` tokens (``digest``):

@@ -4,16 +4,20 @@ answers exactly as it does without it; a late opening never replaces a newer lin
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 
-from injection import build_executor, load_adapter
+from injection import InjectionExecutor, TenantLRU, build_executor, load_adapter
 from injection.base import CacheKey, ExecutionRequest, MemoryItem
 from injection.engine import turns
+from injection.engine.batch import BatchEngine
 from injection.kvcache.packed import PackedKV
 from injection.metrics import Metrics
 from injection.prompting.opening import PROBE, next_opening
 from injection.prompting.reminder import Reminder
+from tests.injection.test_batch_faults import _Faulty, _until, _with_model
 
 QUESTIONS = ["What should I cook tonight?", "And for dessert?", "Which drink goes with it?",
              "How long will it all take?"]
@@ -106,4 +110,49 @@ def test_a_late_opening_never_replaces_a_newer_link(adapter):
         assert store.extend(key, base.token_ids, longer)
         assert tuple(store.l1.get(key).token_ids) == (1, 2, 3, 4, 9, 9)
     finally:
+        ex.close()
+
+
+def test_an_opening_waits_for_an_idle_engine(adapter):
+    """While another row runs, the opening is skipped (it would delay that row and mostly
+    come too late: bench/bench_opening_load.py); once the engine is idle it is prefilled."""
+    release, hold = threading.Event(), threading.Event()
+
+    def before(_call, kw):  # a held row: its decoding steps wait while ``hold`` is set
+        if hold.is_set() and kw["input_ids"].shape[1] == 1:
+            release.wait()
+
+    eng_adapter = _with_model(adapter, _Faulty(adapter.model, before))
+    ex = InjectionExecutor(eng_adapter, l1=TenantLRU(max_bytes=64 * 1024**2), l2=None,
+                           metrics=Metrics(), engine=BatchEngine(eng_adapter, max_batch=4),
+                           conversation_max_bytes=64 * 1024**2)
+    key = CacheKey("t1", "u1", "conv-y", adapter.fingerprint)
+    seq = ex.engine.run(None, 1.0, adapter.renderer.encode("Hi there", first=False), 1,
+                        keep_kv=True).sequence_kv
+    ex.conversations.keep(key, seq)
+    opening = lambda: " and more"  # noqa: E731 - the text after the prompt
+    try:
+        hold.set()
+        busy = threading.Thread(target=ex.engine.run, args=(None, 1.0, [1, 2, 3], 4))
+        busy.start()
+        _until(lambda: ex.engine.stats()["active"] == 1, "a row running")
+        first = threading.Thread(target=ex.turns._open, args=(key, "Hi there", seq, 0, opening))
+        first.start()
+
+        def skipped() -> int:
+            return ex.metrics.snapshot()["counters"].get("conv_opening_skipped", 0)
+
+        # skipped, or (wrongly) queued behind the running row
+        _until(lambda: skipped() or ex.engine.stats()["waiting"], "the opening decided")
+        assert skipped() == 1 and ex.engine.stats()["waiting"] == 0
+        hold.clear()
+        release.set()
+        busy.join()
+        first.join()
+        assert not ex.metrics.snapshot()["counters"].get("conv_extended")
+        ex.turns._open(key, "Hi there", seq, 0, opening)
+        assert ex.metrics.snapshot()["counters"].get("conv_extended") == 1
+        assert ex.conversations.l1.get(key).num_tokens > seq.num_tokens
+    finally:
+        release.set()
         ex.close()
