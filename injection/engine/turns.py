@@ -55,7 +55,7 @@ def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
 class TurnGenerator:
     def __init__(self, adapter: Any, engine: Any, store: ConversationStore) -> None:
         self.adapter, self.engine, self.store = adapter, engine, store
-        self._lock = threading.Lock()  # a turn's link and a late opening never cross
+        self._lock = threading.Lock()  # the openings waiting, and closing
         self._pending: set[Future] = set()
         self._openings: ThreadPoolExecutor | None = None
         self._closed = False
@@ -136,8 +136,7 @@ class TurnGenerator:
             req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
             chash, alpha, plan.emphasis)
         link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
-        with self._lock:
-            self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
+        self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
         if opening is not None and PREFILL_OPENING and self.engine is not None and not (
                 plan.emphasis or plan.prompt_ids is None):
             self._submit(nxt, plan.prompt, seq, head, opening)
@@ -170,8 +169,7 @@ class TurnGenerator:
             if kv is None or kv.num_tokens != seq.num_tokens + len(ids):
                 return
             link = PackedKV(kv.keys[:, :, head:], kv.values[:, :, head:], kv.token_ids[head:])
-            with self._lock:
-                self.store.extend(key, seq.token_ids[head:], link)
+            self.store.extend(key, seq.token_ids[head:], link)
         except Exception as exc:
             self.store.metrics.incr("conv_opening_errors")
             log.warning("next turn's opening not prefilled (%s)", type(exc).__name__)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -68,6 +69,7 @@ class ConversationStore:
         # told (old key, new key, new link) after a turn replaced a link, so the host can
         # have the other workers drop their L1 copies of the superseded one (drop_stale)
         self.on_replaced: Callable[[CacheKey, CacheKey, PackedKV], None] | None = None
+        self._l1_lock = threading.Lock()  # a turn's link and a late extension never cross
 
     @property
     def enabled(self) -> bool:
@@ -108,7 +110,8 @@ class ConversationStore:
         if replaces is not None and replaces != key:
             for name, store in (("l1", self.l1), ("l2", self.l2)):
                 self._call(name, store, "discard", replaces)
-        stored = bool(self._call("l1", self.l1, "put", key, kv))
+        with self._l1_lock:
+            stored = bool(self._call("l1", self.l1, "put", key, kv))
         self._call("l2", self.l2, "put", key, kv)
         self.metrics.incr("conv_stored")
         if replaces is not None and self.on_replaced is not None:
@@ -123,10 +126,11 @@ class ConversationStore:
         """Put ``kv``, a continuation of the link ``base_ids`` (the next turn's opening
         prefilled ahead, ``turns.py``), in L1 under ``key`` while that link is still the
         one there; Redis keeps the link as the turn stored it."""
-        if kv.nbytes > self.max_bytes or not self.holds(key, base_ids):
-            return False
         assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
-        stored = bool(self._call("l1", self.l1, "put", key, kv))
+        with self._l1_lock:
+            if kv.nbytes > self.max_bytes or not self.holds(key, base_ids):
+                return False
+            stored = bool(self._call("l1", self.l1, "put", key, kv))
         self.metrics.incr("conv_extended" if stored else "conv_extend_refused")
         return stored
 
