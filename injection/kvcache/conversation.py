@@ -135,8 +135,9 @@ class ConversationStore:
         return stored
 
     def holds(self, key: CacheKey, token_ids: tuple[int, ...] | list[int]) -> bool:
-        """Whether L1's link under ``key`` is the one of ``token_ids``."""
-        current = self._call("l1", self.l1, "get", key) if self.enabled else None
+        """Whether L1's link under ``key`` is the one of ``token_ids`` (a peek: no hit or
+        miss is counted, no recency changed; an L1 without ``peek`` holds nothing)."""
+        current = self._call("l1", self.l1, "peek", key) if self.enabled else None
         return current is not None and tuple(current.token_ids) == tuple(token_ids)
 
     def drop_stale(self, old: CacheKey, new: CacheKey, tokens: int, digest: str) -> int:

@@ -104,6 +104,13 @@ def test_a_late_opening_never_replaces_a_newer_link(adapter):
         newer = PackedKV(kv.keys[:, :, :5], kv.values[:, :, :5], (1, 2, 3, 4, 5))
         longer = PackedKV(kv.keys, kv.values, (1, 2, 3, 4, 9, 9))
         store.keep(key, newer)  # the next turn stored its link first
+        looked = (store.l1.stats()["hits"], store.l1.stats()["misses"])
+        assert not store.extend(key, base.token_ids, longer)
+        store.keep(key, base)
+        assert store.extend(key, base.token_ids, longer)
+        # the check is a peek: the L1's hit and miss counts are what lookups did
+        assert (store.l1.stats()["hits"], store.l1.stats()["misses"]) == looked
+        store.keep(key, newer)
         assert not store.extend(key, base.token_ids, longer)
         assert tuple(store.l1.get(key).token_ids) == (1, 2, 3, 4, 5)
         store.keep(key, base)
