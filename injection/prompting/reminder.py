@@ -118,7 +118,7 @@ class Reminder:
         picked per message."""
         if not self.text or self.pick is not None:
             return ""
-        return self.text if sum(m["role"] == "user" for m in messages) >= self.after else ""
+        return self.text if user_turns(messages) >= self.after else ""
 
     def reminds_last(self, messages: Sequence[Message]) -> bool:
         """Whether the last user message of ``messages`` (as sent) gets a reminder."""
@@ -156,10 +156,15 @@ class Reminder:
                    role=ROLE or _role(renderer), pick=pick, count=count)
 
 
+def user_turns(messages: Sequence[Message]) -> int:
+    """How many user messages ``messages`` holds."""
+    return sum(m["role"] == "user" for m in messages)
+
+
 def turns_before(messages: Sequence[Message]) -> int:
     """How many user turns come before the last message (the exchanges a reminder and
     the several-memory guide count)."""
-    return sum(m["role"] == "user" for m in messages[:-1])
+    return user_turns(messages[:-1])
 
 
 def standing(text: str) -> bool:
