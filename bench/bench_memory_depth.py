@@ -340,15 +340,11 @@ def main() -> None:
     ap.add_argument("--embed-layer", type=int, default=None,
                     help="override: the decoder layer whose output the recall and reminder "
                          "embedding pools (memory/embed.py)")
-    ap.add_argument("--no-opening", action="store_true",
-                    help="do not prefill the next turn's opening after a reply "
-                         "(engine/turns.py PREFILL_OPENING)")
+    ap.add_argument("--opening", choices=("auto", "on", "off"), default="auto",
+                    help="prefill the next turn's opening after a reply (engine/turns.py; "
+                         "auto: where the model runs on a CPU)")
     args = ap.parse_args()
     torch.manual_seed(0)
-    if args.no_opening:
-        from injection.engine import turns
-
-        turns.PREFILL_OPENING = False
     from injection.prompting import reminder
 
     reminder.ROLE = args.reminder_role or reminder.ROLE
@@ -380,6 +376,8 @@ def main() -> None:
     sets = [(s, all_sets[s][: args.cases or None]) for s in args.sets.split(",")]
     depths = [int(d) for d in args.depths.split(",")]
     runner = Runner(adapter, args.workers, args.segment_tokens)
+    if args.opening != "auto":
+        runner.ex.turns.prefill_opening = args.opening == "on"
     if args.embed_layer is not None:
         runner.ex.memories.embedder.layer = args.embed_layer
     n = sum(len(c) for _, c in sets) * len(depths) * len(conds)

@@ -10,6 +10,16 @@ def env_bool(name: str, default: bool) -> bool:
     return default if v is None else v.strip().lower() in ("1", "true", "yes", "on")
 
 
+def env_auto_bool(name: str) -> bool | None:
+    """Unset or "auto": None (the code decides); otherwise on/off, refusing anything else."""
+    v = (os.environ.get(name) or "auto").strip().lower()
+    if v == "auto":
+        return None
+    if v in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return v in ("1", "true", "yes", "on")
+    raise ValueError(f"{name}={v!r}: expected auto, on or off")
+
+
 def env_int(name: str, default: int) -> int:
     return int(os.environ.get(name, default))
 

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 from config import deadlines, embedded
-from config.envvars import env_bool, env_float, env_int
+from config.envvars import env_auto_bool, env_bool, env_float, env_int
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = embedded.VAR_DIR
@@ -155,9 +155,11 @@ KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
 KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)
 KV_L1_TENANT_QUOTA_BYTES = env_int("KV_L1_TENANT_QUOTA_BYTES", 512 * 1024**2)
 # Conversation K/V (batch engine, an L1 of its own): up to this size per conversation (0: off);
-# one member holds at most MEMBER_MAX of that L1 (-1: a quarter, at least one conversation).
+# one member holds at most MEMBER_MAX of that L1 (-1: a quarter, at least one conversation);
+# the next turn's opening prefilled after a reply (engine/turns.py): auto (on a CPU), on, off.
 KV_CONVERSATION_MAX_BYTES = env_int("KV_CONVERSATION_MAX_BYTES", 128 * 1024**2)
 KV_CONVERSATION_MEMBER_MAX_BYTES = env_int("KV_CONVERSATION_MEMBER_MAX_BYTES", -1)
+KV_CONVERSATION_PREFILL_OPENING = env_auto_bool("KV_CONVERSATION_PREFILL_OPENING")
 # Continuous batching (injection.engine.batch): rows decoded together per worker process; the
 # threads pool runs this many tasks at once (0: one generate() per task, no batch engine).
 WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
@@ -184,7 +186,6 @@ MEMORY_SEGMENT_TOKENS = env_int("MEMORY_SEGMENT_TOKENS", 256)
 MEMORY_RECALL_TOP_K = env_int("MEMORY_RECALL_TOP_K", 3)
 MEMORY_RECALL_MIN_SIMILARITY = env_float("MEMORY_RECALL_MIN_SIMILARITY", 0.1)
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
-
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
 # A member's memories (issue 22): characters per memory (the preference's limit: the
 # preference is the first memory) and memories per member.

@@ -80,6 +80,7 @@ def build_executor(
     conversation_max_bytes: int = 128 * MiB,
     conversation_l1_max_bytes: int = 1 * GiB,
     conversation_member_max_bytes: int | None = None,
+    conversation_prefill_opening: bool | None = None,
     tenant_pin_idle_seconds: float = 600.0,
     pinned_pool_max_bytes: int | None = None,
     memory_segment_tokens: int = 256,
@@ -95,7 +96,9 @@ def build_executor(
     batching of up to that many rows, conversation K/V reuse up to
     ``conversation_max_bytes`` per conversation, in an L1 of ``conversation_l1_max_bytes``
     of its own, of which one member holds at most ``conversation_member_max_bytes``:
-    default a quarter, never less than one conversation); 0 generates one request at a
+    default a quarter, never less than one conversation; ``conversation_prefill_opening``:
+    the next turn's opening prefilled after a reply, None: where the model runs on a CPU,
+    ``injection.engine.turns``); 0 generates one request at a
     time. A prompt is prefilled in chunks of at most ``batch_prefill_chunk`` tokens (0:
     whole), one between two decoding steps; while rows decode, a chunk is sized to cost
     about ``batch_prefill_pace`` of their steps (0: the cap; the worker passes
@@ -150,8 +153,11 @@ def build_executor(
                           if conversation_member_max_bytes is None
                           else conversation_member_max_bytes),
     ) if engine is not None and conversation_max_bytes > 0 else None
-    return InjectionExecutor(adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics,
-                             engine=engine, conversation_max_bytes=conversation_max_bytes,
-                             conversation_l1=conv_l1,
-                             memory=RecallOptions(memory_segment_tokens, memory_recall_top_k,
-                                                  memory_recall_min_similarity))
+    executor = InjectionExecutor(
+        adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics, engine=engine,
+        conversation_max_bytes=conversation_max_bytes, conversation_l1=conv_l1,
+        memory=RecallOptions(memory_segment_tokens, memory_recall_top_k,
+                             memory_recall_min_similarity))
+    if conversation_prefill_opening is not None:
+        executor.turns.prefill_opening = conversation_prefill_opening
+    return executor

@@ -131,6 +131,7 @@ def _build_executor():
         batch_prefill_group=(None if settings.WORKER_PREFILL_GROUP < 0
                              else settings.WORKER_PREFILL_GROUP),
         conversation_max_bytes=settings.KV_CONVERSATION_MAX_BYTES,
+        conversation_prefill_opening=settings.KV_CONVERSATION_PREFILL_OPENING,
         memory_segment_tokens=settings.MEMORY_SEGMENT_TOKENS,
         memory_recall_top_k=settings.MEMORY_RECALL_TOP_K,
         memory_recall_min_similarity=settings.MEMORY_RECALL_MIN_SIMILARITY,

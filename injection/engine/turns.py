@@ -17,7 +17,7 @@ from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
 from injection.prompting.emphasis_spans import reply_spans
 
-__all__ = ["TurnGenerator", "TurnPlan", "join"]
+__all__ = ["TurnGenerator", "TurnPlan", "join", "opening_pays"]
 
 log = logging.getLogger(__name__)
 
@@ -25,11 +25,22 @@ log = logging.getLogger(__name__)
 # fixed reminder: ``prompting/opening.py``) onto the conversation's link in the background,
 # so the next turn prefills only its message; at most this many turns wait for it. Only
 # while the engine has nothing else to do: measured back to back (bench/bench_opening_load.py,
-# 4 chats), openings run beside other rows cost 0.90x tokens/s and 1.48x TTFT (the next turn
-# mostly arriving before its opening was ready); idle-only, 1.01x and 0.93-1.06x.
-PREFILL_OPENING = True
+# 4 chats, CPU), openings run beside other rows cost 0.90x tokens/s and 1.48x TTFT (the next
+# turn mostly arriving before its opening was ready); idle-only, 1.01x and 0.93-1.06x.
+# By default only where the model runs on a CPU (``opening_pays``).
 MAX_PENDING_OPENINGS = 8
 OPENING_PROBES = ("Hello", "what", "1", " (")  # unlike starts of a next message
+
+
+def opening_pays(engine: Any) -> bool:
+    """Whether to prefill openings when not told: where the engine's model runs on a CPU. A
+    CPU prefill costs per token, so the next turn's first token came 10 points sooner in a
+    live chat. A GPU prefill of a few dozen tokens is bound by kernel launches and costs what
+    the message's alone does: on an H100 (SmolLM2-135M's shapes) a live turn came no sooner
+    within noise, while back-to-back chats lost 1.29x and 1.45x TTFT p50 to openings
+    started in the engine's short idle gaps (BENCHMARKS.md, "The next turn's opening")."""
+    device = getattr(getattr(engine, "adapter", None), "device", None)
+    return engine is not None and torch.device(device or "cpu").type == "cpu"
 
 
 class TurnPlan(NamedTuple):
@@ -59,6 +70,7 @@ class TurnGenerator:
         self._pending: set[Future] = set()
         self._openings: ThreadPoolExecutor | None = None
         self._closed = False
+        self.prefill_opening = opening_pays(engine)  # build_executor may say otherwise
 
     def plan(self, req: ExecutionRequest, messages: list[dict[str, str]], prompt: str,
              chash: str, alpha: float, *, injected: bool, emphasis: float = 0.0) -> TurnPlan:
@@ -137,7 +149,7 @@ class TurnGenerator:
             chash, alpha, plan.emphasis)
         link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
         self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
-        if opening is not None and PREFILL_OPENING and self.engine is not None and not (
+        if opening is not None and self.prefill_opening and self.engine is not None and not (
                 plan.emphasis or plan.prompt_ids is None):
             self._submit(nxt, plan.prompt, seq, head, opening)
 

@@ -7,7 +7,6 @@ import pytest
 
 from injection import build_executor
 from injection.base import ExecutionRequest
-from injection.engine import turns
 from injection.metrics import Metrics
 
 SECRET = "conv-secret-0123456789abcdef"
@@ -44,12 +43,10 @@ def turn(ex, history, q, *, user="u1", conv=None, **kw):
     return res, [*msgs, {"role": "assistant", "content": res.text}]
 
 
-def test_links_hold_only_their_tokens_and_continue_on_another_worker(executors, plain,
-                                                                    monkeypatch):
+def test_links_hold_only_their_tokens_and_continue_on_another_worker(executors, plain):
     # the links as the turns store them (the next turn's opening, prefilled onto a link in
     # the background once the reply is out, is tests/injection/test_opening.py's)
-    monkeypatch.setattr(turns, "PREFILL_OPENING", False)
-    a, b = executors(), executors()
+    a, b = (executors(conversation_prefill_opening=False) for _ in range(2))
     history, got = [], []
     for i, q in enumerate(QUESTIONS):
         res, history = turn(a if i < 3 else b, history, q)  # turns 4-5 on worker b

@@ -5,14 +5,15 @@ answers exactly as it does without it; a late opening never replaces a newer lin
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from injection import InjectionExecutor, TenantLRU, build_executor, load_adapter
 from injection.base import CacheKey, ExecutionRequest, MemoryItem
-from injection.engine import turns
 from injection.engine.batch import BatchEngine
+from injection.engine.turns import opening_pays
 from injection.kvcache.packed import PackedKV
 from injection.metrics import Metrics
 from injection.prompting.opening import PROBE, next_opening
@@ -46,16 +47,15 @@ def _chat(ex, *, drain: bool, conversation_id: str | None, **kw):
 
 @pytest.mark.real_model  # the replies must come back token for token (a random model's do not)
 @pytest.mark.parametrize("conversation_id", ["c1", None])  # /api/chat's id; /v1's hash chain
-def test_the_next_turn_reuses_its_opening_and_answers_the_same(smollm, monkeypatch,
+def test_the_next_turn_reuses_its_opening_and_answers_the_same(smollm,
                                                                 conversation_id):
-    monkeypatch.setattr(turns, "PREFILL_OPENING", False)
-    off = build_executor(smollm, batch_max=4, metrics=Metrics())
+    off = build_executor(smollm, batch_max=4, metrics=Metrics(),
+                         conversation_prefill_opening=False)
     try:
         want = _chat(off, drain=False, conversation_id=conversation_id, reminder=True)
     finally:
         off.close()
-    monkeypatch.setattr(turns, "PREFILL_OPENING", True)
-    on = build_executor(smollm, batch_max=4, metrics=Metrics())
+    on = build_executor(smollm, batch_max=4, metrics=Metrics(), conversation_prefill_opening=True)
     try:
         got = _chat(on, drain=True, conversation_id=conversation_id, reminder=True)
         extended = on.metrics.snapshot()["counters"].get("conv_extended", 0)
@@ -94,7 +94,7 @@ def test_the_opening_text_is_the_reply_the_header_and_a_fixed_reminder(adapter):
 
 
 def test_a_late_opening_never_replaces_a_newer_link(adapter):
-    ex = build_executor(adapter, batch_max=4, metrics=Metrics())
+    ex = build_executor(adapter, batch_max=4, metrics=Metrics(), conversation_prefill_opening=True)
     try:
         store = ex.conversations
         key = CacheKey("t1", "u1", "conv-x", adapter.fingerprint)
@@ -163,3 +163,27 @@ def test_an_opening_waits_for_an_idle_engine(adapter):
     finally:
         release.set()
         ex.close()
+
+
+def test_openings_by_default_where_the_model_runs_on_a_cpu_and_as_configured(adapter):
+    """A GPU prefill of a few dozen tokens costs what the message's alone does, so openings
+    are off there unless configured (``opening_pays``; KV_CONVERSATION_PREFILL_OPENING)."""
+    on = SimpleNamespace(adapter=SimpleNamespace(device=torch.device("cpu")))
+    assert opening_pays(on) and not opening_pays(None)
+    assert not opening_pays(SimpleNamespace(adapter=SimpleNamespace(device=torch.device("cuda"))))
+    made = build_executor(adapter, batch_max=2, metrics=Metrics())
+    assert made.turns.prefill_opening == (adapter.device.type == "cpu")
+    made.close()
+    for told in (True, False):
+        ex = build_executor(adapter, batch_max=2, metrics=Metrics(),
+                            conversation_prefill_opening=told)
+        try:
+            _chat(ex, drain=True, conversation_id="c-told")
+            # an opening was handed to the background thread after each kept turn, or never
+            assert (ex.turns._openings is not None) is told
+            counters = ex.metrics.snapshot()["counters"]
+            if not told:
+                assert not counters.get("conv_extended") and not counters.get(
+                    "conv_opening_skipped")
+        finally:
+            ex.close()
