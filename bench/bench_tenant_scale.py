@@ -84,6 +84,9 @@ def message(member: int, turn: int) -> str:
             "left over, and whether any of it can be frozen for later in the week.")
 
 
+OPTIONS: dict = {"opening": None, "contrast": None}  # --opening, --contrast
+
+
 class Tenant:
     def __init__(self, adapter, client) -> None:
         self.adapter, self.client = adapter, client
@@ -100,7 +103,8 @@ class Tenant:
 
     def worker(self):
         ex = build_executor(self.adapter, batch_max=2, redis_client=self.client,
-                            signing_secret=SECRET, metrics=Metrics())
+                            signing_secret=SECRET, metrics=Metrics(),
+                            conversation_prefill_opening=OPTIONS["opening"])
         if ex.l2 is not None:
             ex.l2.async_writes = False  # the next turn may land on the other worker at once
         return ex
@@ -109,7 +113,7 @@ class Tenant:
         msgs = [*self.history.get(member, []), {"role": "user", "content": text}]
         return ExecutionRequest(TENANT, f"m{member}", msgs, PREFS[member % len(PREFS)],
                                 instructions=self.instructions, max_new_tokens=NEW_TOKENS,
-                                history_token_budget=BUDGET, **kw)
+                                history_token_budget=BUDGET, contrast=OPTIONS["contrast"], **kw)
 
     def turn(self, ex, member: int, text: str):
         req = self.request(member, text)
@@ -171,9 +175,17 @@ def storage(t: Tenant) -> dict:
             "old_segments": old, "kinds": kinds}
 
 
+def settle(t: Tenant) -> None:
+    """Wait for the workers' background openings: in-process workers share this CPU, where
+    real ones each have their own device."""
+    for ex in t.workers:
+        ex.turns.drain()
+
+
 def new_member_ttft(t: Tenant) -> tuple[float, float]:
     warm, full = [], []
     for i in range(3):
+        settle(t)
         m = MEMBERS + i
         res = t.turn(t.workers[0], m, message(m, 0))
         warm.append(res.ttft_ms)
@@ -186,6 +198,7 @@ def restart_ttft(t: Tenant) -> tuple[float, float, int]:
     t.workers.append(fresh)
     m = 1
     text = message(m, TURNS)
+    settle(t)
     full = t.full_prefill_ttft(m, text)
     res = t.turn(fresh, m, text)
     return res.ttft_ms, full, res.cached_tokens * 100 // res.prompt_tokens
@@ -215,7 +228,13 @@ def plain_round(t: Tenant, turn: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--write-docs", action="store_true", help="update docs/BENCHMARKS.md")
+    ap.add_argument("--opening", choices=("auto", "on", "off"), default="auto",
+                    help="the next turn's opening after a reply (engine/turns.py)")
+    ap.add_argument("--contrast", type=float, default=None,
+                    help="contrastive guidance strength per request (default: the model's)")
     args = ap.parse_args()
+    OPTIONS.update(opening=None if args.opening == "auto" else args.opening == "on",
+                   contrast=args.contrast)
     from config import embedded
 
     url = urlparse(embedded.redis_url())
