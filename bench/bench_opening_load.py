@@ -5,7 +5,8 @@ C client threads each hold one member's conversation of TURNS turns and send eve
 message as soon as the reply arrives (the reply sent back, as a chat client does), through
 ``InjectionExecutor.execute`` with a batch engine; members have one memory each, so from the
 third turn their reminder is part of the opening. Conditions, interleaved per repetition:
-the opening prefilled after each reply (the default) and not (``prefill_opening`` off; whatever the device's default).
+the opening prefilled after each reply and not (``prefill_opening`` on and off, whatever
+the device's default).
 Reported: completion tokens/s over the wall time, and the median time to first token of the
 turns that continue a conversation (turn 2 on). Greedy: both conditions generate the same
 tokens (checked). With a pause to read between turns the opening is off the critical path;
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import torch  # noqa: E402
+from bench_personalisation import model_path  # noqa: E402  (MODEL_PATH, or the prepared model)
 from mdsection import machine, table  # noqa: E402
 
 from injection import InjectionExecutor, TenantLRU, load_adapter  # noqa: E402
@@ -43,13 +45,6 @@ QUESTIONS = ["What should I do this weekend?", "Any ideas for dinner?", "And for
              "How do I stay fit?", "What book should I read?", "Any tips for sleeping well?",
              "What should I pack for a trip?", "How can I save money?"]
 TOKENS = 24
-
-
-def model_path() -> Path:
-    if os.environ.get("MODEL_PATH"):  # e.g. bench/random_weights.py's copy on a GPU machine
-        return Path(os.environ["MODEL_PATH"])
-    from injection.model.gguf_import import prepare_model
-    return prepare_model(ROOT / "var" / "models" / "smollm2-135m-instruct")
 
 
 def conversation(ex: InjectionExecutor, member: int, turn_count: int, tag: str):

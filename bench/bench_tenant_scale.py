@@ -84,12 +84,11 @@ def message(member: int, turn: int) -> str:
             "left over, and whether any of it can be frozen for later in the week.")
 
 
-OPTIONS: dict = {"opening": None, "contrast": None}  # --opening, --contrast
-
-
 class Tenant:
-    def __init__(self, adapter, client) -> None:
+    def __init__(self, adapter, client, *, opening: bool | None = None,
+                 contrast: float | None = None) -> None:
         self.adapter, self.client = adapter, client
+        self.opening, self.contrast = opening, contrast  # --opening (None: auto), --contrast
         self.workers = [self.worker(), self.worker()]
         # a serving worker announces each link it replaces on the control channel and the
         # others drop their copies (gpu_worker.channels.linkcast); in process, directly
@@ -104,7 +103,7 @@ class Tenant:
     def worker(self):
         ex = build_executor(self.adapter, batch_max=2, redis_client=self.client,
                             signing_secret=SECRET, metrics=Metrics(),
-                            conversation_prefill_opening=OPTIONS["opening"])
+                            conversation_prefill_opening=self.opening)
         if ex.l2 is not None:
             ex.l2.async_writes = False  # the next turn may land on the other worker at once
         return ex
@@ -113,7 +112,7 @@ class Tenant:
         msgs = [*self.history.get(member, []), {"role": "user", "content": text}]
         return ExecutionRequest(TENANT, f"m{member}", msgs, PREFS[member % len(PREFS)],
                                 instructions=self.instructions, max_new_tokens=NEW_TOKENS,
-                                history_token_budget=BUDGET, contrast=OPTIONS["contrast"], **kw)
+                                history_token_budget=BUDGET, contrast=self.contrast, **kw)
 
     def turn(self, ex, member: int, text: str):
         req = self.request(member, text)
@@ -233,8 +232,6 @@ def main() -> None:
     ap.add_argument("--contrast", type=float, default=None,
                     help="contrastive guidance strength per request (default: the model's)")
     args = ap.parse_args()
-    OPTIONS.update(opening=None if args.opening == "auto" else args.opening == "on",
-                   contrast=args.contrast)
     from config import embedded
 
     url = urlparse(embedded.redis_url())
@@ -242,7 +239,8 @@ def main() -> None:
                                   socket_timeout=30)
     client.flushdb()
     adapter = load_adapter(str(model_path()), device=os.environ.get("DEVICE") or None)
-    t = Tenant(adapter, client)
+    t = Tenant(adapter, client, contrast=args.contrast,
+               opening=None if args.opening == "auto" else args.opening == "on")
     started = time.perf_counter()
     conv = conversations(t)
     store = storage(t)
