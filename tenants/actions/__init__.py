@@ -23,6 +23,7 @@ from tenants.actions.chat import (
     do_delete_conversation,
     do_record_cancelled,
     do_record_chat,
+    do_record_discarded,
     get_conversation,
 )
 from tenants.actions.exchanges import (
@@ -110,6 +111,7 @@ __all__ = [
     "do_record_account_change",
     "do_record_cancelled",
     "do_record_chat",
+    "do_record_discarded",
     "do_record_login",
     "do_record_login_failure",
     "username_unavailable",

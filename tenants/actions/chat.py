@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from tenants.actions.base import audit
 from tenants.actions.budgets import note_usage
@@ -15,6 +15,8 @@ from tenants.budgets.estimate import served_model
 from tenants.errors import NotFound
 from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message
 from tenants.usage import accounting as usage_rollup
+
+BILLED_ONCE = "audit_chat_billed_once"  # the constraint (tenants.models.AuditLog)
 
 
 def get_conversation(member: Member, conversation_id: int) -> Conversation:
@@ -57,8 +59,9 @@ def do_record_chat(
     conversation), stored first when the exchange starts a new conversation. ``end_user``:
     the client's own id for its end user (OpenAI's ``user``), audited.
 
-    Only under the attempt's own live claim (``ChatAbandoned`` otherwise, nothing stored):
-    the claim row is locked until commit, so the web cannot abandon it half-way."""
+    Only under the attempt's own live claim (``ChatAbandoned`` otherwise, nothing stored;
+    the worker then bills what it generated, ``do_record_discarded``): the claim row is
+    locked until commit, so the web cannot abandon it half-way."""
     claim = take_claim(member, request_id)
     tenant = member.tenant
     if conversation is None:
@@ -114,24 +117,66 @@ def do_record_chat(
 
 @transaction.atomic
 def do_record_cancelled(member: Member, request_id: str, *, completion_tokens: int,
-                        prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
-    """A streamed generation stopped because its client disconnected: nothing is stored,
-    the claim is abandoned (a retry with the same key generates again) and audited. The
-    tokens it used are billed (the client saw what was streamed) and count against the
-    budgets, as neither a reply nor a failure."""
+                        prompt_tokens: int = 0, cached_tokens: int = 0) -> bool:
+    """A generation stopped on its cancel flag (a streaming client disconnected, or the
+    web stopped waiting for a reply): nothing is stored, the claim is abandoned (a retry
+    with the same key generates again) and audited. The tokens it used are billed and
+    count against the budgets, as neither a reply nor a failure. False (nothing billed)
+    when this attempt was billed already (``bill_unstored``)."""
+    return bill_unstored(member, request_id, AuditEvent.CHAT_CANCELLED,
+                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         cached_tokens=cached_tokens)
+
+
+@transaction.atomic
+def do_record_discarded(member: Member, request_id: str, *, prompt_tokens: int,
+                        completion_tokens: int, cached_tokens: int = 0,
+                        finish_reason: str | None = None) -> bool:
+    """A reply generated to its end whose claim was abandoned meanwhile (the web gave up
+    waiting, its streaming client left after the last token, or the claim's deadline
+    passed): ``do_record_chat`` refused to store it (``ChatAbandoned``), so it is billed
+    here instead, in its own transaction: usage, budgets, TPM and a ``chat.discarded``
+    audit row, counted neither as a reply nor as a failure. False (nothing billed) when
+    this attempt was billed already."""
+    return bill_unstored(member, request_id, AuditEvent.CHAT_DISCARDED,
+                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         cached_tokens=cached_tokens, finish_reason=finish_reason)
+
+
+def bill_unstored(member: Member, request_id: str, event: AuditEvent, *, prompt_tokens: int,
+                  completion_tokens: int, cached_tokens: int, **extra: Any) -> bool:
+    """Bill the tokens of an attempt that stored no reply (call inside a transaction).
+
+    Exactly once per attempt: the audit row is unique per (tenant, request id) among the
+    billing events (``audit_chat_billed_once``: ``chat.request``, ``chat.cancelled``,
+    ``chat.discarded``), so a duplicate run of the same task, whose first run stored or
+    billed it, bills nothing. Returns whether it billed."""
     ChatExchange.objects.filter(tenant=member.tenant, member=member, request_id=request_id,
                                 state=ChatExchange.State.PENDING).update(
-        state=ChatExchange.State.ABANDONED)
+        state=ChatExchange.State.ABANDONED)  # its web stopped waiting, or gave up at once
     model = served_model()
-    audit(member.tenant, AuditEvent.CHAT_CANCELLED, actor=member.user, target=str(member),
-          request_id=request_id, completion_tokens=completion_tokens,
-          prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, model=model)
+    try:
+        with transaction.atomic():  # a savepoint: a refused row leaves the rest intact
+            audit(member.tenant, event, actor=member.user, target=str(member),
+                  request_id=request_id, completion_tokens=completion_tokens,
+                  prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, model=model,
+                  **extra)
+    except IntegrityError as exc:
+        if _constraint(exc) != BILLED_ONCE:
+            raise
+        return False
     usage_rollup.account_tokens(member, prompt_tokens=prompt_tokens,
                                 completion_tokens=completion_tokens,
                                 cached_tokens=cached_tokens, model=model)
     note_usage(member)
     spent = prompt_tokens + completion_tokens
     transaction.on_commit(lambda: tpm.record(member.tenant_id, member.pk, spent))
+    return True
+
+
+def _constraint(exc: IntegrityError) -> str | None:
+    diag = getattr(exc.__cause__, "diag", None)
+    return getattr(diag, "constraint_name", None)
 
 
 def _fill_claim(claim, conversation, answer: Message, usage: dict, cache: dict) -> None:

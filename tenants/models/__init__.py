@@ -170,62 +170,6 @@ class Preference(models.Model):
         return content_hash(self.text)
 
 
-class AuditEvent(models.TextChoices):
-    TENANT_CREATED = "tenant.created"
-    TENANT_CHANGED = "tenant.changed"
-    TENANT_INSTRUCTIONS_CHANGED = "tenant.instructions_changed"
-    MEMBER_CREATED = "member.created"
-    MEMBER_CHANGED = "member.changed"
-    MEMBER_DELETED = "member.deleted"
-    TOKEN_CREATED = "token.created"
-    TOKEN_REVOKED = "token.revoked"
-    PREFERENCE_CREATED = "preference.created"
-    PREFERENCE_CHANGED = "preference.changed"
-    PREFERENCE_DELETED = "preference.deleted"
-    ADMIN_LOGIN = "admin.login"
-    ADMIN_LOGIN_FAILED = "admin.login_failed"
-    CACHE_CLEARED = "cache.cleared"
-    CACHE_WARMED = "cache.warmed"
-    CACHE_KEY_ROTATED = "cache.key_rotated"
-    CHAT_REQUEST = "chat.request"
-    CHAT_ABANDONED = "chat.abandoned"
-    CHAT_CANCELLED = "chat.cancelled"
-    CONVERSATION_DELETED = "conversation.deleted"
-    PLAYGROUND_USED = "playground.used"
-    BUDGET_CHANGED = "budget.changed"
-    BUDGET_THRESHOLD = "budget.threshold"
-    MEMORY_CREATED = "memory.created"
-    MEMORY_CHANGED = "memory.changed"
-    MEMORY_DELETED = "memory.deleted"
-    MEMORY_REORDERED = "memory.reordered"
-
-
-class AuditLog(models.Model):
-    """Append-only: UPDATE/DELETE are refused by a Postgres trigger (see migrations)."""
-
-    # Null tenant only for platform-level events (superuser login, key rotation).
-    tenant = models.ForeignKey(
-        Tenant, on_delete=models.PROTECT, null=True, blank=True, related_name="audit_logs"
-    )
-    actor = models.ForeignKey(
-        settings.AUTH_USER_MODEL, on_delete=models.DO_NOTHING, null=True, blank=True,
-        db_constraint=False, related_name="+",
-    )
-    event_type = models.CharField(max_length=32, choices=AuditEvent.choices, db_index=True)
-    # member / admin / cli / system (tenants.origin); null on rows written before 0009.
-    actor_kind = models.CharField(max_length=16, null=True, blank=True)
-    target = models.CharField(max_length=200, blank=True, default="")
-    data = models.JSONField(default=dict, blank=True)
-    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
-
-    class Meta:
-        ordering = ["-created_at", "-id"]
-        indexes = [models.Index(fields=["tenant", "-created_at"], name="audit_tenant_time")]
-
-    def __str__(self) -> str:
-        return f"{self.created_at:%Y-%m-%d %H:%M:%S} {self.event_type} {self.target}"
-
-
 class Conversation(models.Model):
     tenant = models.ForeignKey(Tenant, on_delete=models.CASCADE, related_name="conversations")
     member = models.ForeignKey(Member, on_delete=models.CASCADE, related_name="conversations")
@@ -285,6 +229,7 @@ class KVInvalidation(models.Model):
 
 
 # Models in modules of their own (they import this one's models by app label).
+from tenants.models.audit import AuditEvent, AuditLog  # noqa: E402
 from tenants.models.budget import TokenBudget  # noqa: E402
 from tenants.models.exchange import ChatExchange  # noqa: E402
 from tenants.models.memory import Memory  # noqa: E402

@@ -1,7 +1,7 @@
 """``UsageDay``: the usage rollup, one row per tenant, member, model and UTC day.
 
 Written in the transaction of every ``chat.request`` / ``chat.abandoned`` /
-``chat.cancelled`` (tokens only) audit row
+``chat.cancelled`` / ``chat.discarded`` (tokens only) audit row
 (``tenants.usage.accounting.account_chat``), so the usage page reads a few hundred rows however many
 million audit rows there are (docs/OPERATIONS.md, "Usage rollup"). Latencies are kept as
 histograms with geometric buckets (``tenants.usage.accounting.BUCKETS``) from which p50/p95 are read.
