@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, NamedTuple, NoReturn
 
 from django.conf import settings
 
@@ -11,7 +11,12 @@ from gpu_worker.channels import streams
 from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
 from injection.prompting.history import block_start
-from tenants.actions import do_record_cancelled, do_record_chat, get_conversation
+from tenants.actions import (
+    do_record_cancelled,
+    do_record_chat,
+    do_record_discarded,
+    get_conversation,
+)
 from tenants.errors import ChatAbandoned, InactiveAccount, NotFound
 from tenants.models import Conversation, Member, Memory, Message, Preference
 
@@ -99,16 +104,48 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
 
 
 def cancelled(member: Member, request_id: str, tokens: int, stream, *,
-              prompt_tokens: int = 0, cached_tokens: int = 0) -> None:
+              prompt_tokens: int = 0, cached_tokens: int = 0) -> NoReturn:
     """The client went away mid-generation: nothing is stored; audited, counted, and the
     tokens it used billed (the client saw what was streamed)."""
     from gpu_worker.ops import metrics
 
     metrics.CHAT_CANCELLED.inc()
-    do_record_cancelled(member, request_id, completion_tokens=tokens,
-                        prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
-    stream.end("cancelled")
-    raise ChatAbandoned(f"cancelled by the client after {tokens} tokens")
+    billed = do_record_cancelled(member, request_id, completion_tokens=tokens,
+                                 prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
+    if stream is not None:
+        stream.end("cancelled")
+    raise ChatAbandoned(f"cancelled after {tokens} tokens ({_billed(billed)})")
+
+
+def discarded(member: Member, request_id: str, result, stream) -> NoReturn:
+    """The reply was generated, but its claim was abandoned meanwhile (``do_record_chat``
+    refused it): nothing is stored; its tokens are billed in their own transaction."""
+    billed = do_record_discarded(
+        member, request_id, prompt_tokens=result.prompt_tokens,
+        completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens,
+        finish_reason=result.finish_reason)
+    if stream is not None:
+        stream.end("cancelled")
+    raise ChatAbandoned(f"abandoned while generating; {result.completion_tokens} tokens "
+                        f"generated, not stored ({_billed(billed)})")
+
+
+def _billed(billed: bool) -> str:
+    return "billed" if billed else "billed already: a duplicate run"
+
+
+class Turn(NamedTuple):
+    """What a generated reply is stored with (``record``)."""
+
+    member: Member
+    conversation: Conversation | None
+    message: str
+    params: dict
+    request_id: str
+    pref: Preference | None
+    memories: tuple[MemoryItem, ...]
+    stream: Any  # the streamed chat's publisher, else None
+    started: float  # time.monotonic() when the task started
 
 
 def answer(
@@ -120,7 +157,6 @@ def answer(
     pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
     memories = load_memories(member)
     executor = get_executor()
-    adapter = executor.adapter
     # /v1 sends the conversation itself ("history"); /api/chat continues the stored one
     history = params.get("history")
     if history is None:
@@ -137,8 +173,16 @@ def answer(
         if stream is not None:
             stream.end("error")
         raise
+    turn = Turn(member, conv, message, params, request_id, pref, memories, stream, started)
+    return record(turn, result, executor.adapter.count_tokens(message))
+
+
+def record(turn: Turn, result, message_tokens: int) -> dict[str, Any]:
+    """Store the generated reply under the turn's claim and return the API body; or, when
+    it was cancelled or its claim abandoned meanwhile, bill it and raise ChatAbandoned."""
+    member, pref, stream = turn.member, turn.pref, turn.stream
     if result.finish_reason == "cancelled":
-        cancelled(member, request_id, result.completion_tokens, stream,
+        cancelled(member, turn.request_id, result.completion_tokens, stream,
                   prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens)
     reply = result.text  # control characters already removed by the engine (NUL included)
     usage = {
@@ -146,7 +190,7 @@ def answer(
         "completion_tokens": result.completion_tokens,
         # prompt tokens whose K/V came from a cache (never more than prompt_tokens)
         "cached_tokens": result.cached_tokens,
-        "message_tokens": adapter.count_tokens(message),
+        "message_tokens": message_tokens,
     }
     cache = result.cache_info()
     cache["preference_version"] = pref.version if pref else None
@@ -158,13 +202,17 @@ def answer(
     cache["content_hash"] = pref.content_hash if applied else ""
     cache["instructions_version"] = member.tenant.instructions_version
     cache["finish_reason"] = result.finish_reason
-    latency_ms = (time.monotonic() - started) * 1000
-    used = memories_used(result, memories)
-    conv = do_record_chat(
-        member, conv, message=message, reply=reply, usage=usage, cache=cache,
-        latency_ms=latency_ms, request_id=request_id, prior=params.get("history") or (),
-        end_user=params.get("user"), memories_used=used,
-    )
+    latency_ms = (time.monotonic() - turn.started) * 1000
+    used = memories_used(result, turn.memories)
+    try:
+        conv = do_record_chat(
+            member, turn.conversation, message=turn.message, reply=reply, usage=usage,
+            cache=cache, latency_ms=latency_ms, request_id=turn.request_id,
+            prior=turn.params.get("history") or (), end_user=turn.params.get("user"),
+            memories_used=used,
+        )
+    except ChatAbandoned:  # rolled back: the reply is not stored, but it was generated
+        discarded(member, turn.request_id, result, stream)
     usage.pop("message_tokens")
     if stream is not None:
         stream.end("done")
@@ -173,6 +221,6 @@ def answer(
         "conversation": conv.pk,
         "usage": usage,
         "cache": cache,
-        "request_id": request_id,
+        "request_id": turn.request_id,
         "memories_used": used,
     }
