@@ -5,8 +5,9 @@
   detects a lost piece), then ``{end: done|cancelled|error}``. It expires ``STREAM_TTL``
   seconds after the last write. Pieces generated within ``FLUSH_S`` of the last write are
   sent together (the first at once): fewer Redis writes and SSE events, same text.
-* ``kvi:cancel:<request_id>``: set by the web when its client went away; the worker's
-  stopping criterion polls it and ends the generation within a few tokens.
+* ``kvi:cancel:<request_id>``: set by the web when its client went away or when it stops
+  waiting for the result (:func:`flag_cancelled`; streamed or not); the worker's stopping
+  criterion polls it (:class:`CancelWatch`) and ends the generation within a few tokens.
 
 Request ids are random 128-bit values made by the web per request, never chosen by a
 client, so a stream can only be read by the web process that dispatched it. The stream
@@ -67,17 +68,38 @@ def cancel_token(request_id: str) -> bytes:
     return _mac(request_id, b"cancel")
 
 
-class Publisher:
-    """Worker side of one request's stream. Redis faults never fail the generation."""
+class CancelWatch:
+    """Worker side of one request's cancel flag, for a generation that is not streamed.
+    Redis faults never fail the generation (it runs on, and its result is stored)."""
 
     def __init__(self, client: redis.Redis, request_id: str, *, cancel_every: int = 2) -> None:
         self.client, self.request_id = client, request_id
+        self.cancel_every = max(1, cancel_every)
+        self._polls = 0
+
+    def cancelled(self) -> bool:
+        """Has the client gone away, or the web stopped waiting? (polled by the stopping
+        criterion every token; Redis is asked every ``cancel_every`` polls)"""
+        self._polls += 1
+        if self._polls % self.cancel_every:
+            return False
+        try:
+            flag = self.client.get(cancel_key(self.request_id))
+        except redis.RedisError:
+            return False  # cannot tell: keep generating, the result is stored as usual
+        return flag is not None and hmac.compare_digest(flag, cancel_token(self.request_id))
+
+
+class Publisher(CancelWatch):
+    """Worker side of one request's stream (and its cancel flag). Redis faults never fail
+    the generation."""
+
+    def __init__(self, client: redis.Redis, request_id: str, *, cancel_every: int = 2) -> None:
+        super().__init__(client, request_id, cancel_every=cancel_every)
         self.key = stream_key(request_id)
         self.sent = 0
         self.broken = False
         self._buf, self._last = "", 0.0
-        self.cancel_every = max(1, cancel_every)
-        self._polls = 0
 
     def piece(self, text: str) -> None:
         self._buf += text
@@ -94,17 +116,6 @@ class Publisher:
             self._add({"o": self.sent, "t": self._buf})
             self.sent += len(self._buf)
             self._buf, self._last = "", now
-
-    def cancelled(self) -> bool:
-        """Has the client gone away? (polled by the stopping criterion every token)"""
-        self._polls += 1
-        if self._polls % self.cancel_every:
-            return False
-        try:
-            flag = self.client.get(cancel_key(self.request_id))
-        except redis.RedisError:
-            return False  # cannot tell: keep generating, the result is stored as usual
-        return flag is not None and hmac.compare_digest(flag, cancel_token(self.request_id))
 
     def _add(self, fields: dict) -> None:
         if self.broken:
@@ -123,11 +134,33 @@ class Publisher:
 _client: redis.Redis | None = None
 
 
-def publisher(request_id: str) -> Publisher:
-    """A publisher on the worker's shared stream client (short timeouts)."""
+def _shared() -> redis.Redis:
+    """The process's stream client (short timeouts: Redis faults never hold a request)."""
     global _client
     if _client is None:
         from gpu_worker.channels.control import make_client
 
         _client = make_client(0.5, settings.REDIS_URL)
-    return Publisher(_client, request_id)
+    return _client
+
+
+def publisher(request_id: str) -> Publisher:
+    """A publisher on the worker's shared stream client."""
+    return Publisher(_shared(), request_id)
+
+
+def cancel_watch(request_id: str) -> CancelWatch:
+    """The cancel flag's watch for a generation that is not streamed."""
+    return CancelWatch(_shared(), request_id)
+
+
+def flag_cancelled(request_id: str) -> bool:
+    """Web side (sync): tell the worker running ``request_id`` to stop, because nobody will
+    read its reply (the web stopped waiting). Never raises: False when Redis refused
+    (the worker then generates to its end, and its reply is billed, not stored)."""
+    try:
+        _shared().set(cancel_key(request_id), cancel_token(request_id), ex=CANCEL_TTL)
+    except redis.RedisError as exc:
+        log.warning("could not flag %s cancelled: %s", request_id, exc)
+        return False
+    return True

@@ -2,7 +2,9 @@
 
 Exactly once (tenants.actions.exchanges): the claim in Postgres decides whether a reply is
 stored; whenever the web stops waiting it abandons the claim, so a late worker cannot
-store a reply the client was told failed, and a retry with the same key replays it.
+store a reply the client was told failed, and a retry with the same key replays it. It
+also flags the request cancelled, so the worker stops generating for nobody; whatever
+was generated is billed (``do_record_cancelled`` / ``do_record_discarded``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 from django.conf import settings
 
+from gpu_worker.channels import streams
 from gpu_worker.errors import RedeliveryLimitExceeded
 from gpu_worker.ops import metrics
 from gpu_worker.routing.affinity import Route, check_capacity, choose_queue
@@ -139,14 +142,19 @@ def finish_chat(member, dispatched: Dispatched, request_id: str, key: str,
     try:
         return wait_chat(dispatched, timeout)
     except errors.PlatformError as exc:
-        return stopped_waiting(member, request_id, key, exc)
+        return stopped_waiting(member, request_id, key, exc, running=True)
 
 
-def stopped_waiting(member, request_id: str, key: str, exc: errors.PlatformError) -> dict:
-    """We stop waiting: no worker may store it now, unless one already has (its answer)."""
+def stopped_waiting(member, request_id: str, key: str, exc: errors.PlatformError, *,
+                    running: bool = False) -> dict:
+    """We stop waiting: no worker may store it now, unless one already has (its answer).
+    ``running``: it was dispatched, so a worker may be generating it for nobody: its
+    cancel flag stops it within a few tokens (what it generated is billed)."""
     stored = actions.do_abandon_chat(member, request_id, reason=exc.code)
     if stored is not None:
         return stored
+    if running:
+        streams.flag_cancelled(request_id)
     if isinstance(exc, errors.WorkerUnavailable):
         exc.details.setdefault("retry_after", 5)
         exc.details["idempotency_key"] = key  # retry with it: exactly once

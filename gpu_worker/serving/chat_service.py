@@ -69,7 +69,10 @@ def memories_used(result, memories: tuple[MemoryItem, ...]) -> list[dict]:
 
 def build_request(member: Member, pref: Preference | None, messages: list[dict], params: dict,
                   stream=None, conversation_id: str | None = None,
-                  memories: tuple[MemoryItem, ...] = ()):
+                  memories: tuple[MemoryItem, ...] = (), watch=None):
+    """The engine's request. ``stream``: the publisher of a streamed chat (its pieces, and
+    its cancel flag); ``watch``: the cancel flag of one that is not streamed."""
+    watch = stream if stream is not None else watch
     alpha = params.get("alpha")
     if alpha is None:
         alpha = pref.alpha if pref else DEFAULT_ALPHA
@@ -98,15 +101,15 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         stop=tuple(params.get("stop") or ()),
         history_token_budget=settings.CHAT_HISTORY_TOKEN_BUDGET,
         on_text=stream.piece if stream is not None else None,
-        cancelled=stream.cancelled if stream is not None else None,
+        cancelled=watch.cancelled if watch is not None else None,
         conversation_id=conversation_id,
     )
 
 
 def cancelled(member: Member, request_id: str, tokens: int, stream, *,
               prompt_tokens: int = 0, cached_tokens: int = 0) -> NoReturn:
-    """The client went away mid-generation: nothing is stored; audited, counted, and the
-    tokens it used billed (the client saw what was streamed)."""
+    """The client went away, or the web stopped waiting, mid-generation (the cancel flag):
+    nothing is stored; audited, counted, and the tokens it used billed."""
     from gpu_worker.ops import metrics
 
     metrics.CHAT_CANCELLED.inc()
@@ -167,8 +170,9 @@ def answer(
         # /api/chat continues a stored conversation: its K/V link is keyed by its id
         # (/v1 sends the messages: keyed by their hash chain)
         conv_key = f"api:{conv.pk}" if conv is not None and params.get("history") is None else None
-        result = executor.execute(build_request(member, pref, messages, params, stream,
-                                                conv_key, memories))
+        result = executor.execute(build_request(
+            member, pref, messages, params, stream, conv_key, memories,
+            watch=streams.cancel_watch(request_id)))  # the web may stop waiting
     except Exception:
         if stream is not None:
             stream.end("error")

@@ -1,6 +1,7 @@
 """The worker's side of "nothing generated goes unbilled" (issue 33), on real Postgres and
 Redis: what ``chat_service.record`` does with a generated result whose claim was abandoned
-meanwhile: not stored, billed once."""
+meanwhile, or which stopped on its cancel flag (streamed or not); and the web side that
+sets the flag when it stops waiting (``dispatch.finish_chat``)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,17 @@ import time
 import uuid
 
 import pytest
+from celery.result import AsyncResult
 
 from gpu_worker.channels import streams
+from gpu_worker.client import dispatch
 from gpu_worker.routing import registry
+from gpu_worker.routing.affinity import Route
 from gpu_worker.serving import chat_service
 from injection.base import ExecutionResult, Tier
 from tenants import actions
-from tenants.errors import ChatAbandoned
-from tenants.models import AuditEvent, AuditLog, Message, UsageDay
+from tenants.errors import ChatAbandoned, WorkerUnavailable
+from tenants.models import AuditEvent, AuditLog, ChatExchange, Message, UsageDay
 
 pytestmark = pytest.mark.django_db
 
@@ -74,3 +78,39 @@ def test_a_stored_reply_is_billed_once_even_if_its_task_runs_twice(member, reque
         chat_service.record(turn(member, request_id), result("stop"), 4)
     assert billed(member) == (1, 20, 15, 9)
     assert not AuditLog.objects.filter(event_type=AuditEvent.CHAT_DISCARDED).exists()
+
+
+def test_a_generation_that_is_not_streamed_stops_on_its_cancel_flag_and_is_billed(
+        member, request_id):
+    watch = streams.cancel_watch(request_id)
+    request = chat_service.build_request(member, None, [{"role": "user", "content": "hi"}],
+                                         {}, None, None, (), watch=watch)
+    assert not any(request.cancelled() for _ in range(4))  # no flag: it generates on
+    assert streams.flag_cancelled(request_id)  # the web stopped waiting
+    assert any(request.cancelled() for _ in range(2))  # seen within two tokens
+    with pytest.raises(ChatAbandoned, match="cancelled after 3 tokens \\(billed\\)"):
+        chat_service.record(turn(member, request_id), result("cancelled", 3), 4)
+    assert ChatExchange.objects.get(request_id=request_id).state == "abandoned"
+    row = AuditLog.objects.get(event_type=AuditEvent.CHAT_CANCELLED)
+    assert (row.data["request_id"], row.data["completion_tokens"]) == (request_id, 3)
+    assert billed(member) == (0, 20, 15, 3)
+
+
+def test_the_web_that_stops_waiting_abandons_the_claim_and_flags_the_worker(
+        member, request_id):
+    never_answered = dispatch.Dispatched(AsyncResult(request_id), Route("gpu", "explicit"))
+    with pytest.raises(WorkerUnavailable) as gave_up:
+        dispatch.finish_chat(member, never_answered, request_id, request_id, timeout=0.2)
+    assert gave_up.value.details["idempotency_key"] == request_id
+    assert ChatExchange.objects.get(request_id=request_id).state == "abandoned"
+    watch = streams.CancelWatch(registry.redis_client(), request_id, cancel_every=1)
+    assert watch.cancelled()  # a genuine flag: the worker running it stops
+
+
+def test_a_forged_or_foreign_cancel_flag_stops_nothing(member, request_id):
+    other = uuid.uuid4().hex
+    streams.flag_cancelled(other)
+    registry.redis_client().set(streams.cancel_key(request_id), b"0" * 32)
+    watch = streams.CancelWatch(registry.redis_client(), request_id, cancel_every=1)
+    assert not watch.cancelled()
+    registry.redis_client().delete(streams.cancel_key(other))
