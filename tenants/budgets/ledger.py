@@ -26,9 +26,11 @@ from tenants.models import ChatExchange, Member, TokenBudget
 THRESHOLDS = (80, 100)  # percent of a budget whose crossing is audited once per period
 
 # One statement, so one snapshot: a chat settling concurrently is counted either as its
-# reservation or as its real usage, never as neither. Only today's rollup rows change
-# (a chat is accounted on the UTC day it is stored), so the days before today are summed
-# once per period and day (``_before_today``) and each admission sums today's rows only.
+# reservation or as its real usage, never as neither. A chat is accounted on the UTC day
+# its worker's clock says when it stores it, and commits a moment later, so yesterday's
+# rows may still grow after midnight (and by any clock skew between hosts): each
+# admission sums yesterday's and today's rows live; the days before yesterday are fixed,
+# summed once per period and day (``_settled``).
 _STANDING = """
 SELECT
   (SELECT coalesce(sum(reserved_tokens), 0) FROM tenants_chatexchange
@@ -67,29 +69,35 @@ class Standing(NamedTuple):
 
 
 def standing(budget: TokenBudget, at: dt.datetime | None = None) -> Standing:
+    """The budget's period holding ``at`` (default now; the clock tests inject)."""
     start = period_start(budget.period, at)
-    today = period_start("day", at)
+    live = max(start, live_since(at))
     with connection.cursor() as cur:
-        cur.execute(_STANDING, {"t": budget.tenant_id, "m": budget.member_id, "start": today})
+        cur.execute(_STANDING, {"t": budget.tenant_id, "m": budget.member_id, "start": live})
         reserved, spent = cur.fetchone()
-    earlier = _before_today(budget.tenant_id, budget.member_id, start, today)
+    earlier = _settled(budget.tenant_id, budget.member_id, start, live)
     return Standing(budget, start, int(spent) + earlier, int(reserved))
 
 
+def live_since(at: dt.datetime | None = None) -> dt.date:
+    """The first UTC day whose rollup rows may still change: yesterday (a chat stored at
+    23:59:59.9 commits after midnight, on yesterday's row)."""
+    return period_start("day", at) - dt.timedelta(days=1)
+
+
 @functools.lru_cache(maxsize=4096)
-def _before_today(tenant_id: int, member_id: int | None, start: dt.date,
-                  today: dt.date) -> int:
-    """Tokens spent from ``start`` up to yesterday (fixed once the day has passed)."""
-    if start >= today:
+def _settled(tenant_id: int, member_id: int | None, start: dt.date, until: dt.date) -> int:
+    """Tokens spent from ``start`` to the day before ``until`` (fixed: ``live_since``)."""
+    if start >= until:
         return 0
     with connection.cursor() as cur:
-        cur.execute(_BEFORE, {"t": tenant_id, "m": member_id, "start": start, "today": today})
+        cur.execute(_BEFORE, {"t": tenant_id, "m": member_id, "start": start, "today": until})
         return int(cur.fetchone()[0])
 
 
 def forget_past_spend() -> None:
     """Drop the per-process sums of past days (after ``tenants.usage.rebuild``)."""
-    _before_today.cache_clear()
+    _settled.cache_clear()
 
 
 def _applicable(member: Member):

@@ -209,6 +209,29 @@ def test_a_months_spend_counts_every_day_of_the_month_and_no_other(acme):
 
 
 @pytest.mark.django_db
+def test_a_chat_committed_just_after_midnight_is_not_missed_by_the_past_days_sum(acme):
+    """A chat is accounted on the UTC day its worker's clock says when it stores it, and
+    commits a moment later: a web process may already have summed "the days before
+    today" at 00:00:00.1. That sum is kept for the whole period; it must not leave the
+    late chat out. The clock is injected (``standing(..., at)``, ``account_tokens(day=)``)."""
+    import datetime as dt
+
+    from tenants.usage import accounting
+
+    budget = actions.do_set_budget(acme.tenant, member=acme.user, tokens=10_000, period="month")
+    accounting.account_tokens(acme.user, prompt_tokens=100, day=dt.date(2026, 3, 10))
+    after_midnight = dt.datetime(2026, 3, 16, 0, 0, 0, 100_000, tzinfo=dt.UTC)
+    assert ledger.standing(budget, after_midnight).spent == 100  # past days summed now
+    # ... and the chat stored at 23:59:59.99 on the 15th commits
+    accounting.account_tokens(acme.user, prompt_tokens=7, completion_tokens=5,
+                              day=dt.date(2026, 3, 15))
+    assert ledger.standing(budget, after_midnight).spent == 112
+    a_day_later = dt.datetime(2026, 3, 17, 9, tzinfo=dt.UTC)
+    assert ledger.standing(budget, a_day_later).spent == 112
+    assert ledger.standing(budget, dt.datetime(2026, 4, 1, tzinfo=dt.UTC)).spent == 0
+
+
+@pytest.mark.django_db
 def test_the_prompt_estimate_counts_history_context_and_tools(acme):
     from tenants.budgets.estimate import TEMPLATE_TOKENS_PER_MESSAGE, prompt_estimate
 
