@@ -1,4 +1,4 @@
-"""Budget admission cost: summing today's rollup rows live vs the whole period each time.
+"""Budget admission cost: summing the last two days' rollup rows live vs the whole period.
 
     .venv/bin/python bench/bench_budgets.py [--members N] [--days D]
 
@@ -6,8 +6,8 @@ Starts its own embedded PostgreSQL under var/bench-budgets (wiped first; DATABAS
 ignored). One tenant with a monthly tenant-wide budget and one member's monthly budget;
 N members x D days of ``UsageDay`` rows (default 1000 x 31) up to today. Timed, median of
 200: what an admission reads under the budget rows' lock (``tenants.budgets.ledger.standing``,
-today's rows live + the days before today summed once per day) against the plain query
-over the whole period (what it would cost without that), and a whole admission
+yesterday's and today's rows live + the days before yesterday summed once per day) against
+the plain query over the whole period (what it would cost without that), and a whole admission
 (``do_claim_chat_within_budget``: claim + lock + standings + reservation) with both
 budgets against a tenant without budgets. Ratios are measured in the same run.
 """
@@ -102,7 +102,7 @@ def main() -> None:
     print(f"`.venv/bin/python bench/bench_budgets.py --members {args.members} --days "
           f"{args.days}` on {machine()}; {args.members * args.days} rollup rows, "
           f"{period_start('month')} to today\n")
-    print("| what an admission reads | today live, past days once (ms) | whole period (ms) "
+    print("| what an admission reads | 2 days live, past days once (ms) | whole period (ms) "
           "| ratio |\n|---|---|---|---|")
     for name, ours, plain in rows:
         print(f"| {name} | {ours:.2f} | {plain:.2f} | {plain / ours:.1f}x |")
