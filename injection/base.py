@@ -108,6 +108,10 @@ class ExecutionRequest:
     # streaming: called with each piece of final text; generation stops once cancelled()
     on_text: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
     cancelled: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
+    # budgets: called once before generating with the prompt's token count (what
+    # ``prompt_tokens`` will report); returns the tokens it may generate (the generation
+    # is capped to it), or raises to refuse it before anything is generated
+    admit: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
     history_token_budget: int | None = None  # cap on history tokens (None: context only)
     reuse_conversation: bool = True  # continue the conversation's cached K/V when possible
     # the caller's stable id of the conversation (/api/chat: the stored one); None: the

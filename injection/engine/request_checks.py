@@ -31,6 +31,8 @@ def sampling_options(req: ExecutionRequest) -> dict[str, Any]:
         sampling["on_text"] = MarkupStream(req.on_text, lambda t: strip_control_chars(t)[0])
     if req.cancelled is not None:
         sampling["cancelled"] = req.cancelled
+    if req.admit is not None:
+        sampling["admit"] = req.admit
     return sampling
 
 

@@ -113,3 +113,15 @@ class GenerationWatch(StoppingCriteria):
         if callable(flush := getattr(self.on_text, "finish", None)):
             flush()  # a filtering stream (``prompting.markup``) sends what it held back
         return self.finish_reason
+
+
+def admitted(sampling: dict[str, Any], prompt_tokens: int, max_new_tokens: int) -> int:
+    """``max_new_tokens`` capped by the request's ``admit`` (popped from ``sampling``),
+    asked with the prompt's token count just before generating; it raises to refuse."""
+    admit = sampling.pop("admit", None)
+    if admit is None:
+        return int(max_new_tokens)
+    granted = int(admit(int(prompt_tokens)))
+    if granted < 1:
+        raise ValueError(f"admit granted {granted} tokens: it must refuse by raising")
+    return min(int(max_new_tokens), granted)

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, Stop
 
 from injection.base import GenerationOutput, PreferenceModel, SegmentSplit
 from injection.devices import KVTimer, to_host
-from injection.engine.stopping import GenerationWatch
+from injection.engine.stopping import GenerationWatch, admitted
 from injection.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError
 from injection.kvcache.packed import PackedKV
 from injection.model.dtypes import resolve_dtype
@@ -137,7 +137,8 @@ class ModelAdapter(PreferenceModel):
         """Generate after ``prompt`` with ``injected`` as past K/V, values scaled by ``alpha``.
 
         ``sampling``: ``temperature`` (0 = greedy), ``top_p``, ``seed``; ``stop`` (strings
-        the reply ends before), ``on_text`` and ``cancelled`` (see injection.engine.stopping).
+        the reply ends before), ``on_text`` and ``cancelled`` (see injection.engine.stopping);
+        ``admit`` (asked with the prompt's token count: ``stopping.admitted``).
         """
         started = time.perf_counter()
         watch_opts = {k: sampling.pop(k) for k in ("stop", "on_text", "cancelled")
@@ -147,6 +148,7 @@ class ModelAdapter(PreferenceModel):
         if not prompt_ids:
             raise InvalidRequest("prompt is empty")
         input_ids = prefix + prompt_ids
+        max_new_tokens = admitted(sampling, len(input_ids), max_new_tokens)
         self._check_length(len(input_ids) + max_new_tokens)
         with torch.inference_mode():
             with KVTimer(self.device) as timer:
