@@ -19,7 +19,7 @@ from gpu_worker.routing import registry
 from gpu_worker.serving import chat_service, host, playground
 from gpu_worker.serving.runtime import serving, worker_id
 from tenants.actions import claim_is_live
-from tenants.errors import ChatAbandoned
+from tenants.errors import BudgetExceeded, ChatAbandoned
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +37,10 @@ GPU_TASK = {
 }
 
 
-# throws: an abandoned chat is an expected outcome (logged as one line, no traceback).
-@shared_task(name="gpu_worker.tasks.chat", throws=(ChatAbandoned,), **GPU_TASK)
+# throws: an abandoned chat, or one whose real prompt the budgets cannot hold, is an
+# expected outcome (logged as one line, no traceback).
+@shared_task(name="gpu_worker.tasks.chat", throws=(ChatAbandoned, BudgetExceeded),
+             **GPU_TASK)
 def chat(
     self,
     member_id: int,
@@ -60,7 +62,7 @@ def chat(
             host.sync_key_generation()
             result = chat_service.answer(member_id, conversation_id, message, params,
                                          request_id)
-        except ChatAbandoned as exc:
+        except (ChatAbandoned, BudgetExceeded) as exc:
             log.warning("chat request_id=%s refused: %s", request_id, exc.message)
             raise
     worker = worker_id(self)

@@ -23,7 +23,7 @@ from gpu_worker.errors import RedeliveryLimitExceeded
 from gpu_worker.ops import metrics
 from gpu_worker.routing.affinity import Route, check_capacity, choose_queue
 from tenants import actions, errors
-from tenants.budgets import estimate
+from tenants.budgets import estimate, ledger
 from tenants.faults import outage
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,8 @@ def stopped_waiting(member, request_id: str, key: str, exc: errors.PlatformError
         return stored
     if running:
         streams.flag_cancelled(request_id)
+    if isinstance(exc, errors.BudgetExceeded):  # the worker's, on the real prompt
+        exc.details.setdefault("retry_after", ledger.retry_after(member))
     if isinstance(exc, errors.WorkerUnavailable):
         exc.details.setdefault("retry_after", 5)
         exc.details["idempotency_key"] = key  # retry with it: exactly once

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from functools import partial
 from typing import Any, NamedTuple, NoReturn
 
 from django.conf import settings
@@ -12,6 +13,7 @@ from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
 from injection.prompting.history import block_start
 from tenants.actions import (
+    do_admit_prompt,
     do_record_cancelled,
     do_record_chat,
     do_record_discarded,
@@ -69,10 +71,13 @@ def memories_used(result, memories: tuple[MemoryItem, ...]) -> list[dict]:
 
 def build_request(member: Member, pref: Preference | None, messages: list[dict], params: dict,
                   stream=None, conversation_id: str | None = None,
-                  memories: tuple[MemoryItem, ...] = (), watch=None):
+                  memories: tuple[MemoryItem, ...] = (), watch=None,
+                  request_id: str | None = None):
     """The engine's request. ``stream``: the publisher of a streamed chat (its pieces, and
-    its cancel flag); ``watch``: the cancel flag of one that is not streamed."""
+    its cancel flag); ``watch``: the cancel flag of one that is not streamed;
+    ``request_id``: the claim whose reservation the real prompt settles (``admit``)."""
     watch = stream if stream is not None else watch
+    max_new = int(params.get("max_new_tokens") or settings.CHAT_DEFAULT_MAX_NEW_TOKENS)
     alpha = params.get("alpha")
     if alpha is None:
         alpha = pref.alpha if pref else DEFAULT_ALPHA
@@ -94,7 +99,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         alpha=float(alpha),
         emphasis=None if emphasis is None else float(emphasis),
         contrast=None if contrast is None else float(contrast),
-        max_new_tokens=int(params.get("max_new_tokens") or settings.CHAT_DEFAULT_MAX_NEW_TOKENS),
+        max_new_tokens=max_new,
         temperature=float(params.get("temperature") or 0.0),
         top_p=float(params.get("top_p") or 1.0),
         seed=None if params.get("seed") is None else int(params["seed"]),
@@ -102,8 +107,17 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         history_token_budget=settings.CHAT_HISTORY_TOKEN_BUDGET,
         on_text=stream.piece if stream is not None else None,
         cancelled=watch.cancelled if watch is not None else None,
+        admit=None if request_id is None else partial(admit_prompt, member, request_id, max_new),
         conversation_id=conversation_id,
     )
+
+
+def admit_prompt(member: Member, request_id: str, max_new_tokens: int,
+                 prompt_tokens: int) -> int:
+    """The engine's ``admit``: the rendered prompt settles the claim's budget reservation;
+    the completion tokens it may generate (BudgetExceeded / ChatAbandoned: none)."""
+    return do_admit_prompt(member, request_id, prompt_tokens=prompt_tokens,
+                           max_new_tokens=max_new_tokens)
 
 
 def cancelled(member: Member, request_id: str, tokens: int, stream, *,
@@ -172,7 +186,8 @@ def answer(
         conv_key = f"api:{conv.pk}" if conv is not None and params.get("history") is None else None
         result = executor.execute(build_request(
             member, pref, messages, params, stream, conv_key, memories,
-            watch=streams.cancel_watch(request_id)))  # the web may stop waiting
+            watch=streams.cancel_watch(request_id),  # the web may stop waiting
+            request_id=request_id))  # the budgets settle on the real prompt
     except Exception:
         if stream is not None:
             stream.end("error")

@@ -8,6 +8,7 @@ from tenants.actions.base import assert_actor_may_manage, audit
 from tenants.actions.budgets import PERIODS as BUDGET_PERIODS
 from tenants.actions.budgets import (
     check_budget,
+    do_admit_prompt,
     do_claim_chat_within_budget,
     do_clear_budget,
     do_set_budget,
@@ -75,6 +76,7 @@ from tenants.actions.tokens import do_create_api_token, do_revoke_api_token
 __all__ = [
     "BUDGET_PERIODS",
     "check_budget",
+    "do_admit_prompt",
     "do_claim_chat_within_budget",
     "do_clear_budget",
     "do_set_budget",

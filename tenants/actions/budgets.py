@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.db import transaction
 
 from tenants.actions.base import assert_actor_may_manage, audit
-from tenants.actions.exchanges import Claim, do_claim_chat
+from tenants.actions.exchanges import Claim, do_claim_chat, take_claim
 from tenants.budgets import ledger
 from tenants.errors import Forbidden, InvalidInput
 from tenants.models import AuditEvent, Member, Tenant, TokenBudget
@@ -100,6 +100,19 @@ def do_claim_chat_within_budget(member: Member, key: str, request_id: str, asked
     if claim.replay is not None:
         return claim, None
     return claim, ledger.reserve(member, claim.request_id, prompt_tokens, max_new_tokens)
+
+
+@transaction.atomic
+def do_admit_prompt(member: Member, request_id: str, *, prompt_tokens: int,
+                    max_new_tokens: int) -> int:
+    """The worker has rendered the chat's prompt (``prompt_tokens``, exact): settle the
+    claim's reservation to it and return the completion tokens it may generate (at most
+    ``max_new_tokens``). Admission reserved an estimate; this is what keeps concurrent
+    chats within the budgets when the worker renders more than the web estimated.
+    Raises ChatAbandoned (the claim is no longer live) or BudgetExceeded; either way
+    nothing is generated, and the web's give-up releases the reservation."""
+    claim = take_claim(member, request_id)
+    return ledger.settle_prompt(member, claim, prompt_tokens, max_new_tokens)
 
 
 def note_usage(member: Member) -> None:

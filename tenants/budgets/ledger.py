@@ -119,7 +119,43 @@ def reserve(member: Member, request_id: str, prompt_estimate: int,
     if not budgets:
         return None
     standings = [standing(b) for b in budgets]
-    need = prompt_estimate + 1
+    _refuse_short(standings, prompt_estimate + 1)
+    grant = min(max_new_tokens, min(s.left for s in standings) - prompt_estimate)
+    ChatExchange.objects.filter(tenant_id=member.tenant_id, member=member,
+                                request_id=request_id).update(
+        reserved_tokens=prompt_estimate + grant)
+    return grant
+
+
+def settle_prompt(member: Member, claim: ChatExchange, prompt_tokens: int,
+                  max_new_tokens: int) -> int:
+    """The worker's real prompt, just before it generates: the claim's reservation becomes
+    ``prompt_tokens`` + the completion tokens granted (at most ``max_new_tokens``, what
+    the budgets hold besides it). Call with the claim row locked (``take_claim``), which
+    keeps its reservation counted. Raises BudgetExceeded when the real prompt and one
+    completion token do not fit: nothing is generated. Tenants without budgets: no change."""
+    budgets = list(_applicable(member).select_for_update())
+    if not budgets:
+        return max_new_tokens
+    own = claim.reserved_tokens  # in every standing's ``reserved``: it is live
+    standings = [standing(b) for b in budgets]
+    _refuse_short(standings, prompt_tokens + 1 - own)
+    grant = min(max_new_tokens, min(s.left for s in standings) + own - prompt_tokens)
+    claim.reserved_tokens = prompt_tokens + grant
+    claim.save(update_fields=["reserved_tokens", "updated_at"])
+    return grant
+
+
+def retry_after(member: Member) -> int:
+    """Seconds until the longest period of the member's budgets resets (a refusal whose
+    own ``retry_after`` was lost on its way from a worker)."""
+    periods = set(_applicable(member).values_list("period", flat=True)) or {"day"}
+    return max(seconds_to_reset(p) for p in periods)
+
+
+def _refuse_short(standings: list[Standing], need: int) -> None:
+    """BudgetExceeded (``retry_after``: the longest reset of those short) unless every
+    budget has ``need`` tokens left."""
     short = [s for s in standings if s.left < need]
     if short:
         worst = max(short, key=lambda s: seconds_to_reset(s.budget.period))
@@ -129,11 +165,6 @@ def reserve(member: Member, request_id: str, prompt_estimate: int,
             f"{seconds_to_reset(worst.budget.period)} s.",
             scope=worst.scope, period=worst.budget.period, limit=worst.budget.tokens,
             retry_after=seconds_to_reset(worst.budget.period))
-    grant = min(max_new_tokens, min(s.left for s in standings) - prompt_estimate)
-    ChatExchange.objects.filter(tenant_id=member.tenant_id, member=member,
-                                request_id=request_id).update(
-        reserved_tokens=prompt_estimate + grant)
-    return grant
 
 
 def crossings(member: Member) -> list[tuple[Standing, int]]:

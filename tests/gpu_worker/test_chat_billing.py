@@ -18,7 +18,7 @@ from gpu_worker.routing.affinity import Route
 from gpu_worker.serving import chat_service
 from injection.base import ExecutionResult, Tier
 from tenants import actions
-from tenants.errors import ChatAbandoned, WorkerUnavailable
+from tenants.errors import BudgetExceeded, ChatAbandoned, WorkerUnavailable
 from tenants.models import AuditEvent, AuditLog, ChatExchange, Message, UsageDay
 
 pytestmark = pytest.mark.django_db
@@ -114,3 +114,18 @@ def test_a_forged_or_foreign_cancel_flag_stops_nothing(member, request_id):
     watch = streams.CancelWatch(registry.redis_client(), request_id, cancel_every=1)
     assert not watch.cancelled()
     registry.redis_client().delete(streams.cancel_key(other))
+
+
+def test_the_request_settles_the_claims_budget_on_the_real_prompt(member, request_id):
+    actions.do_set_budget(member.tenant, member=member, tokens=100, period="day")
+    params = {"max_new_tokens": 64}
+    request = chat_service.build_request(member, None, [{"role": "user", "content": "hi"}],
+                                         params, None, None, (), request_id=request_id)
+    assert request.admit(30) == 64 and request.max_new_tokens == 64
+    assert ChatExchange.objects.get(request_id=request_id).reserved_tokens == 94
+    assert request.admit(60) == 40  # the engine caps the reply to this
+    with pytest.raises(BudgetExceeded):
+        request.admit(100)  # not even one completion token: nothing is generated
+    plain = chat_service.build_request(member, None, [{"role": "user", "content": "hi"}],
+                                       params)
+    assert plain.admit is None  # no claim named: nothing to settle

@@ -13,7 +13,7 @@ from django.db import connection
 from tenants import actions
 from tenants.budgets import ledger
 from tenants.budgets.periods import period_start, seconds_to_reset
-from tenants.errors import BudgetExceeded, Forbidden, InvalidInput
+from tenants.errors import BudgetExceeded, ChatAbandoned, Forbidden, InvalidInput
 from tenants.models import AuditEvent, AuditLog, ChatExchange, TokenBudget, UsageDay
 
 PARAMS = {"max_new_tokens": 50}
@@ -184,6 +184,78 @@ def test_concurrent_chats_never_overshoot_a_budget_by_more_than_one_request():
     assert refused and admitted and len(refused) + len(admitted) == 12
     assert budget - (prompt + 1) <= total <= budget + one_request
     assert total == sum(admitted) + len(admitted) * (prompt + extra)
+
+
+@pytest.mark.django_db
+def test_the_workers_real_prompt_settles_the_reservation(acme):
+    """Admission reserved an estimate; the worker's prompt (all memories, reminders...)
+    is larger: ``do_admit_prompt`` re-reserves it, caps the reply to what is left, or
+    refuses before anything is generated."""
+    actions.do_set_budget(acme.tenant, member=acme.user, tokens=100, period="day")
+    first, granted = admit(acme.user, prompt=10, max_new=50)
+    assert granted == 50  # 60 held
+    other, _ = admit(acme.user, prompt=10, max_new=20)  # 30 held
+    held = lambda rid: ChatExchange.objects.get(request_id=rid).reserved_tokens  # noqa: E731
+    # the real prompt is 25: 100 - 30 (the other's) - 25 = 45 completion tokens at most
+    assert actions.do_admit_prompt(acme.user, first, prompt_tokens=25, max_new_tokens=50) == 45
+    assert held(first) == 70
+    assert actions.do_admit_prompt(acme.user, first, prompt_tokens=25, max_new_tokens=50) == 45
+    with pytest.raises(BudgetExceeded) as refused:  # 30 held, 70 by the first: no room
+        actions.do_admit_prompt(acme.user, other, prompt_tokens=30, max_new_tokens=20)
+    assert refused.value.details["scope"] == "member" and refused.value.details["retry_after"]
+    assert held(other) == 30  # unchanged: its web releases it when it gives up
+    assert actions.do_admit_prompt(acme.user, other, prompt_tokens=12, max_new_tokens=20) == 18
+    settle(acme.user, first, prompt=25, completion=45)
+    settle(acme.user, other, prompt=12, completion=18)
+    assert spent(acme.user) == 100
+    # no budget: nothing held, nothing capped; an abandoned claim: refused, not generated
+    free, _ = admit(acme.other)
+    assert actions.do_admit_prompt(acme.other, free, prompt_tokens=500, max_new_tokens=64) == 64
+    assert held(free) == 0
+    actions.do_abandon_chat(acme.other, free, reason="timeout")
+    with pytest.raises(ChatAbandoned):
+        actions.do_admit_prompt(acme.other, free, prompt_tokens=5, max_new_tokens=64)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_chats_whose_prompts_outgrow_their_estimates_never_overshoot():
+    """Issue 33: every prompt is 30 tokens above admission's estimate (the worker renders
+    more memories than the web counts); the worker settles its reservation on the real
+    prompt before generating. Whatever the interleaving: spent <= budget, tenant and
+    member alike."""
+    from tests.tenants.conftest import make_world
+
+    world = make_world("race", "race secret")
+    estimate, real, max_new = 10, 40, 50
+    actions.do_set_budget(world.tenant, tokens=500, period="day")
+    actions.do_set_budget(world.tenant, member=world.user, tokens=200, period="day")
+    start, outcomes = threading.Barrier(12), []
+
+    def one_chat(member):
+        try:
+            start.wait()
+            try:
+                request_id, _ = admit(member, prompt=estimate, max_new=max_new)
+                granted = actions.do_admit_prompt(member, request_id, prompt_tokens=real,
+                                                  max_new_tokens=max_new)
+            except BudgetExceeded:
+                outcomes.append(None)
+                return
+            settle(member, request_id, prompt=real, completion=granted)
+            outcomes.append(granted)
+        finally:
+            connection.close()
+
+    members = [world.user, world.other, world.admin] * 4
+    threads = [threading.Thread(target=one_chat, args=(m,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    answered = [g for g in outcomes if g is not None]
+    assert len(outcomes) == 12 and answered and None in outcomes
+    assert spent(tenant=world.tenant) <= 500 and spent(world.user) <= 200
+    assert spent(tenant=world.tenant) == sum(answered) + len(answered) * real
 
 
 @pytest.mark.django_db
