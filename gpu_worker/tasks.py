@@ -63,7 +63,11 @@ def chat(
             result = chat_service.answer(member_id, conversation_id, message, params,
                                          request_id)
         except (ChatAbandoned, BudgetExceeded) as exc:
+            chat_service.release_reservation(member_id, request_id)
             log.warning("chat request_id=%s refused: %s", request_id, exc.message)
+            raise
+        except Exception:  # failed (a time limit included): it will bill nothing more
+            chat_service.release_reservation(member_id, request_id)
             raise
     worker = worker_id(self)
     tier = result["cache"]["tier"]

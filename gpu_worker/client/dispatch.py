@@ -150,7 +150,7 @@ def stopped_waiting(member, request_id: str, key: str, exc: errors.PlatformError
     """We stop waiting: no worker may store it now, unless one already has (its answer).
     ``running``: it was dispatched, so a worker may be generating it for nobody: its
     cancel flag stops it within a few tokens (what it generated is billed)."""
-    stored = actions.do_abandon_chat(member, request_id, reason=exc.code)
+    stored = actions.do_abandon_chat(member, request_id, reason=exc.code, dispatched=running)
     if stored is not None:
         return stored
     if running:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from functools import partial
 from typing import Any, NamedTuple, NoReturn
@@ -19,8 +20,11 @@ from tenants.actions import (
     do_record_discarded,
     get_conversation,
 )
+from tenants.budgets import ledger
 from tenants.errors import ChatAbandoned, InactiveAccount, NotFound
 from tenants.models import Conversation, Member, Memory, Message, Preference
+
+log = logging.getLogger(__name__)
 
 
 def load_member(member_id: int) -> Member:
@@ -118,6 +122,16 @@ def admit_prompt(member: Member, request_id: str, max_new_tokens: int,
     the completion tokens it may generate (BudgetExceeded / ChatAbandoned: none)."""
     return do_admit_prompt(member, request_id, prompt_tokens=prompt_tokens,
                            max_new_tokens=max_new_tokens)
+
+
+def release_reservation(member_id: int, request_id: str) -> None:
+    """The attempt was refused or failed: its budget reservation is free (what it
+    generated, if anything, is billed already). Never raises over the task's own error:
+    with Postgres down the reservation lapses on its own (``tenants.budgets.ledger``)."""
+    try:
+        ledger.release(member_id, request_id)
+    except Exception as exc:
+        log.warning("chat request_id=%s: reservation not released: %r", request_id, exc)
 
 
 def cancelled(member: Member, request_id: str, tokens: int, stream, *,

@@ -10,7 +10,7 @@ from django.db import IntegrityError, transaction
 from tenants.actions.base import audit
 from tenants.actions.budgets import note_usage
 from tenants.actions.exchanges import take_claim
-from tenants.budgets import tpm
+from tenants.budgets import ledger, tpm
 from tenants.budgets.estimate import served_model
 from tenants.errors import NotFound
 from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message
@@ -154,6 +154,7 @@ def bill_unstored(member: Member, request_id: str, event: AuditEvent, *, prompt_
     ChatExchange.objects.filter(tenant=member.tenant, member=member, request_id=request_id,
                                 state=ChatExchange.State.PENDING).update(
         state=ChatExchange.State.ABANDONED)  # its web stopped waiting, or gave up at once
+    ledger.release(member.pk, request_id)  # the usage below counts instead
     model = served_model()
     try:
         with transaction.atomic():  # a savepoint: a refused row leaves the rest intact
@@ -181,8 +182,10 @@ def _constraint(exc: IntegrityError) -> str | None:
 
 def _fill_claim(claim, conversation, answer: Message, usage: dict, cache: dict) -> None:
     claim.state = claim.State.DONE
+    claim.reserved_tokens = claim.carried_tokens = 0  # settled: the usage counts instead
     claim.conversation, claim.reply, claim.cache = conversation, answer, cache
     claim.usage = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
     if "cached_tokens" in usage:  # a replay answers what the first answer said
         claim.usage["cached_tokens"] = usage["cached_tokens"]
-    claim.save(update_fields=["state", "conversation", "reply", "usage", "cache", "updated_at"])
+    claim.save(update_fields=["state", "reserved_tokens", "carried_tokens", "conversation",
+                              "reply", "usage", "cache", "updated_at"])

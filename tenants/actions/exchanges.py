@@ -19,7 +19,7 @@ from datetime import timedelta
 from typing import Any, NamedTuple
 
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.db.models.functions import Now
 
 from tenants.actions.base import audit
@@ -82,15 +82,19 @@ def do_claim_chat(
     taken = ChatExchange.objects.filter(
         Q(state=State.ABANDONED) | Q(state=State.PENDING, deadline__lte=Now()), pk=exchange.pk
     ).update(state=State.PENDING, request_id=request_id, deadline=_deadline(timeout),
-             updated_at=Now())
+             updated_at=Now(), reserved_tokens=0,  # the previous attempt's worker may
+             carried_tokens=F("carried_tokens") + F("reserved_tokens"))  # still bill it
     if not taken:
         raise ChatInProgress(retry_after=IN_PROGRESS_RETRY_AFTER)
     return Claim(request_id, None)
 
 
 @transaction.atomic
-def do_abandon_chat(member: Member, request_id: str, reason: str) -> dict[str, Any] | None:
+def do_abandon_chat(member: Member, request_id: str, reason: str, *,
+                    dispatched: bool = True) -> dict[str, Any] | None:
     """The web stops waiting for ``request_id``: no worker may store it from now on.
+    Its budget reservation stays until its worker settles it (it may be generating),
+    unless it was never ``dispatched``.
 
     Returns the stored answer instead when a worker stored it first."""
     exchange = (
@@ -104,7 +108,9 @@ def do_abandon_chat(member: Member, request_id: str, reason: str) -> dict[str, A
         return stored_answer(exchange)
     if exchange.state == State.PENDING:
         exchange.state = State.ABANDONED
-        exchange.save(update_fields=["state", "updated_at"])
+        if not dispatched:
+            exchange.reserved_tokens = 0
+        exchange.save(update_fields=["state", "reserved_tokens", "updated_at"])
         audit(member.tenant, AuditEvent.CHAT_ABANDONED, actor=member.user, actor_kind="member",
               target=str(member), request_id=request_id, reason=reason)
         usage_rollup.account_chat(member, ok=False)

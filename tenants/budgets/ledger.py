@@ -2,9 +2,13 @@
 
 Why Postgres and not a Redis counter: a chat's reservation lives on its idempotency
 claim (``ChatExchange.reserved_tokens``) and its real usage lands in ``UsageDay`` in the
-same transaction that stores the reply, so *spent + reserved* is always exact and can
-never drift: settling is the claim turning ``done`` (the rollup now holds the real
-usage), releasing is it turning ``abandoned`` or passing its deadline. Admissions that
+same transaction that settles the reservation, so *spent + reserved* is always exact and
+can never drift. The worker settles it three times: on its real prompt before generating
+(``settle_prompt``: re-reserved, the reply capped), then by storing the reply (the claim
+turns ``done``, the rollup holds the real usage) or by billing what it generated or
+refusing (``release``). An abandoned claim keeps its reservation until then (its worker
+may still be generating); no task runs past the deadline plus ``CHAT_HARD_TIME_LIMIT``,
+so a reservation never outlives that. Admissions that
 share a budget are serialised by ``SELECT ... FOR UPDATE`` on the ``TokenBudget`` rows
 (tenant's first, then the member's: one lock order, no deadlock), so two web processes
 can never both take the last tokens. Chats of tenants without budgets lock nothing.
@@ -16,6 +20,7 @@ import datetime as dt
 import functools
 from typing import NamedTuple
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import F, Q
 
@@ -33,9 +38,10 @@ THRESHOLDS = (80, 100)  # percent of a budget whose crossing is audited once per
 # summed once per period and day (``_settled``).
 _STANDING = """
 SELECT
-  (SELECT coalesce(sum(reserved_tokens), 0) FROM tenants_chatexchange
+  (SELECT coalesce(sum(reserved_tokens + carried_tokens), 0) FROM tenants_chatexchange
     WHERE tenant_id = %(t)s AND (%(m)s::bigint IS NULL OR member_id = %(m)s)
-      AND state = 'pending' AND reserved_tokens > 0 AND deadline > now()),
+      AND (reserved_tokens > 0 OR carried_tokens > 0) AND state <> 'done'
+      AND deadline > now() - make_interval(secs => %(hold)s)),
   (SELECT coalesce(sum(prompt_tokens + completion_tokens), 0) FROM tenants_usageday
     WHERE tenant_id = %(t)s AND (%(m)s::bigint IS NULL OR member_ref = %(m)s)
       AND day >= %(start)s)
@@ -73,7 +79,8 @@ def standing(budget: TokenBudget, at: dt.datetime | None = None) -> Standing:
     start = period_start(budget.period, at)
     live = max(start, live_since(at))
     with connection.cursor() as cur:
-        cur.execute(_STANDING, {"t": budget.tenant_id, "m": budget.member_id, "start": live})
+        cur.execute(_STANDING, {"t": budget.tenant_id, "m": budget.member_id, "start": live,
+                                "hold": settings.CHAT_HARD_TIME_LIMIT})
         reserved, spent = cur.fetchone()
     earlier = _settled(budget.tenant_id, budget.member_id, start, live)
     return Standing(budget, start, int(spent) + earlier, int(reserved))
@@ -144,6 +151,12 @@ def settle_prompt(member: Member, claim: ChatExchange, prompt_tokens: int,
     claim.reserved_tokens = prompt_tokens + grant
     claim.save(update_fields=["reserved_tokens", "updated_at"])
     return grant
+
+
+def release(member_id: int, request_id: str) -> None:
+    """The attempt's worker is done with its reservation: it billed, refused or failed."""
+    ChatExchange.objects.filter(member_id=member_id, request_id=request_id,
+                                reserved_tokens__gt=0).update(reserved_tokens=0)
 
 
 def retry_after(member: Member) -> int:

@@ -36,9 +36,16 @@ class ChatExchange(models.Model):
         "tenants.Message", on_delete=models.CASCADE, null=True, blank=True, related_name="+"
     )
     usage = models.JSONField(default=dict, blank=True)
-    # Tokens held against the member's and tenant's budgets while pending (0: no budget);
-    # released by leaving ``pending`` (done: the real usage counts instead; abandoned).
+    # Tokens held against the member's and tenant's budgets for the current attempt (0: no
+    # budget, or settled). Held until its worker settles them: storing the reply (done:
+    # the real usage counts instead), billing what it generated, or refusing/failing; an
+    # abandoned attempt's worker may still be generating, so abandoning does not release
+    # them, except for an attempt never dispatched. At the latest they lapse
+    # CHAT_HARD_TIME_LIMIT after the deadline (no task can run on past that).
     reserved_tokens = models.PositiveIntegerField(default=0)
+    # An earlier attempt's unsettled reservation, carried when a retry with the same key
+    # takes the claim over (its worker may still bill); dropped when the key is answered.
+    carried_tokens = models.PositiveIntegerField(default=0)
     cache = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -50,8 +57,9 @@ class ChatExchange(models.Model):
             models.UniqueConstraint(fields=["tenant", "request_id"],
                                     name="chatexchange_request_per_tenant"),
         ]
-        indexes = [models.Index(fields=["tenant", "member"], name="chatexchange_reserved",
-                                condition=models.Q(state="pending", reserved_tokens__gt=0))]
+        indexes = [models.Index(
+            fields=["tenant", "member"], name="chatexchange_holding",
+            condition=models.Q(reserved_tokens__gt=0) | models.Q(carried_tokens__gt=0))]
 
     def __str__(self) -> str:
         return f"chat {self.key} ({self.state})"

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 import uuid
 from io import StringIO
 
 import pytest
+from django.conf import settings
 from django.core.management import CommandError, call_command
 from django.db import connection
+from django.utils import timezone
 
 from tenants import actions
 from tenants.budgets import ledger
@@ -106,8 +109,10 @@ def test_admission_caps_completion_then_refuses_until_the_period_resets(acme):
         request_id__in=[first, second]).exists()  # the refused claim was rolled back
     # the other member is not held by acme-user's budget; no budget: nothing reserved
     assert admit(acme.other)[1] is None
-    # a failed chat releases its reservation; a settled one counts its real usage
-    actions.do_abandon_chat(acme.user, second, reason="worker_unavailable")
+    # a chat never dispatched releases its reservation when abandoned (one a worker
+    # may be running holds it until the worker settles it); a settled one counts its
+    # real usage
+    actions.do_abandon_chat(acme.user, second, reason="worker_unavailable", dispatched=False)
     settle(acme.user, first, prompt=22, completion=30)
     st = ledger.standing(TokenBudget.objects.get(member=acme.user))
     assert (st.spent, st.reserved, st.left) == (52, 0, 48)
@@ -215,6 +220,43 @@ def test_the_workers_real_prompt_settles_the_reservation(acme):
     actions.do_abandon_chat(acme.other, free, reason="timeout")
     with pytest.raises(ChatAbandoned):
         actions.do_admit_prompt(acme.other, free, prompt_tokens=5, max_new_tokens=64)
+
+
+@pytest.mark.django_db
+def test_an_abandoned_chat_holds_its_reservation_until_its_worker_settles_it(acme):
+    """A streaming client leaves (or the web times out): the claim is abandoned at once,
+    but its worker stops a few tokens later and bills them. Until it has, the
+    reservation still counts, so no other chat can take tokens it is about to bill."""
+    from tenants.budgets.ledger import release
+
+    budget = actions.do_set_budget(acme.tenant, member=acme.user, tokens=100, period="day")
+    left = lambda: ledger.standing(TokenBudget.objects.get(pk=budget.pk)).left  # noqa: E731
+    gone, _ = admit(acme.user, prompt=10, max_new=50)  # 60 held
+    actions.do_abandon_chat(acme.user, gone, reason="client_disconnected")
+    assert left() == 40  # still held: its worker may be generating
+    assert admit(acme.user, prompt=10, max_new=50)[1] == 30  # only what is really free
+    actions.do_record_cancelled(acme.user, gone, prompt_tokens=10, completion_tokens=7)
+    assert left() == 100 - 17 - 40  # billed 17; the reservation settled with it
+    # a retry with the same key takes the claim over: the earlier attempt's unsettled
+    # reservation is carried until the key is answered
+    key_first, _ = admit(acme.user, prompt=5, max_new=5, key="k")  # 10 held
+    actions.do_abandon_chat(acme.user, key_first, reason="timeout")
+    retry, granted = admit(acme.user, prompt=5, max_new=5, key="k")
+    assert retry != key_first and granted == 5
+    assert ChatExchange.objects.get(request_id=retry).carried_tokens == 10
+    assert left() == 100 - 17 - 40 - 10 - 10
+    release(acme.user.pk, key_first)  # the first attempt's worker refused: no row of its own
+    settle(acme.user, retry, prompt=5, completion=5)
+    row = ChatExchange.objects.get(request_id=retry)
+    assert (row.reserved_tokens, row.carried_tokens) == (0, 0)
+    assert left() == 100 - 17 - 40 - 10
+    # at the latest, a reservation lapses CHAT_HARD_TIME_LIMIT after its claim's deadline
+    lapsed, _ = admit(acme.user, prompt=1, max_new=1)
+    actions.do_abandon_chat(acme.user, lapsed, reason="timeout")
+    assert left() == 100 - 17 - 40 - 10 - 2
+    ChatExchange.objects.filter(request_id=lapsed).update(
+        deadline=timezone.now() - dt.timedelta(seconds=settings.CHAT_HARD_TIME_LIMIT + 1))
+    assert left() == 100 - 17 - 40 - 10
 
 
 @pytest.mark.django_db(transaction=True)
