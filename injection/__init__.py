@@ -69,6 +69,8 @@ def build_executor(
     l1_tenant_quota_bytes: int = 512 * MiB,
     l2_ttl_seconds: int = 86400,
     l2_enabled: bool = True,
+    l2_link_tenant_bytes: int = 0,
+    l2_writer_max_bytes: int = 0,
     key_generation: str = "0",
     metrics: Metrics | None = None,
     batch_max: int = 0,
@@ -91,7 +93,10 @@ def build_executor(
 
     L2 is used only when ``l2_enabled`` and ``redis_client`` is given; it then
     needs ``signing_secret`` (fail closed: no unsigned Redis cache).
-    ``key_generation`` must match the one maintenance tools sign with.
+    ``key_generation`` must match the one maintenance tools sign with. A tenant's
+    conversation links in Redis are held to ``l2_link_tenant_bytes`` (0: no budget;
+    ``injection.kvcache.l2.links``), and at most ``l2_writer_max_bytes`` of K/V wait for the
+    L2 writer (0: bounded by count only).
     ``batch_max`` >= 1 puts a :class:`BatchEngine` in front of the model (continuous
     batching of up to that many rows, conversation K/V reuse up to
     ``conversation_max_bytes`` per conversation, in an L1 of ``conversation_l1_max_bytes``
@@ -136,7 +141,9 @@ def build_executor(
         if not signing_secret:
             raise ValueError("an L2 Redis tier needs a signing_secret")
         signer = CacheKeySigner(signing_secret, key_generation=key_generation)
-        l2 = RedisKVTier(redis_client, signer, ttl_seconds=l2_ttl_seconds)
+        l2 = RedisKVTier(redis_client, signer, ttl_seconds=l2_ttl_seconds,
+                         link_quota_bytes=l2_link_tenant_bytes,
+                         max_inflight_bytes=l2_writer_max_bytes)
     engine = None
     if batch_max >= 1 and getattr(adapter, "supports_batching", False):
         from injection.engine.batch import BatchEngine

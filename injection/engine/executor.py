@@ -30,6 +30,7 @@ from injection.engine.oom import on_cuda, with_oom_retry
 from injection.engine.request_checks import history_len as _history_len
 from injection.engine.request_checks import sampling_options
 from injection.engine.request_checks import validate as _validate
+from injection.engine.steps import kv_format
 from injection.engine.turns import TurnGenerator, join
 from injection.errors import InvalidRequest
 from injection.kvcache.chain import SegmentChain, kind_stats
@@ -161,6 +162,7 @@ class InjectionExecutor:
         return {
             "metrics": self.metrics.snapshot(),
             "fingerprint": self.adapter.fingerprint,
+            "kv": kv_format(self.adapter),
             "batch": self.engine.stats() if self.engine is not None else None,
             **self.kv_source.tier_stats(),
             "kinds": kind_stats(self.metrics.snapshot()["counters"], self.l1, self.conv_l1),

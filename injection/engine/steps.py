@@ -140,6 +140,18 @@ def bytes_per_token(adapter: Any) -> int:
     return 2 * adapter.num_layers * adapter.num_kv_heads * head_dim * elem
 
 
+def kv_format(adapter: Any) -> dict[str, Any]:
+    """What one cached token costs for the loaded model: K and V of every layer and KV head,
+    in the model's dtype (L1 and the L2 codec store exactly that, before headers)."""
+    try:
+        per_token = bytes_per_token(adapter)
+    except AttributeError:  # an adapter without a transformers config (test doubles)
+        per_token = None
+    return {"bytes_per_token": per_token, "dtype": str(getattr(adapter, "dtype", "")),
+            "layers": getattr(adapter, "num_layers", None),
+            "kv_heads": getattr(adapter, "num_kv_heads", None)}
+
+
 def free_accelerator() -> None:
     gc.collect()
     if torch.cuda.is_available():

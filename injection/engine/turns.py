@@ -54,6 +54,7 @@ class TurnPlan(NamedTuple):
     admitted: bool = False  # the turn's link is stored (see ConversationStore)
     emphasis: float = 0.0  # the turn's attention emphasis (its link is keyed by it)
     replies: tuple[str, ...] = ()  # earlier assistant messages (the model's own words)
+    shared: bool = False  # the link goes to Redis too: this turn continued one (a second use)
 
 
 def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
@@ -93,7 +94,8 @@ class TurnGenerator:
         admitted = cached is not None or any(m["role"] != "system" for m in messages[:-1])
         if not admitted:
             self.store.metrics.incr("conv_not_admitted")
-        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies)
+        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies,
+                        shared=cached is not None)
 
     def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
             sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = (),
@@ -149,7 +151,8 @@ class TurnGenerator:
             req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
             chash, alpha, plan.emphasis)
         link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
-        self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
+        self.store.keep(nxt, link, replaces=plan.key, share=plan.shared)  # replaces the one
+        # this turn continued
         if opening is not None and self.prefill_opening and self.engine is not None and not (
                 plan.emphasis or plan.prompt_ids is None):
             self._submit(nxt, plan.prompt, seq, head, opening)

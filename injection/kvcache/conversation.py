@@ -18,7 +18,10 @@ conversation L1) and to Redis (same codec, HMAC, tenant-scoped names, the member
 index: evicting the member or the tenant drops them), so a turn on another worker or
 after a restart continues from cache. Admission: a turn without history (a one-shot
 request, or a conversation's first turn) is not stored; turns with history (the
-conversation goes on) are, so one-shot requests never fill the cache.
+conversation goes on) are kept in L1, and in Redis only once the conversation has been
+continued from a link (its second use), so one-shot requests, few-shot prompts included,
+never fill Redis. Redis holds each tenant's links to a byte budget of their own
+(``injection.kvcache.l2.links``).
 """
 
 from __future__ import annotations
@@ -65,7 +68,9 @@ class ConversationStore:
 
     def __init__(self, l1: KVStore | None, l2: KVStore | None, metrics: Metrics, *,
                  max_bytes: int) -> None:
-        self.l1, self.l2, self.metrics, self.max_bytes = l1, l2, metrics, int(max_bytes)
+        self.l1, self.metrics, self.max_bytes = l1, metrics, int(max_bytes)
+        links = getattr(l2, "links_view", None)  # Redis: links within their tenant's budget
+        self.l2 = links() if links is not None else l2
         # told (old key, new key, new link) after a turn replaced a link, so the host can
         # have the other workers drop their L1 copies of the superseded one (drop_stale)
         self.on_replaced: Callable[[CacheKey, CacheKey, PackedKV], None] | None = None
@@ -99,8 +104,10 @@ class ConversationStore:
         return PackedKV(stored.keys[:, :, :n], stored.values[:, :, :n], stored.token_ids[:n])
 
     # -- storage --------------------------------------------------------------------------
-    def keep(self, key: CacheKey, kv: PackedKV, *, replaces: CacheKey | None = None) -> bool:
-        """Store a turn's link (L1 and Redis) and drop the one it supersedes."""
+    def keep(self, key: CacheKey, kv: PackedKV, *, replaces: CacheKey | None = None,
+             share: bool = True) -> bool:
+        """Store a turn's link (L1, and Redis when ``share``) and drop the one it
+        supersedes."""
         if not self.enabled:
             return False
         assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
@@ -112,7 +119,10 @@ class ConversationStore:
                 self._call(name, store, "discard", replaces)
         with self._l1_lock:
             stored = bool(self._call("l1", self.l1, "put", key, kv))
-        self._call("l2", self.l2, "put", key, kv)
+        if share:
+            self._call("l2", self.l2, "put", key, kv)
+        elif self.l2 is not None:
+            self.metrics.incr("conv_l2_not_admitted")  # a first use: this worker's L1 only
         self.metrics.incr("conv_stored")
         if replaces is not None and self.on_replaced is not None:
             try:

@@ -15,6 +15,11 @@
   Redis for ``retry_after_s`` (counted as ``bypassed``) instead of each paying
   a connect timeout. Maintenance calls (``evict``, ``verify``,
   ``stats(scan=True)``) raise ``redis.RedisError`` so their callers know.
+* A full Redis (``maxmemory`` reached, OOM) is not a fault: the write is refused and
+  counted (``refused_writes``), reads go on. A conversation link (``link=True``) is
+  written within its tenant's link budget (``injection.kvcache.l2.links``): room is made
+  from that tenant's own oldest links (``link_evictions``), never another tenant's.
+* The writer's queue is bounded in bytes as well as in count (``max_inflight_bytes``).
 """
 
 from __future__ import annotations
@@ -27,10 +32,17 @@ from typing import TYPE_CHECKING, Any
 import redis
 
 from injection.base import CacheKey, KVStore
-from injection.kvcache.l2_maintenance import COUNTERS, L2Maintenance
-from injection.kvcache.redis_client import FAULTS, connect, wrong_type
+from injection.kvcache.l2.links import LinkLedger, LinkView
+from injection.kvcache.l2.maintenance import COUNTERS, L2Maintenance
+from injection.kvcache.l2.writer import BoundedWriter
+from injection.kvcache.l2.writes import L2Writes, _codec
+from injection.kvcache.redis_client import (
+    DROP_INDEXED,
+    FAULTS,
+    connect,
+    wrong_type,
+)
 from injection.kvcache.signing import CacheKeySigner
-from injection.kvcache.writer import BoundedWriter
 
 if TYPE_CHECKING:  # pragma: no cover
     from injection.kvcache.packed import PackedKV
@@ -40,15 +52,7 @@ __all__ = ["RedisKVTier", "connect"]
 log = logging.getLogger(__name__)
 
 
-def _codec():
-    """``injection.kvcache.codec`` (it needs torch), imported on first encode/decode, so a process
-    that only evicts or scans entries (the web invalidating L2) never loads torch."""
-    from injection.kvcache import codec
-
-    return codec
-
-
-class RedisKVTier(L2Maintenance, KVStore):
+class RedisKVTier(L2Writes, L2Maintenance, KVStore):
     """Shared L2 cache tier over one Redis client (give it short socket timeouts).
 
     Args:
@@ -60,6 +64,8 @@ class RedisKVTier(L2Maintenance, KVStore):
         async_writes: False writes inline (maintenance, benchmarks).
         compress: zstd payloads (off by default: see docs/BENCHMARKS.md).
         retry_after_s: after a Redis fault, get/put skip Redis this long.
+        max_inflight_bytes: K/V bytes queued + writing before new puts are skipped (0: none).
+        link_quota_bytes: a tenant's conversation links in Redis, in bytes (0: no budget).
     """
 
     def __init__(
@@ -73,12 +79,19 @@ class RedisKVTier(L2Maintenance, KVStore):
         async_writes: bool = True,
         compress: bool = False,
         retry_after_s: float = 1.0,
+        max_inflight_bytes: int = 0,
+        link_quota_bytes: int = 0,
     ) -> None:
         if ttl_seconds <= 0 or max_inflight <= 0:
             raise ValueError("ttl_seconds and max_inflight must be positive")
+        if max_inflight_bytes < 0:
+            raise ValueError("max_inflight_bytes must be >= 0 (0: no byte bound)")
         if client.get_connection_kwargs().get("decode_responses"):
             raise ValueError("RedisKVTier needs a client with decode_responses=False")
         self.client = client
+        self._drop_script = client.register_script(DROP_INDEXED)
+        self.links = LinkLedger(client, signer.with_namespace(namespace),
+                                quota_bytes=link_quota_bytes, ttl_seconds=int(ttl_seconds))
         self.signer = signer.with_namespace(namespace)
         self.ttl_seconds, self.max_inflight = int(ttl_seconds), int(max_inflight)
         self.async_writes, self.compress = async_writes, compress
@@ -88,9 +101,19 @@ class RedisKVTier(L2Maintenance, KVStore):
         self._counts = dict.fromkeys(COUNTERS, 0)
         self._per_tenant: dict[str, dict[str, int]] = {}
         self._touched: dict[CacheKey, float] = {}  # key -> monotonic time of its last touch
-        self._writer: BoundedWriter[CacheKey, PackedKV] = BoundedWriter(
-            self._write, self.max_inflight, "kvi-l2-writer"
+        self._writer: BoundedWriter[CacheKey, tuple[PackedKV, bool]] = BoundedWriter(
+            self._queued_write, self.max_inflight, "kvi-l2-writer",
+            max_bytes=max_inflight_bytes, weigh=lambda job: job[0].nbytes,
         )
+
+    @property
+    def signer(self) -> CacheKeySigner:
+        return self._signer
+
+    @signer.setter
+    def signer(self, signer: CacheKeySigner) -> None:
+        """A new key generation (``kvcache rotate-key``): names and ledgers follow it."""
+        self._signer = self.links.signer = signer
 
     @classmethod
     def from_url(
@@ -100,17 +123,19 @@ class RedisKVTier(L2Maintenance, KVStore):
         return cls(connect(url, socket_timeout=socket_timeout), signer, **kw)
 
     # -- reads ----------------------------------------------------------------------
-    def get(self, key: CacheKey) -> PackedKV | None:
+    def get(self, key: CacheKey, *, link: bool = False) -> PackedKV | None:
         """Verified entry or None (miss, bad entry, or Redis fault)."""
         if not self._available(key.tenant):
             return None
         name = self.signer.redis_key(key)
         index = self.signer.user_index_key(key.tenant, key.user)
-        try:  # a hit refreshes the entry's TTL (and its user index's, which must outlive it)
+        try:  # a hit refreshes the entry's TTL (and its user index's, which must outlive it;
+            # a link's ledger too)
             with self.client.pipeline(transaction=False) as p:
                 p.get(name)
-                p.expire(name, self.ttl_seconds)
-                p.expire(index, self.ttl_seconds)
+                for outlives in (name, index, *(self.signer.link_ledger_keys(key.tenant)
+                                                if link else ())):
+                    p.expire(outlives, self.ttl_seconds)
                 blob = p.execute(raise_on_error=True)[0]
         except FAULTS as e:
             if wrong_type(e):
@@ -154,29 +179,31 @@ class RedisKVTier(L2Maintenance, KVStore):
             return False
 
     # -- writes ---------------------------------------------------------------------
-    def put(self, key: CacheKey, kv: PackedKV) -> bool:
-        """Store (async by default); False when skipped (queue full, closed, fault)."""
+    def put(self, key: CacheKey, kv: PackedKV, *, link: bool = False) -> bool:
+        """Store (async by default); False when skipped (queue full, closed, fault).
+        ``link``: a conversation link, written within its tenant's link budget."""
         if not kv.is_cpu:
             raise ValueError(f"RedisKVTier stores CPU PackedKV only, got {kv.device}")
         if not self._available(key.tenant):
             return False
         if not self.async_writes:
-            return self._write(key, kv)
-        if not self._writer.submit(key, kv):
+            return self._write(key, kv, link)
+        if not self._writer.submit(key, (kv, link)):
             self._count(key.tenant, "skipped_writes")
             return False
         return True
 
-    def discard(self, key: CacheKey) -> bool:
+    def discard(self, key: CacheKey, *, link: bool = False) -> bool:
         """Delete one entry (a superseded conversation link), its queued write included;
         False on a Redis fault (counted; the entry then expires with its TTL)."""
         self._writer.cancel(lambda k: k == key)
         name = self.signer.redis_key(key)
         try:
-            with self.client.pipeline(transaction=True) as p:
-                p.delete(name)
-                p.srem(self.signer.user_index_key(key.tenant, key.user), name)
-                return bool(p.execute()[0])
+            deleted = bool(self.drop_indexed(self.signer.user_index_key(key.tenant, key.user),
+                                             [name]))
+            if link:
+                self.links.forget(key.tenant, [name])
+            return deleted
         except FAULTS as e:
             self._fault(key.tenant, "delete", e)
             return False
@@ -189,31 +216,9 @@ class RedisKVTier(L2Maintenance, KVStore):
         """Finish pending writes, stop the writer; later async puts are skipped."""
         self._writer.close(timeout)
 
-    def _write(self, key: CacheKey, kv: PackedKV) -> bool:
-        if not self._available(key.tenant):
-            return False
-        blob = _codec().encode(kv, key, self.signer, compress=self.compress)
-        name = self.signer.redis_key(key)
-        index = self.signer.user_index_key(key.tenant, key.user)
-        for attempt in (1, 2):
-            try:
-                self._set_indexed(name, index, blob)
-                break
-            except FAULTS as e:
-                if not wrong_type(e) or attempt == 2:
-                    self._fault(key.tenant, "write", e)
-                    return False
-                self._drop_bad_index(key.tenant, index, e)  # then write again
-        self._count(key.tenant, "writes")
-        return True
-
-    def _set_indexed(self, name: str, index: str, blob: Any) -> None:
-        with self.client.pipeline(transaction=True) as p:
-            p.set(name, blob, ex=self.ttl_seconds)
-            p.sadd(index, name)
-            p.expire(index, self.ttl_seconds)
-            p.execute()
-
+    def links_view(self) -> LinkView:
+        """This tier as the conversation store sees it: every entry a link."""
+        return LinkView(self)
     # -- helpers --------------------------------------------------------------------
     def _reject(self, key: CacheKey, name: str, e: BaseException) -> None:
         """A malformed value at ``name``: counted, deleted, reported as a miss (no bypass)."""
@@ -221,10 +226,7 @@ class RedisKVTier(L2Maintenance, KVStore):
         log.warning("L2 rejected entry %s: %s", name, e)
         index = self.signer.user_index_key(key.tenant, key.user)
         try:
-            with self.client.pipeline(transaction=True) as p:
-                p.delete(name)
-                p.srem(index, name)
-                p.execute()  # DEL runs even when SREM meets a bad index (MULTI)
+            self.drop_indexed(index, [name])  # DEL runs even when SREM meets a bad index
         except FAULTS as exc:
             if wrong_type(exc):
                 self._drop_bad_index(key.tenant, index, exc)
@@ -232,7 +234,8 @@ class RedisKVTier(L2Maintenance, KVStore):
                 self._fault(key.tenant, "delete", exc)
 
     def _drop_bad_index(self, tenant: str, index: str, e: BaseException) -> None:
-        """A user index that is not a SET: counted as a reject and deleted."""
+        """A user index that is not a SET (or a link ledger of another type): counted as a
+        reject and deleted."""
         self._count(tenant, "rejects")
         log.warning("L2 rejected user index %s: %s", index, e)
         try:
@@ -252,8 +255,11 @@ class RedisKVTier(L2Maintenance, KVStore):
         self._count(tenant, "errors")
         log.warning("L2 %s failed (skipping Redis for %.1fs): %s", what, self.retry_after_s, e)
 
-    def _count(self, tenant: str, what: str) -> None:
+    def _count(self, tenant: str, what: str, n: int = 1) -> None:
+        if not n:
+            return
         with self._lock:
-            self._counts[what] += 1
+            self._counts[what] += n
             per = self._per_tenant.setdefault(tenant, dict.fromkeys(COUNTERS, 0))
-            per[what] += 1
+            per[what] += n
+

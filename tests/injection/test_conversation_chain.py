@@ -114,3 +114,29 @@ def test_a_history_trimmed_in_blocks_keeps_being_continued(executors, plain):
     # the link is keyed by the messages as sent: a cut replaces it, never orphans it
     assert len(ex.conv_l1) == 1
     assert ex.l2.stats(scan=True)["per_tenant"]["t1"]["entries"] == 3  # 2 segments + 1 link
+
+
+def test_redis_keeps_a_link_only_once_the_conversation_was_continued(executors):
+    ex = executors(conversation_prefill_opening=False)
+    tier = ex.l2
+    # a few-shot one-shot request (history that no link continues): L1 only
+    shots = [{"role": "user", "content": "Say hi."}, {"role": "assistant", "content": "Hi!"}]
+    res, _ = turn(ex, shots, QUESTIONS[0])
+    assert res.reused_tokens == 0 and len(ex.conv_l1) == 1
+    assert tier.links.usage("t1") == {"entries": 0, "bytes": 0}
+    assert ex.metrics.get("conv_l2_not_admitted") == 1
+    # a conversation: its second turn continues nothing yet (L1 only), the third continues
+    # the second's link, so the third's goes to Redis (within the tenant's link budget)
+    history = []
+    for q in QUESTIONS[:2]:
+        res, history = turn(ex, history, q, user="u2")
+    assert tier.links.usage("t1")["entries"] == 0
+    res, history = turn(ex, history, QUESTIONS[2], user="u2")
+    assert res.reused_tokens > 0
+    usage = tier.links.usage("t1")
+    assert usage["entries"] == 1 and usage["bytes"] > 0
+    assert tier.user_sizes("t1", "u2")["entries"] == 2  # the member segment + the link
+    # another worker (a restart) continues it from Redis
+    other = executors(conversation_prefill_opening=False)
+    res, _ = turn(other, history, QUESTIONS[3], user="u2")
+    assert res.reused_tokens > 0 and other.metrics.get("conversation_l2_hits") == 1

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from injection.kvcache.writer import BoundedWriter
+from injection.kvcache.l2.writer import BoundedWriter
 
 
 class Sink:

@@ -11,10 +11,11 @@ from typing import Any
 
 import redis
 
-from injection.kvcache import l2_scan
+from injection.kvcache.l2 import scan as l2_scan
 from injection.kvcache.redis_client import FAULTS, wrong_type
 
-COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes")
+COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes",
+            "refused_writes", "link_evictions")
 
 
 class L2Maintenance:
@@ -41,8 +42,8 @@ class L2Maintenance:
         prefix = self.signer.tenant_prefix(tenant)
         indexes, deleted = (prefix + "u:").encode(), 0
         for batch in self._scan(prefix + "*"):
-            others = [n for n in batch if not n.startswith(indexes)]  # entries
-            deleted += int(self.client.delete(*others)) if others else 0
+            others = [n for n in batch if not n.startswith(indexes)]  # entries, link ledger
+            deleted += self._delete_names(others)
             for index in (n for n in batch if n.startswith(indexes)):
                 deleted += self._evict_index(tenant, index)
         return deleted
@@ -58,10 +59,9 @@ class L2Maintenance:
             return 0
         if not names:
             return 0
-        with self.client.pipeline(transaction=True) as p:
-            p.delete(*names)
-            p.srem(index, *names)  # an empty set disappears with its last member
-            return int(p.execute()[0])
+        deleted = self.drop_indexed(index, names)  # an empty set goes with its last name
+        self.links.forget(tenant, names)  # the member's links leave the tenant's budget
+        return deleted
 
     def evict_all(self) -> int:
         """Delete every entry and user index of the namespace, of every tenant and key
@@ -73,10 +73,10 @@ class L2Maintenance:
         return deleted
 
     def _delete_names(self, names: list[bytes]) -> int:
-        """Delete entry/index names; returns how many were entries."""
+        """Delete entry/index/ledger names; returns how many were entries."""
         if names:
             self.client.delete(*names)
-        return sum(1 for n in names if b":e:" in n)
+        return sum(1 for n in names if (self.signer.parse_name(n) or ("", ""))[1] == "e")
 
     def verify(self, tenant: str | None = None) -> dict[str, Any]:
         """Check MAC + header of every entry (of ``tenant``); delete the bad ones."""
@@ -86,16 +86,22 @@ class L2Maintenance:
         """Counters (total and per tenant seen by this process); ``scan`` adds Redis sizes.
 
         With ``scan``, each known tenant (and each of ``tenants``) gets
-        ``entries``/``bytes`` from a SCAN of its prefix, and totals cover every tenant.
+        ``entries``/``bytes`` from a SCAN of its prefix (conversation links included) and
+        ``link_entries``/``link_bytes`` from its link ledger; totals cover every tenant.
         """
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
             per = {t: dict(c) for t, c in self._per_tenant.items()}
-        out.update(inflight=self._writer.inflight, max_inflight=self.max_inflight)
+        out.update(inflight=self._writer.inflight, max_inflight=self.max_inflight,
+                   inflight_bytes=self._writer.inflight_bytes,
+                   max_inflight_bytes=self._writer.max_bytes,
+                   link_quota_bytes=self.links.quota_bytes)
         if scan:
             for t in set(per) | set(tenants or ()):
+                links = self.links.usage(t)
                 per.setdefault(t, dict.fromkeys(COUNTERS, 0)).update(
-                    self._sizes(self.signer.entry_match(t))
+                    self._sizes(self.signer.entry_match(t)),
+                    link_entries=links["entries"], link_bytes=links["bytes"],
                 )
             out.update(self._sizes(self.signer.entry_match(None)))
         out["per_tenant"] = per
