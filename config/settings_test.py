@@ -1,7 +1,7 @@
 """Test settings.
 
-Each pytest run gets its own test database and its own Redis db (broker, results,
-L2), so a running `make demo` (db 0) and concurrent test runs never consume each
+Each pytest run gets its own test database and its own Redis db (broker, results; and
+the same db number on the cache Redis for L2), so a running `make demo` (db 0) and concurrent test runs never consume each
 other's tasks. Worker subprocesses inherit KVI_TEST_REDIS_DB from the environment.
 """
 
@@ -10,6 +10,7 @@ from urllib.parse import urlparse, urlunparse
 
 from config.settings import *  # noqa: F403
 from config.settings import DATABASES
+from config.settings import KV_CACHE_REDIS_URL as _BASE_CACHE_URL
 from config.settings import REDIS_URL as _BASE_REDIS_URL
 
 # db 0: demo; db 9: engine unit tests (tests/conftest.py); others: test runs.
@@ -17,6 +18,7 @@ _FREE_DBS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15]
 os.environ.setdefault("KVI_TEST_REDIS_DB", str(_FREE_DBS[os.getpid() % len(_FREE_DBS)]))
 TEST_REDIS_DB = int(os.environ["KVI_TEST_REDIS_DB"])
 REDIS_URL = urlunparse(urlparse(_BASE_REDIS_URL)._replace(path=f"/{TEST_REDIS_DB}"))
+KV_CACHE_REDIS_URL = urlunparse(urlparse(_BASE_CACHE_URL)._replace(path=f"/{TEST_REDIS_DB}"))
 CELERY_BROKER_URL = REDIS_URL
 CELERY_RESULT_BACKEND = REDIS_URL
 DATABASES["default"]["TEST"] = {"NAME": f"test_kvi_{TEST_REDIS_DB}"}

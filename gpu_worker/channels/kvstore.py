@@ -1,5 +1,7 @@
 """Django-side access to the shared K/V cache: L2 tier, signer, and invalidation.
 
+The L2 entries live on the cache Redis (``KV_CACHE_REDIS_URL``); the signing-key
+generation, the control channel and everything else on ``REDIS_URL``.
 Invalidation = delete the L2 entries here (works with no worker alive) + broadcast
 an L1 eviction to every live worker over the control channel. Preference changes go
 through the durable outbox (gpu_worker.channels.outbox), which calls this as its fast path.
@@ -29,19 +31,30 @@ def key_generation(client: redis.Redis | None = None) -> str:
     return value.decode() if value else "0"
 
 
-def signer(client: redis.Redis | None = None):
+def signer():
     from injection.kvcache.signing import CacheKeySigner
 
-    return CacheKeySigner(settings.KV_SIGNING_SECRET, key_generation=key_generation(client))
+    return CacheKeySigner(settings.KV_SIGNING_SECRET, key_generation=key_generation())
 
 
-def l2_tier(client: redis.Redis | None = None):
-    """A synchronous RedisKVTier over the shared Redis (for maintenance, not requests)."""
+_cache_clients: dict[str, redis.Redis] = {}
+
+
+def cache_client() -> redis.Redis:
+    """A shared fail-fast client for the cache Redis (``KV_CACHE_REDIS_URL``)."""
+    url = settings.KV_CACHE_REDIS_URL
+    client = _cache_clients.get(url)
+    if client is None:
+        client = _cache_clients.setdefault(url, control.make_client(2.0, url))
+    return client
+
+
+def l2_tier():
+    """A synchronous RedisKVTier over the cache Redis (for maintenance, not requests)."""
     from injection.kvcache.redis_tier import RedisKVTier
 
-    client = client or control.redis_client()
-    return RedisKVTier(client, signer(client), ttl_seconds=settings.KV_L2_TTL_SECONDS,
-                       async_writes=False)
+    return RedisKVTier(cache_client(), signer(), ttl_seconds=settings.KV_L2_TTL_SECONDS,
+                       async_writes=False, link_quota_bytes=settings.KV_L2_LINK_TENANT_BYTES)
 
 
 def invalidate(tenant_id: int | str, member_id: int | str | None = None,

@@ -16,7 +16,8 @@ from gpu_worker.routing import registry
 from tenants.models import Tenant
 
 _L1_FIELDS = ("entries", "bytes", "hits", "misses", "evictions")
-_L2_FIELDS = ("hits", "misses", "rejects", "errors", "writes")
+_L2_FIELDS = ("hits", "misses", "rejects", "errors", "writes", "skipped_writes",
+              "refused_writes", "link_evictions")
 
 
 def hit_rate(hits: int, misses: int) -> float | None:
@@ -42,6 +43,8 @@ def cache_stats(scope: Scope) -> dict[str, Any]:
             "tenant_id": tid,
             "l1": {**a, "hit_rate": hit_rate(a["hits"], a["misses"])},
             "l2": {"entries": size.get("entries", 0), "bytes": size.get("bytes", 0), **b,
+                   "link_entries": size.get("link_entries", 0),
+                   "link_bytes": size.get("link_bytes", 0),
                    "hit_rate": hit_rate(b["hits"], b["misses"])},
         }
     report: dict[str, Any] = {
@@ -52,6 +55,7 @@ def cache_stats(scope: Scope) -> dict[str, Any]:
         "workers_unconfirmed": replies.missing,
         "tenants": out_tenants,
         "kinds": _l2_kinds(_kinds(replies), tier, ids, l2_sizes),
+        "kv": _kv_format(replies),
     }
     if scope.tenant is None:
         report["totals"] = _totals(out_tenants, l2_sizes)
@@ -72,21 +76,35 @@ def _kinds(replies) -> dict[str, dict[str, Any]]:
             for k, v in ((k, dict(v)) for k, v in out.items())}
 
 
-def _l2_kinds(kinds: dict[str, dict[str, Any]], tier, ids: list[str],
-              l2_sizes: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Redis entries/bytes per kind over the scope's tenants: tenant segments exactly (their
-    own index); member segments and conversation links share the member's index, so the
-    ``member`` row counts both and ``conversation`` has none of its own (None)."""
+def _kv_format(replies) -> dict[str, Any] | None:
+    """K/V bytes per cached token of the loaded model (and its dtype), as a worker says."""
+    for r in replies:
+        kv = (r.get("stats") or {}).get("kv")
+        if kv:
+            return kv
+    return None
+
+
+def l2_kind_sizes(tier, ids: list[str], l2_sizes: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Redis entries/bytes per kind over tenants ``ids``: tenant segments (their own index),
+    conversation links (each tenant's link ledger) and member segments (the rest)."""
     from injection.kvcache.chain import TENANT_USER
 
-    seg = {"entries": 0, "bytes": 0}
+    seg, links = {"entries": 0, "bytes": 0}, {"entries": 0, "bytes": 0}
     for tid in ids:
         for f, n in tier.user_sizes(tid, TENANT_USER).items():
             seg[f] += n
+        row = l2_sizes["per_tenant"].get(tid) or {}
+        links["entries"] += int(row.get("link_entries", 0) or 0)
+        links["bytes"] += int(row.get("link_bytes", 0) or 0)
     rest = {f: sum(int((l2_sizes["per_tenant"].get(tid) or {}).get(f, 0) or 0) for tid in ids)
-            - seg[f] for f in seg}
-    l2 = {"tenant": seg, "member": rest, "conversation": {"entries": None, "bytes": None}}
-    for kind, row in l2.items():
+            - seg[f] - links[f] for f in seg}
+    return {"tenant": seg, "member": rest, "conversation": links}
+
+
+def _l2_kinds(kinds: dict[str, dict[str, Any]], tier, ids: list[str],
+              l2_sizes: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    for kind, row in l2_kind_sizes(tier, ids, l2_sizes).items():
         kinds.setdefault(kind, {}).update(l2_entries=row["entries"], l2_bytes=row["bytes"])
     return kinds
 
@@ -113,6 +131,7 @@ def _worker_row(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]
                 agg[f] += int((per.get(tid) or {}).get(f, 0) or 0)
         l1 = dict(agg)
     row = {k: reply.get(k) for k in ("worker", "pid", "pool", "model_loaded", "key_generation")}
+    row["kv_bytes_per_token"] = (stats.get("kv") or {}).get("bytes_per_token")
     row["l1"] = {f: l1.get(f, 0) for f in _L1_FIELDS}
     row["l1"]["hit_rate"] = hit_rate(row["l1"]["hits"], row["l1"]["misses"])
     if only is None:  # engine-wide figures (not per tenant): the whole view only

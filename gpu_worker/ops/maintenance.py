@@ -100,9 +100,9 @@ def do_rotate_key(*, actor=None) -> dict[str, Any]:
     new = str(client.incr(kvstore.KEYGEN_KEY))
     replies = control.request("rotate_key", generation=new)
     _check_replies(replies, "rotate-key")
-    tier = kvstore.l2_tier(client)
+    tier = kvstore.l2_tier()
     purged = tier.verify(None)["deleted"]  # old-generation entries fail the new MAC
-    purged_indexes = _purge_old_indexes(client, tier.signer)
+    purged_indexes = _purge_old_indexes(tier.client, tier.signer)
     report = {
         "old_generation": old,
         "new_generation": new,
@@ -117,12 +117,12 @@ def do_rotate_key(*, actor=None) -> dict[str, Any]:
 
 
 def _purge_old_indexes(client, signer) -> int:
-    """User-index SETs whose tenant tag is not of the current generation."""
+    """User-index SETs and link ledgers whose tenant tag is not of the current generation."""
     current = {signer.tenant_tag(str(pk)) for pk in Tenant.objects.values_list("pk", flat=True)}
     stale = []
-    for name in client.scan_iter(match=f"{signer.namespace}:*:u:*", count=500):
+    for name in client.scan_iter(match=f"{signer.namespace}:*", count=500):
         parsed = signer.parse_name(name)
-        if parsed is not None and parsed[0] not in current:
+        if parsed is not None and parsed[1] != "e" and parsed[0] not in current:
             stale.append(name)
     for i in range(0, len(stale), 500):
         client.delete(*stale[i:i + 500])

@@ -113,6 +113,10 @@ class EngineCollector:
         yield from (requests, hits, misses)
         yield _counter("kvi_cache_computes", "Preference K/V recomputed", c.get("computes", 0))
         yield _counter("kvi_invalidations", "Invalidations handled", c.get("invalidations", 0))
+        per_token = (stats.get("kv") or {}).get("bytes_per_token")
+        if per_token:
+            yield GaugeMetricFamily("kvi_kv_bytes_per_token", "K/V bytes of one cached token "
+                                    "for the loaded model and dtype", value=per_token)
         yield from self._batch(stats.get("batch") or {})
         yield from self._l1(stats.get("l1") or {})
         yield from self._l2(stats.get("l2") or {})
@@ -179,6 +183,55 @@ class EngineCollector:
         yield _counter("kvi_l2_writes", "L2 entries written", l2.get("writes", 0))
         yield _counter("kvi_l2_skipped_writes", "L2 writes skipped (queue full)",
                        l2.get("skipped_writes", 0))
+        yield _counter("kvi_l2_refused_writes", "L2 writes refused: the cache Redis full "
+                       "(maxmemory) or a link larger than its tenant's budget",
+                       l2.get("refused_writes", 0))
+        yield _counter("kvi_l2_link_evictions", "Conversation links a tenant's own writes "
+                       "deleted from Redis for room", l2.get("link_evictions", 0))
+        yield GaugeMetricFamily("kvi_l2_writer_bytes", "K/V bytes waiting for the L2 writer",
+                                value=l2.get("inflight_bytes", 0))
+
+
+class L2Collector:
+    """What the cache Redis holds, by kind (tenant segments, member segments, conversation
+    links; entries and bytes), from a SCAN made at most every ``METRICS_L2_SCAN_SECONDS``."""
+
+    def __init__(self) -> None:
+        self._at, self._kinds = -1e18, None
+
+    def collect(self) -> Iterator[Metric]:
+        import time
+
+        from django.conf import settings
+
+        if time.monotonic() - self._at >= settings.METRICS_L2_SCAN_SECONDS:
+            self._kinds, self._at = self._scan(), time.monotonic()
+        if self._kinds is None:
+            return
+        size = GaugeMetricFamily("kvi_l2_kind_bytes", "Bytes in the cache Redis by kind",
+                                 labels=["kind"])
+        count = GaugeMetricFamily("kvi_l2_kind_entries", "Entries in the cache Redis by kind",
+                                  labels=["kind"])
+        for kind, row in self._kinds.items():
+            size.add_metric([kind], row["bytes"])
+            count.add_metric([kind], row["entries"])
+        yield from (size, count)
+
+    @staticmethod
+    def _scan() -> dict[str, dict[str, int]] | None:
+        from django.db import DatabaseError
+
+        from gpu_worker.channels import kvstore
+        from gpu_worker.ops.cachestats import l2_kind_sizes
+        from tenants.models import Tenant
+
+        try:
+            ids = [str(pk) for pk in Tenant.objects.values_list("pk", flat=True)]
+            tier = kvstore.l2_tier()
+            return l2_kind_sizes(tier, ids, tier.stats(scan=True, tenants=ids))
+        except (redis.RedisError, DatabaseError) as exc:
+            log.warning("metrics: cache sizes unavailable: %s", exc)
+            return None
 
 
 def web_registry() -> CollectorRegistry:
@@ -189,8 +242,10 @@ def web_registry() -> CollectorRegistry:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(QueueCollector())
+        registry.register(L2Collector())
         return registry
     _register_once(REGISTRY, QueueCollector())
+    _register_once(REGISTRY, L2Collector())
     return REGISTRY
 
 

@@ -185,27 +185,45 @@ class Supervisor:
                 p.wait()
 
 
-def embedded_redis_check(redis_url: str) -> Callable[[], str | None] | None:
-    """A check that restarts the embedded Redis on its port, or None if Redis is external."""
+def embedded_redis_check(redis_url: str, cache_url: str | None = None
+                         ) -> Callable[[], str | None] | None:
+    """A check that restarts the embedded Redis servers (the platform's, and the K/V
+    cache's at ``cache_url``) on their ports, or None if both are external."""
+    from config import embedded
+
+    checks = [c for c in (_instance_check(redis_url, embedded.MAIN),
+                          _instance_check(cache_url, embedded.CACHE)) if c is not None]
+    if not checks:
+        return None
+
+    def check() -> str | None:
+        said = [m for m in (c() for c in checks) if m]
+        return "; ".join(said) or None
+
+    return check
+
+
+def _instance_check(url: str | None, name: str) -> Callable[[], str | None] | None:
     from urllib.parse import urlparse
 
     from config import embedded
 
-    u = urlparse(redis_url)
-    port = embedded.embedded_redis_port()
+    u = urlparse(url or "")
+    port = embedded.embedded_redis_port(name)
     if u.hostname != "127.0.0.1" or port is None or u.port != port:
         return None
+    what = "embedded Redis" if name == embedded.MAIN else "embedded cache Redis"
 
     def check() -> str | None:
-        if embedded.embedded_redis_port() == port:
+        if embedded.embedded_redis_port(name) == port:
             return None
         try:
-            restarted = embedded.restart_embedded_redis()
+            restarted = embedded.restart_embedded_redis(name)
         except (OSError, RuntimeError, subprocess.SubprocessError):
             restarted = None
-        if restarted == port and embedded.embedded_redis_port() == port:
-            return f"embedded Redis was down; restarted it on port {port}"
-        return f"embedded Redis is down and could not be restarted on port {port}"
+        if restarted == port and embedded.embedded_redis_port(name) == port:
+            return f"{what} was down; restarted it on port {port}"
+        return f"{what} is down and could not be restarted on port {port}"
 
     return check
 

@@ -111,11 +111,12 @@ def _build_executor():
     adapter = load_adapter(
         path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None
     )
-    client = control.make_client(2.0) if settings.KV_L2_ENABLED else None
+    client = (control.make_client(2.0, settings.KV_CACHE_REDIS_URL) if settings.KV_L2_ENABLED
+              else None)  # the cache Redis; the key generation is on REDIS_URL
     executor = build_executor(
         adapter,
         redis_client=client,
-        key_generation=kvstore.key_generation(client) if client is not None else "0",
+        key_generation=kvstore.key_generation() if client is not None else "0",
         signing_secret=settings.KV_SIGNING_SECRET,
         alpha_cap=settings.KV_ALPHA_CAP,
         l1_max_bytes=settings.KV_L1_MAX_BYTES,
@@ -123,6 +124,8 @@ def _build_executor():
         l1_tenant_quota_bytes=settings.KV_L1_TENANT_QUOTA_BYTES,
         l2_ttl_seconds=settings.KV_L2_TTL_SECONDS,
         l2_enabled=settings.KV_L2_ENABLED,
+        l2_link_tenant_bytes=settings.KV_L2_LINK_TENANT_BYTES,
+        l2_writer_max_bytes=settings.KV_L2_WRITER_MAX_BYTES,
         batch_max=settings.WORKER_BATCH_MAX,
         batch_kv_budget_bytes=settings.WORKER_BATCH_KV_BUDGET_BYTES,
         batch_join_wait_ms=settings.WORKER_BATCH_JOIN_WAIT_MS,
@@ -187,7 +190,7 @@ def sync_key_generation() -> None:
     from gpu_worker.channels import kvstore
 
     try:
-        generation = kvstore.key_generation(ex.l2.client)
+        generation = kvstore.key_generation()
     except redis.RedisError:
         return  # keep the current signer; L2 itself degrades to misses
     if generation != ex.l2.signer.key_generation:

@@ -7,6 +7,7 @@ the outage must fail (exit 1) instead of forking a second, empty Redis on a new 
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -32,8 +33,8 @@ except KeyboardInterrupt:
 
 def clean_env(var_dir) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if k not in ("REDIS_URL", "CELERY_BROKER_URL", "KVI_TEST_REDIS_DB",
-                        "EMBEDDED_REDIS_PORT")}
+           if k not in ("REDIS_URL", "KV_CACHE_REDIS_URL", "CELERY_BROKER_URL",
+                        "KVI_TEST_REDIS_DB", "EMBEDDED_REDIS_PORT")}
     env.update(VAR_DIR=str(var_dir), PYTHONUNBUFFERED="1")
     return env
 
@@ -114,3 +115,35 @@ def test_a_stale_port_is_reused_when_no_platform_runs(tmp_path):
         [sys.executable, "-c", "from config import embedded; print(embedded.redis_url())"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=True)
     assert first.stdout == again.stdout  # stopped at exit, started again on its port
+
+
+CACHE_PROBE = """
+import json, redis
+from config import embedded
+cache, main = embedded.cache_redis_url(), embedded.redis_url()
+c, m = redis.Redis.from_url(cache), redis.Redis.from_url(main)
+print(json.dumps({"cache": cache, "main": main,
+                  "cache_conf": {**c.config_get("maxmemory"), **c.config_get("maxmemory-policy"),
+                                 **c.config_get("appendonly")},
+                  "main_conf": {**m.config_get("maxmemory"), **m.config_get("appendonly")}}))
+"""
+
+
+def test_the_kv_cache_gets_a_redis_of_its_own_full_without_eviction(tmp_path):
+    """A full K/V cache must never refuse (or evict) a task message: the embedded platform
+    runs two servers, the cache's bounded by maxmemory with noeviction, the broker's not."""
+    env = {**clean_env(tmp_path), "KV_CACHE_REDIS_MAXMEMORY": "64mb"}
+    out = subprocess.run([sys.executable, "-c", CACHE_PROBE], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=60, check=True)
+    got = json.loads(out.stdout)
+    assert got["cache"] != got["main"]
+    assert got["cache_conf"] == {"maxmemory": str(64 * 1024**2),
+                                 "maxmemory-policy": "noeviction", "appendonly": "no"}
+    assert got["main_conf"] == {"maxmemory": "0", "appendonly": "yes"}
+    assert (tmp_path / "redis-cache" / "port").read_text() in got["cache"]
+    # with REDIS_URL set and no KV_CACHE_REDIS_URL, the cache shares that Redis
+    shared = {**clean_env(tmp_path), "REDIS_URL": got["main"]}
+    same = subprocess.run(
+        [sys.executable, "-c", "from config import embedded; print(embedded.cache_redis_url())"],
+        cwd=ROOT, env=shared, capture_output=True, text=True, timeout=60, check=True)
+    assert same.stdout.strip() == got["main"]

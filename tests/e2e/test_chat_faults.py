@@ -33,6 +33,7 @@ def site(worker_base_env, tmp_path_factory):
     redis_server = ThrowawayRedis(base / "redis").start()
     env = {**worker_base_env, **FAST_HEARTBEAT, "DJANGO_SETTINGS_MODULE": "config.settings",
            "REDIS_URL": redis_server.url, "CELERY_BROKER_URL": redis_server.url,
+           "KV_CACHE_REDIS_URL": redis_server.url,
            "CELERY_RESULT_BACKEND": redis_server.url, "DJANGO_DEBUG": "1",
            "CHAT_RESULT_TIMEOUT": str(RESULT_TIMEOUT), "CHAT_MAX_NEW_TOKENS": str(LONG_TOKENS)}
     env.pop("KVI_TEST_REDIS_DB", None)

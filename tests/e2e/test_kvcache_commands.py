@@ -10,7 +10,7 @@ from io import StringIO
 import pytest
 from django.core.management import CommandError, call_command
 
-from gpu_worker.channels import control, kvstore
+from gpu_worker.channels import kvstore
 from gpu_worker.routing import registry
 from tenants import actions
 from tenants.models import AuditEvent, AuditLog
@@ -137,8 +137,8 @@ def test_verify_deletes_tampered_and_forged_entries_and_keeps_good_ones(pair, sh
     tenant, alice, bob = shop
     kvcache("warm", "--tenant", "shop")
     wait_for(lambda: l2_entries(tenant.pk) == 2, 10, "L2 writes")
-    client = control.redis_client()
-    signer = kvstore.signer(client)
+    client = kvstore.cache_client()  # the L2 entries' Redis
+    signer = kvstore.signer()
     names = sorted(client.scan_iter(match=signer.entry_match(str(tenant.pk))))
     client.setrange(names[0], 100, b"\xff\x00\xff")  # flip payload bytes
     forged = f"{signer.tenant_prefix(str(tenant.pk))}e:{'ab' * 32}"
@@ -160,8 +160,8 @@ def test_rotate_key_stops_serving_entries_signed_with_the_old_key(pair, shop):
     tenant, alice, bob = shop
     kvcache("warm", "--tenant", "shop")
     wait_for(lambda: l2_entries(tenant.pk) == 2, 10, "L2 writes")
-    client = control.redis_client()
-    old = kvstore.signer(client)
+    client = kvstore.cache_client()
+    old = kvstore.signer()
     saved = {n: client.get(n) for n in client.scan_iter(match=old.entry_match(str(tenant.pk)))}
 
     out = kvcache("rotate-key")

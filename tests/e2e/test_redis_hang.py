@@ -42,6 +42,7 @@ def hung_site(tmp_path, demo_model_path):
     rd = ThrowawayRedis(tmp_path / "redis").start()
     env = {**worker_env(database_url_from_settings(connection.settings_dict), demo_model_path),
            "DJANGO_SETTINGS_MODULE": "config.settings", "REDIS_URL": rd.url,
+           "KV_CACHE_REDIS_URL": rd.url,
            "CELERY_BROKER_URL": rd.url, "CELERY_RESULT_BACKEND": rd.url,
            "CHAT_RESULT_TIMEOUT": str(RESULT_TIMEOUT_S)}
     env.pop("KVI_TEST_REDIS_DB", None)

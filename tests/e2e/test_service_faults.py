@@ -34,6 +34,7 @@ def outage_site(request, tmp_path_factory):
     mode = PRODUCTION if request.param == "production" else {"DJANGO_DEBUG": "1"}
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **mode,
            "DATABASE_URL": pg.url, "REDIS_URL": rd.url, "CELERY_BROKER_URL": rd.url,
+           "KV_CACHE_REDIS_URL": rd.url,
            "CELERY_RESULT_BACKEND": rd.url}
     manage(env, "migrate", "--noinput")
     key = manage(env, "shell", "-c", SEED).strip().splitlines()[-1]

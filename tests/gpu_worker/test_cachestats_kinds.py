@@ -1,5 +1,6 @@
 """``kvcache stats`` per kind in Redis (real Redis): tenant segments counted exactly from
-their own index, member segments with conversation links under the member's."""
+their own index, conversation links from the tenant's link ledger, member segments the
+rest."""
 
 from __future__ import annotations
 
@@ -24,17 +25,20 @@ def test_l2_bytes_and_entries_per_kind():
     try:
         seg, member, conv = (CacheKey(TID, TENANT_USER, "instr", "fp"),
                              CacheKey(TID, "7", "pref", "fp"), CacheKey(TID, "7", "conv", "fp"))
-        for k, n in ((seg, 8), (member, 2), (conv, 5)):
+        for k, n in ((seg, 8), (member, 2)):
             assert tier.put(k, kv(n))
+        assert tier.put(conv, kv(5), link=True)
         seg_bytes = tier.user_sizes(TID, TENANT_USER)["bytes"]
+        conv_bytes = int(tier.client.strlen(tier.signer.redis_key(conv)))
         assert tier.user_sizes(TID, TENANT_USER)["entries"] == 1 and seg_bytes > 8 * 2 * 16
         sizes = tier.stats(scan=True, tenants=[TID])
         kinds = cachestats._l2_kinds({"tenant": {"entries": 1}}, tier, [TID], sizes)
         total = sizes["per_tenant"][TID]["bytes"]
         assert (kinds["tenant"]["l2_entries"], kinds["tenant"]["l2_bytes"]) == (1, seg_bytes)
+        assert (kinds["conversation"]["l2_entries"], kinds["conversation"]["l2_bytes"]) == (
+            1, conv_bytes)
         assert (kinds["member"]["l2_entries"], kinds["member"]["l2_bytes"]) == (
-            2, total - seg_bytes)
-        assert kinds["conversation"]["l2_entries"] is None
+            1, total - seg_bytes - conv_bytes)
         assert kinds["tenant"]["entries"] == 1  # the workers' L1 figures are kept
     finally:
         tier.evict(TID)

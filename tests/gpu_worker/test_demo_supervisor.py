@@ -26,8 +26,8 @@ from tests import workers
 from tests.workers import ROOT, free_port
 
 pytestmark = pytest.mark.e2e
-DROP = ("REDIS_URL", "DATABASE_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND",
-        "KVI_TEST_REDIS_DB", "EMBEDDED_REDIS_PORT")
+DROP = ("REDIS_URL", "KV_CACHE_REDIS_URL", "DATABASE_URL", "CELERY_BROKER_URL",
+        "CELERY_RESULT_BACKEND", "KVI_TEST_REDIS_DB", "EMBEDDED_REDIS_PORT")
 
 
 # each probe is a chat or a process scan against the running demo: poll gently

@@ -15,6 +15,7 @@ def _get(**headers):
     return metrics_view(RequestFactory().get("/metrics", headers=headers))
 
 
+@pytest.mark.django_db  # the cache Redis' figures by kind name the tenants (L2Collector)
 def test_metrics_endpoint_is_closed_without_a_token_outside_debug(settings):
     settings.DEBUG, settings.METRICS_TOKEN = False, ""
     assert _get().status_code == 403
@@ -61,3 +62,51 @@ def test_engine_collector_exports_tiers_l1_bytes_and_per_tenant_figures(loaded_e
     assert f'kvi_kind_tensor_bytes{{kind="member"}} {float(l1_bytes)}' in text
     assert 'kvi_host_pool_bytes{state="max"}' in text and "kvi_host_pool_overflow_total" in text
     assert "kvi_l2_rejects_total 0.0" in text
+
+
+def test_engine_collector_exports_bytes_per_token_and_refused_l2_writes(loaded_executor):
+    import torch
+
+    from injection.base import CacheKey
+    from injection.kvcache.packed import PackedKV
+
+    ex = loaded_executor
+    k = torch.zeros(ex.adapter.num_layers, ex.adapter.num_kv_heads, 3, 4)
+    ex.l2.links.quota_bytes = 1  # every link is larger than this tenant budget
+    ex.l2.put(CacheKey("t-8", "u-1", "conv", "fp"), PackedKV(k, k, range(3)), link=True)
+    assert ex.l2.flush(10)
+    registry = CollectorRegistry()
+    registry.register(metrics.EngineCollector())
+    text = generate_latest(registry).decode()
+    assert "kvi_l2_refused_writes_total 1.0" in text
+    per_token = ex.stats()["kv"]["bytes_per_token"]
+    cfg = ex.adapter.model.config
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    assert per_token == 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * head_dim * 4  # fp32
+    assert f"kvi_kv_bytes_per_token {float(per_token)}" in text
+
+
+@pytest.mark.django_db
+def test_web_metrics_show_what_the_cache_redis_holds_by_kind():
+    import torch
+
+    from gpu_worker.channels import kvstore
+    from injection.base import CacheKey
+    from injection.kvcache.packed import PackedKV
+    from tenants import actions
+
+    tenant = actions.do_create_tenant("metrics-kinds")
+    tid = str(tenant.pk)
+    tier = kvstore.l2_tier()
+    k = torch.zeros(2, 1, 6, 4)
+    link = CacheKey(tid, "5", "conv", "fp")
+    try:
+        assert tier.put(link, PackedKV(k, k, range(6)), link=True)
+        registry = CollectorRegistry()
+        registry.register(metrics.L2Collector())
+        text = generate_latest(registry).decode()
+        size = tier.client.strlen(tier.signer.redis_key(link))
+        assert f'kvi_l2_kind_bytes{{kind="conversation"}} {float(size)}' in text
+        assert 'kvi_l2_kind_entries{kind="conversation"} 1.0' in text
+    finally:
+        tier.evict(tid)

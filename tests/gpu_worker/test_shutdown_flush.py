@@ -28,7 +28,7 @@ def test_worker_shutdown_signal_waits_for_queued_l2_writes(settings, demo_model_
     executor = host.get_executor()  # loads the model; signer and key generation set up
     tenant = "shutdown-flush"
     assert l2_entries(tenant) == 0
-    client = redis.Redis.from_url(settings.REDIS_URL)
+    client = redis.Redis.from_url(settings.KV_CACHE_REDIS_URL)  # the L2 entries' Redis
     client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")  # the L2 writer blocks
     try:
         executor.warm(tenant, "u1", "I like long walks on quiet beaches.")

@@ -116,6 +116,7 @@ class Command(BaseCommand):
         # Ctrl-C / SIGTERM stops the demo, and then the embedded servers stop with it.
         try:
             Supervisor(children, say=lambda m: self.stderr.write(f"demo: {m}"),
-                       redis_check=embedded_redis_check(settings.REDIS_URL)).run()
+                       redis_check=embedded_redis_check(settings.REDIS_URL,
+                                                        settings.KV_CACHE_REDIS_URL)).run()
         except CrashLoop as exc:  # said in full above; exit non-zero
             raise CommandError(str(exc).partition(";")[0]) from None
