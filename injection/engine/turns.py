@@ -54,7 +54,6 @@ class TurnPlan(NamedTuple):
     admitted: bool = False  # the turn's link is stored (see ConversationStore)
     emphasis: float = 0.0  # the turn's attention emphasis (its link is keyed by it)
     replies: tuple[str, ...] = ()  # earlier assistant messages (the model's own words)
-    shared: bool = False  # the link goes to Redis too: this turn continued one (a second use)
 
 
 def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
@@ -90,12 +89,14 @@ class TurnGenerator:
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
                         else messages_hash(list(req.messages)[:-1]), chash, alpha, emphasis)
         cached = self.store.lookup(key, prompt_ids)
-        # admission: a turn with history is a conversation going on; one-shots are not kept
-        admitted = cached is not None or any(m["role"] != "system" for m in messages[:-1])
+        # admission: a turn with history is a conversation going on; one-shots are not kept,
+        # nor a /v1 history seen before (a fixed few-shot prefix: its links are never read)
+        admitted = cached is not None or (
+            any(m["role"] != "system" for m in messages[:-1])
+            and (bool(req.conversation_id) or self.store.first_sighting(key)))
         if not admitted:
             self.store.metrics.incr("conv_not_admitted")
-        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies,
-                        shared=cached is not None)
+        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies)
 
     def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
             sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = (),
@@ -151,8 +152,7 @@ class TurnGenerator:
             req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
             chash, alpha, plan.emphasis)
         link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
-        self.store.keep(nxt, link, replaces=plan.key, share=plan.shared)  # replaces the one
-        # this turn continued
+        self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
         if opening is not None and self.prefill_opening and self.engine is not None and not (
                 plan.emphasis or plan.prompt_ids is None):
             self._submit(nxt, plan.prompt, seq, head, opening)

@@ -18,10 +18,11 @@ conversation L1) and to Redis (same codec, HMAC, tenant-scoped names, the member
 index: evicting the member or the tenant drops them), so a turn on another worker or
 after a restart continues from cache. Admission: a turn without history (a one-shot
 request, or a conversation's first turn) is not stored; turns with history (the
-conversation goes on) are kept in L1, and in Redis only once the conversation has been
-continued from a link (its second use), so one-shot requests, few-shot prompts included,
-never fill Redis. Redis holds each tenant's links to a byte budget of their own
-(``injection.kvcache.l2.links``).
+conversation goes on) are, except a ``/v1`` turn whose history was seen before (a
+doorkeeper mark in Redis per conversation key, ``first_sighting``): one-shot requests
+that share a fixed few-shot prefix look up the same key every time and store a link
+nobody reads, so only the first of them is kept. Redis holds each tenant's links to a
+byte budget of their own (``injection.kvcache.l2.links``).
 """
 
 from __future__ import annotations
@@ -104,10 +105,8 @@ class ConversationStore:
         return PackedKV(stored.keys[:, :, :n], stored.values[:, :, :n], stored.token_ids[:n])
 
     # -- storage --------------------------------------------------------------------------
-    def keep(self, key: CacheKey, kv: PackedKV, *, replaces: CacheKey | None = None,
-             share: bool = True) -> bool:
-        """Store a turn's link (L1, and Redis when ``share``) and drop the one it
-        supersedes."""
+    def keep(self, key: CacheKey, kv: PackedKV, *, replaces: CacheKey | None = None) -> bool:
+        """Store a turn's link (L1 and Redis) and drop the one it supersedes."""
         if not self.enabled:
             return False
         assert kv.keys.is_cpu and kv.values.is_cpu, "cached K/V must live on CPU"
@@ -119,10 +118,7 @@ class ConversationStore:
                 self._call(name, store, "discard", replaces)
         with self._l1_lock:
             stored = bool(self._call("l1", self.l1, "put", key, kv))
-        if share:
-            self._call("l2", self.l2, "put", key, kv)
-        elif self.l2 is not None:
-            self.metrics.incr("conv_l2_not_admitted")  # a first use: this worker's L1 only
+        self._call("l2", self.l2, "put", key, kv)
         self.metrics.incr("conv_stored")
         if replaces is not None and self.on_replaced is not None:
             try:
@@ -143,6 +139,12 @@ class ConversationStore:
             stored = bool(self._call("l1", self.l1, "put", key, kv))
         self.metrics.incr("conv_extended" if stored else "conv_extend_refused")
         return stored
+
+    def first_sighting(self, key: CacheKey) -> bool:
+        """Whether no turn looked ``key`` up before (within the mark's TTL; True without
+        Redis, or when it does not answer: admission then errs towards keeping)."""
+        seen = self._call("l2", self.l2, "first_sighting", key) if self.enabled else None
+        return seen is None or bool(seen)
 
     def holds(self, key: CacheKey, token_ids: tuple[int, ...] | list[int]) -> bool:
         """Whether L1's link under ``key`` is the one of ``token_ids`` (a peek: no hit or

@@ -40,9 +40,12 @@ from injection.kvcache.redis_client import (
     DROP_INDEXED,
     FAULTS,
     connect,
+    out_of_memory,
     wrong_type,
 )
 from injection.kvcache.signing import CacheKeySigner
+
+SEEN_TTL_SECONDS = 3600  # how long a looked-up conversation key is remembered
 
 if TYPE_CHECKING:  # pragma: no cover
     from injection.kvcache.packed import PackedKV
@@ -215,6 +218,21 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
     def close(self, timeout: float | None = 5.0) -> None:
         """Finish pending writes, stop the writer; later async puts are skipped."""
         self._writer.close(timeout)
+
+    def first_sighting(self, key: CacheKey) -> bool | None:
+        """Mark ``key`` as looked up (a doorkeeper, as in TinyLFU: a few bytes under the
+        tenant's prefix for ``SEEN_TTL_SECONDS``); True the first time, False after, None
+        when Redis did not answer (counted as usual)."""
+        if not self._available(key.tenant):
+            return None
+        name = self.signer.seen_key(key)
+        try:
+            return bool(self.client.set(name, b"1", nx=True,
+                                        ex=min(self.ttl_seconds, SEEN_TTL_SECONDS)))
+        except FAULTS as e:
+            if not out_of_memory(e):
+                self._fault(key.tenant, "seen", e)
+            return None
 
     def links_view(self) -> LinkView:
         """This tier as the conversation store sees it: every entry a link."""

@@ -9,6 +9,8 @@ Every name and MAC derives from one server secret and a ``key_generation``:
 * entry key    = ``{ns}:{tag}:e:{HMAC(tenant_key, tenant|user|hash|fingerprint|version)}``;
 * user index   = ``{ns}:{tag}:u:{HMAC(tenant_key, "user|" + user)}`` (a SET of
   that user's entry keys, so one user is evicted without SCAN);
+* seen mark    = ``{ns}:{tag}:s:{the entry's digest}``: a conversation key looked up
+  before (the admission doorkeeper of ``injection.kvcache.conversation``);
 * link ledger  = ``{ns}:{tag}:l:{HMAC(tenant_key, "links")}`` (a HASH: each conversation
   link's bytes and the tenant's total) and ``{ns}:{tag}:o:{...}`` (a ZSET: the links in
   the order they were written), the tenant's link budget (``injection.kvcache.l2.links``);
@@ -36,9 +38,9 @@ L2_FORMAT_VERSION = 1
 
 _NS_RE = re.compile(r"^[A-Za-z0-9_.-]{1,32}$")
 _TAG_RE = re.compile(r"^[0-9a-f]{32}$")
-# {ns}:{tag}:{e|u|l|o}:{digest}: an entry, a user index or a tenant's link ledger (its
-# sizes and its order), of any key generation
-_NAME_RE = re.compile(r"^([A-Za-z0-9_.-]{1,32}):([0-9a-f]{32}):([eulo]):[0-9a-f]{64}$")
+# {ns}:{tag}:{e|u|l|o|s}:{digest}: an entry, a user index, a tenant's link ledger (its
+# sizes and its order) or a seen mark, of any key generation
+_NAME_RE = re.compile(r"^([A-Za-z0-9_.-]{1,32}):([0-9a-f]{32}):([eulos]):[0-9a-f]{64}$")
 MAC_SIZE = 32
 
 
@@ -122,6 +124,11 @@ class CacheKeySigner:
         digest = _hmac(self._tenant_key(tenant), b"user", _b(user))
         return f"{self.tenant_prefix(tenant)}u:{digest.hex()}"
 
+    def seen_key(self, key: tuple[str, str, str, str]) -> str:
+        """Redis name of the mark that ``key`` was looked up (no data: ``b"1"``)."""
+        entry = self.redis_key(key)
+        return entry[: -(64 + 3)] + "s:" + entry[-64:]
+
     def link_ledger_keys(self, tenant: str) -> tuple[str, str]:
         """The tenant's link ledger: a HASH (link name -> bytes, and the total) and a ZSET
         (link name -> when it was written)."""
@@ -144,8 +151,9 @@ class CacheKeySigner:
         return parts[1]
 
     def parse_name(self, name: str | bytes) -> tuple[str, str] | None:
-        """``(tenant tag, "e" | "u" | "l" | "o")`` for an entry, user-index or link-ledger
-        name of this namespace, whatever its key generation; None for any other name."""
+        """``(tenant tag, kind)`` for an entry (``e``), user index (``u``), link ledger
+        (``l``, ``o``) or seen mark (``s``) of this namespace, whatever its key generation;
+        None for any other name."""
         text = name.decode(errors="replace") if isinstance(name, bytes) else name
         m = _NAME_RE.match(text)
         if m is None or m.group(1) != self.namespace:

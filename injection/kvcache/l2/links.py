@@ -177,3 +177,6 @@ class LinkView:
 
     def discard(self, key: CacheKey) -> bool:
         return self.tier.discard(key, link=True)
+
+    def first_sighting(self, key: CacheKey) -> bool | None:
+        return self.tier.first_sighting(key)
