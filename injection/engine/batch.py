@@ -33,7 +33,6 @@ from injection.engine.guidance import contrast
 from injection.engine.prefill.grouping import GroupPrefill
 from injection.engine.prefill.pacing import Pacer
 from injection.engine.sampling import BatchChooser
-from injection.engine.stopping import admitted
 from injection.errors import EngineUnavailable, InjectionError, InvalidRequest
 from injection.kvcache.packed import PackedKV
 
@@ -117,8 +116,6 @@ class BatchEngine(EngineFaults, GroupPrefill):
         if prefix is not None:
             self.adapter._check_compatible(prefix)
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
-        prompt_tokens = (prefix.num_tokens if prefix is not None else 0) + len(new_ids)
-        max_new_tokens = admitted(sampling, prompt_tokens, max_new_tokens)
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
                      int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
                      emphasis=float(emphasis), emphasis_spans=tuple(emphasis_spans),

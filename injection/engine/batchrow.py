@@ -10,7 +10,7 @@ from typing import Any
 
 from injection.base import GenerationOutput
 from injection.engine.sampling import RowSampler
-from injection.engine.stopping import GenerationWatch
+from injection.engine.stopping import GenerationWatch, admitted
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["RowJob"]
@@ -69,6 +69,9 @@ class RowJob:
         # the whole input, once (the admission check and the repetition penalty read it)
         self.input_ids = [*(self.prefix.token_ids if self.prefix is not None else ()),
                           *self.new_ids]
+        # the request's ``admit`` (budgets), asked with the prompt it is billed for before
+        # the row is queued; it may lower max_new_tokens, or refuse by raising
+        self.max_new_tokens = admitted(self.sampling, len(self.input_ids), self.max_new_tokens)
 
     def reset(self, tokenizer: Any, device: Any) -> None:
         """Fresh generation state (also when a row is put back after an OOM)."""
