@@ -193,7 +193,7 @@ class InjectionExecutor:
         context = compose_context(req.instructions, mem.text if personal else "")
         remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
                                       partial(self.memories.relevant, req.tenant))  # + recall
-        messages = self._fit(req, context, remind.apply)
+        messages = self._fit(req, context, remind)
         parts = self.adapter.split_prompt(context, messages) if context else None
         parts, head_ctx = mem.cut(self.adapter, parts, context)  # recalled: after the cache
         split = self.chain.split(parts.segment, head_ctx, req.instructions) if (
@@ -253,17 +253,17 @@ class InjectionExecutor:
         )
 
     def _fit(self, req: ExecutionRequest, context: str,
-             remind: Callable[[list], list] = list) -> list[dict[str, str]]:
-        """History trimmed in whole turns to the context (and the request's cap), reminded."""
-        messages = [dict(m) for m in req.messages]
+             remind: Reminder | None = None) -> list[dict[str, str]]:
+        """History in whole turns within the context and cap, reminded (cut sized deep)."""
+        messages, remind = [dict(m) for m in req.messages], remind or Reminder()
         n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), 0)
         max_pos = getattr(self.adapter, "max_positions", None)
-        limit = max_pos - req.max_new_tokens if max_pos else None
-        return remind(fit_history(
-            lambda msgs: self.adapter.prompt_tokens(context, remind(msgs)),
-            messages[n_head:-1], messages[-1:], limit=limit,
+        count = self.adapter.prompt_tokens
+        return remind.apply(fit_history(
+            lambda msgs: count(context, remind.apply(msgs)), messages[n_head:-1],
+            messages[-1:], limit=max_pos - req.max_new_tokens if max_pos else None,
             history_cap=req.history_token_budget, head=messages[:n_head],
-        ))
+            size_count=lambda msgs: count(context, remind.apply(msgs, deep=True))))
 
     def _plain(
         self, prompt: str, req: ExecutionRequest, sampling: dict[str, Any], *, mode: str,

@@ -37,12 +37,15 @@ def fit_history(
     limit: int | None,
     history_cap: int | None = None,
     head: Sequence[Message] = (),
+    size_count: Callable[[list[Message]], int] | None = None,
 ) -> list[Message]:
     """``head`` + the most recent whole turns of ``history`` + ``tail`` that fit.
 
     ``count(messages)`` is the token count of the rendered prompt; ``limit`` the most
     it may be (None: unbounded). Raises ContextLengthExceeded if ``tail`` alone does
-    not fit. Binary search: O(log turns) renders.
+    not fit. Binary search: O(log turns) renders. ``size_count``: the count that sizes
+    one turn for the block cut, as it renders deep in the conversation (default
+    ``count``; the executor's adds the memory reminder every deep turn carries).
     """
     head, tail = list(head), list(tail)
     base = count(head + tail)
@@ -53,7 +56,8 @@ def fit_history(
         )
     turns = whole_turns(history)
     if turns and history_cap:
-        kept = _block_trim(count, head, turns, tail, base, history_cap, limit)
+        kept = _block_trim(count, size_count or count, head, turns, tail, base,
+                           history_cap, limit)
         if kept is not None:
             return head + _flatten(turns[len(turns) - kept:]) + tail
 
@@ -88,7 +92,8 @@ def block_start(sizes: Sequence[int], cap: int) -> int:
     return len(sizes)
 
 
-def _block_trim(count: Callable[[list[Message]], int], head: list[Message],
+def _block_trim(count: Callable[[list[Message]], int],
+                size_count: Callable[[list[Message]], int], head: list[Message],
                 turns: list[list[Message]], tail: list[Message], base: int, cap: int,
                 limit: int | None) -> int | None:
     """How many newest turns to keep under ``cap`` by :func:`block_start` (None: the
@@ -98,8 +103,8 @@ def _block_trim(count: Callable[[list[Message]], int], head: list[Message],
         return len(turns)
     # each turn's size depends on that turn alone (not on the new message or the
     # window), so the same turns give the same cut on every request
-    alone = count(head)
-    start = block_start([count(head + turn) - alone for turn in turns], cap)
+    alone = size_count(head)
+    start = block_start([size_count(head + turn) - alone for turn in turns], cap)
     kept = len(turns) - start
     n = count(head + _flatten(turns[start:]) + tail) if kept else base
     if n - base <= cap and (limit is None or n <= limit):

@@ -55,12 +55,17 @@ ROLE: str | None = "user"  # "user" | "system" (None: "system" where the templat
 
 def reminder_text(memories: Sequence[str], count: Callable[[str], int] | None = None,
                   budget: int = REMINDER_TOKENS) -> str:
-    """``"m1 m2 ..."``: whole memories in order while ``budget`` tokens allow (the first
-    always); '' when there are none."""
+    """``"m1 m2 ..."``: whole memories in order while ``budget`` tokens allow; the first
+    always, cut to ``budget`` tokens at a word when it is longer (a reminder is re-stated
+    in every user turn of the history: its size bounds how much history fits); '' when
+    there are none."""
     texts = [m.strip() for m in memories if m and m.strip()]
     if not texts:
         return ""
-    kept, used = [texts[0]], count(texts[0]) if count else 0
+    first = _cut(texts[0], count, budget)
+    kept, used = [first], count(first) if count else 0
+    if first != texts[0]:
+        return first
     for text in texts[1:]:
         n = count(text) if count else 0
         if used + n > budget:
@@ -68,6 +73,19 @@ def reminder_text(memories: Sequence[str], count: Callable[[str], int] | None = 
         kept.append(text)
         used += n
     return " ".join(kept)
+
+
+def _cut(text: str, count: Callable[[str], int] | None, budget: int) -> str:
+    """``text``, or its longest run of whole words within ``budget`` tokens followed by
+    "…" (binary search: a few counts)."""
+    words = text.split()
+    if count is None or len(words) < 2 or count(text) <= budget:
+        return text
+    lo, hi = 1, len(words) - 1  # the first word always; never all of them
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if count(" ".join(words[:mid]) + "…") <= budget else (lo, mid - 1)
+    return " ".join(words[:lo]) + "…"
 
 
 def with_reminders(messages: Sequence[Message], text: str | Callable[[str], str], *,
@@ -125,11 +143,14 @@ class Reminder:
         return bool(self.text) and turns_before(messages) >= self.after and bool(
             self.text_for(str(messages[-1]["content"])))
 
-    def apply(self, messages: Sequence[Message]) -> list[Message]:
+    def apply(self, messages: Sequence[Message], *, deep: bool = False) -> list[Message]:
+        """``messages`` reminded; ``deep``: as if each user message had ``after`` others
+        before it (how a turn renders deep in a conversation: its size for the history's
+        block cut, which must not change as the turn ages)."""
         if not self.text:
             return [dict(m) for m in messages]
         return with_reminders(messages, self.text if self.pick is None else self.text_for,
-                              after=self.after, role=self.role)
+                              after=0 if deep else self.after, role=self.role)
 
     @classmethod
     def for_request(cls, req: Any, renderer: Any, personal: bool,

@@ -41,7 +41,12 @@ def test_reminders_open_every_user_turn_past_the_depth_and_nothing_else_changes(
 def test_reminder_text_keeps_whole_memories_within_the_budget():
     count = len  # one "token" per character, for the arithmetic
     assert reminder_text(["aaaa", "bbb", "cc"], count, budget=7) == "aaaa bbb"
-    assert reminder_text(["a" * 50, "b"], count, budget=7) == "a" * 50  # the first always
+    assert reminder_text(["a" * 50, "b"], count, budget=7) == "a" * 50  # one word: whole
+    # a first memory over the budget is cut at a word (and nothing follows it): a reminder
+    # is re-stated in every user turn, so its size bounds how much history fits
+    assert reminder_text(["aaaa bbbb cccc dddd", "e"], count, budget=10) == "aaaa bbbb…"
+    assert reminder_text(["aaaa bbbb cccc dddd", "e"], count, budget=6) == "aaaa…"
+    assert reminder_text(["aaaa bbbb cccc dddd"], count, budget=2) == "aaaa…"  # a word at least
     assert reminder_text(["", "  "], count) == ""
 
 
