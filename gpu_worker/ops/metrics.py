@@ -231,7 +231,7 @@ class L2Collector:
             return l2_kind_sizes(tier, ids, tier.stats(scan=True, tenants=ids))
         except (redis.RedisError, DatabaseError) as exc:
             log.warning("metrics: cache sizes unavailable: %s", exc)
-            return None
+            return None  # a scrape never fails for them
 
 
 def web_registry() -> CollectorRegistry:
@@ -242,16 +242,20 @@ def web_registry() -> CollectorRegistry:
         registry = CollectorRegistry()
         multiprocess.MultiProcessCollector(registry)
         registry.register(QueueCollector())
-        registry.register(L2Collector())
         return registry
     _register_once(REGISTRY, QueueCollector())
-    _register_once(REGISTRY, L2Collector())
     return REGISTRY
+
+
+# the cache Redis' figures: a registry of their own (the process-wide one is read by other
+# code, which must not trigger a scan), one collector per process (its scan is cached)
+_L2_REGISTRY = CollectorRegistry()
+_L2_REGISTRY.register(L2Collector())
 
 
 def web_exposition() -> tuple[bytes, str]:
     """The web registry in Prometheus' text format, and its content type (``/metrics``)."""
-    return generate_latest(web_registry()), CONTENT_TYPE_LATEST
+    return generate_latest(web_registry()) + generate_latest(_L2_REGISTRY), CONTENT_TYPE_LATEST
 
 
 def start_worker_server(port: int, addr: str = "0.0.0.0", tries: int = 16) -> int | None:

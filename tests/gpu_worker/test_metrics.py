@@ -26,6 +26,7 @@ def test_metrics_endpoint_is_closed_without_a_token_outside_debug(settings):
     body = ok.content.decode()
     assert 'kvi_queue_depth{queue="gpu"}' in body
     assert "kvi_workers_live" in body and "# TYPE kvi_chat_seconds histogram" in body
+    assert 'kvi_l2_kind_bytes{kind="conversation"}' in body  # the cache Redis by kind
 
 
 @pytest.fixture
