@@ -38,7 +38,7 @@ import redis  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
 
 from injection import build_executor, load_adapter  # noqa: E402
-from injection.base import ExecutionRequest  # noqa: E402
+from injection.base import ExecutionRequest, MemoryItem  # noqa: E402
 from injection.engine.steps import bytes_per_token  # noqa: E402
 from injection.kvcache.conversation import link_digest  # noqa: E402
 from injection.metrics import Metrics  # noqa: E402
@@ -66,6 +66,27 @@ TOPICS = ["a quick dinner with rice and beans", "storing fresh herbs for a week"
           "planning meals for a busy week", "a salad that keeps until lunch"]
 
 
+SIXTY_WORDS = (
+    "I am a vegetarian who cooks for my partner and our two young children most evenings. "
+    "We live in a small flat in Oslo with a tiny kitchen, two hobs and an old oven. I prefer "
+    "quick recipes under thirty minutes, seasonal vegetables, little waste, and no spicy "
+    "food because the kids will not eat it at all.")
+# memories as people write them (issue 32): one short, one 60-word text, one 4,000-character
+# text, twenty short memories (past the member segment's 256 tokens: some are recalled)
+SHAPES = {
+    "one short memory": ["I am vegetarian."],
+    "one 60-word memory": [SIXTY_WORDS],
+    "one 4,000-character memory": [" ".join(
+        f"Note {i}: I keep my pantry stocked with rice, lentils, oats and canned tomatoes, "
+        f"and I shop at the market on Saturday mornings." for i in range(32))],
+    "20 memories": [f"I like {x}." for x in (
+        "tea", "long walks", "jazz", "Italian food", "baking bread", "gardening", "cycling",
+        "board games", "science fiction", "photography", "swimming", "chess", "hiking",
+        "pottery", "yoga", "podcasts", "knitting", "sushi", "museums", "running")],
+}
+SHAPE_TURNS, SHAPE_REPLY, SHAPE_BUDGET = int(os.environ.get("SHAPE_TURNS", "30")), 24, 1024
+
+
 def model_path() -> Path:
     if os.environ.get("MODEL_PATH"):
         return Path(os.environ["MODEL_PATH"])
@@ -86,9 +107,10 @@ def message(member: int, turn: int) -> str:
 
 class Tenant:
     def __init__(self, adapter, client, *, opening: bool | None = None,
-                 contrast: float | None = None) -> None:
+                 contrast: float | None = None, link_budget: int = 0) -> None:
         self.adapter, self.client = adapter, client
         self.opening, self.contrast = opening, contrast  # --opening (None: auto), --contrast
+        self.link_budget = link_budget  # --link-budget-mib: the tenant's links in Redis
         self.workers = [self.worker(), self.worker()]
         # a serving worker announces each link it replaces on the control channel and the
         # others drop their copies (gpu_worker.channels.linkcast); in process, directly
@@ -103,7 +125,8 @@ class Tenant:
     def worker(self):
         ex = build_executor(self.adapter, batch_max=2, redis_client=self.client,
                             signing_secret=SECRET, metrics=Metrics(),
-                            conversation_prefill_opening=self.opening)
+                            conversation_prefill_opening=self.opening,
+                            l2_link_tenant_bytes=self.link_budget)
         if ex.l2 is not None:
             ex.l2.async_writes = False  # the next turn may land on the other worker at once
         return ex
@@ -162,6 +185,8 @@ def storage(t: Tenant) -> dict:
         member_tokens += len(a.split_segment(seg, ctx, t.instructions).member_ids)
     needed = (tenant_tokens + member_tokens) * bpt
     l2 = t.workers[0].l2.stats(scan=True, tenants=[TENANT])["per_tenant"][TENANT]
+    counts = [ex.l2.stats() for ex in t.workers]
+    budget = t.link_budget
     kinds = [ex.stats()["kinds"] for ex in t.workers]
     # each conversation's newest link: its last turn after the injected turn, with the
     # reply (its last token was never fed back, so it has no K/V)
@@ -171,6 +196,9 @@ def storage(t: Tenant) -> dict:
     old = (MEMBERS * tenant_tokens + member_tokens) * bpt  # one private I + P per member
     return {"bpt": bpt, "I": tenant_tokens, "P": member_tokens, "C": conv_tokens,
             "redis_bytes": l2["bytes"], "redis_entries": l2["entries"], "ideal": ideal,
+            "link_bytes": l2["link_bytes"], "link_entries": l2["link_entries"],
+            "refused": sum(c["refused_writes"] for c in counts),
+            "link_evictions": sum(c["link_evictions"] for c in counts), "budget": budget,
             "old_segments": old, "kinds": kinds}
 
 
@@ -203,6 +231,29 @@ def restart_ttft(t: Tenant) -> tuple[float, float, int]:
     return res.ttft_ms, full, res.cached_tokens * 100 // res.prompt_tokens
 
 
+def memory_shapes(t: Tenant) -> dict[str, tuple[float, float]]:
+    """Per memory shape, one member's SHAPE_TURNS-turn conversation alternating workers,
+    24-token replies, the platform's default history budget: (share of turns 2.. with
+    >= 50 % of the prompt cached, mean cached share)."""
+    out = {}
+    for n, (name, texts) in enumerate(SHAPES.items()):
+        items = tuple(MemoryItem(str(i), x) for i, x in enumerate(texts))
+        history, shares = [], []
+        for turn in range(SHAPE_TURNS):
+            msgs = [*history, {"role": "user", "content": f"Turn {turn}: what could I cook "
+                               f"with {TOPICS[turn % len(TOPICS)]}?"}]
+            req = ExecutionRequest(TENANT, f"shape{n}", msgs, texts[0], memories=items,
+                                   instructions=t.instructions, max_new_tokens=SHAPE_REPLY,
+                                   history_token_budget=SHAPE_BUDGET, contrast=t.contrast)
+            settle(t)
+            res = t.workers[turn % 2].execute(req)
+            shares.append(res.cached_tokens / res.prompt_tokens)
+            history = [*msgs, {"role": "assistant", "content": res.text}]
+        later = shares[1:]
+        out[name] = (sum(x >= 0.5 for x in later) / len(later), statistics.mean(later))
+    return out
+
+
 def one_round(t: Tenant, turn: int) -> float:
     t0 = time.perf_counter()
     for m in range(MEMBERS):
@@ -231,28 +282,32 @@ def main() -> None:
                     help="the next turn's opening after a reply (engine/turns.py)")
     ap.add_argument("--contrast", type=float, default=None,
                     help="contrastive guidance strength per request (default: the model's)")
+    ap.add_argument("--link-budget-mib", type=int, default=512,
+                    help="the tenant's conversation links in Redis (KV_L2_LINK_TENANT_BYTES)")
     args = ap.parse_args()
     from config import embedded
 
-    url = urlparse(embedded.redis_url())
+    url = urlparse(embedded.cache_redis_url())  # the K/V cache's own Redis
     client = redis.Redis.from_url(urlunparse(url._replace(path=f"/{REDIS_DB}")),
                                   socket_timeout=30)
     client.flushdb()
     adapter = load_adapter(str(model_path()), device=os.environ.get("DEVICE") or None)
     t = Tenant(adapter, client, contrast=args.contrast,
-               opening=None if args.opening == "auto" else args.opening == "on")
+               opening=None if args.opening == "auto" else args.opening == "on",
+               link_budget=args.link_budget_mib * 1024**2)
     started = time.perf_counter()
     conv = conversations(t)
     store = storage(t)
     ttft_new, ttft_full = new_member_ttft(t)
     ttft_restart, ttft_restart_full, restart_pct = restart_ttft(t)
+    shapes = memory_shapes(t)
     warm_round = one_round(t, TURNS + 1)
     t.instructions = INSTRUCTIONS + " Mention our weekly offers when it helps."
     edit_round = one_round(t, TURNS + 2)
     cold_round = plain_round(t, TURNS + 2)
     total = time.perf_counter() - started
     body = render(conv, store, ttft_new, ttft_full, ttft_restart, ttft_restart_full,
-                  restart_pct, warm_round, edit_round, cold_round, total)
+                  restart_pct, warm_round, edit_round, cold_round, total, shapes)
     print(body)
     if args.write_docs:
         write_section("tenant-scale", body)
@@ -262,13 +317,18 @@ def main() -> None:
 
 
 def render(conv, st, ttft_new, ttft_full, ttft_r, ttft_rf, restart_pct, warm, edit, cold,
-           total) -> str:
+           total, shapes) -> str:
     mib = 1024 ** 2
     rows = [
         ["Redis bytes / (I + ΣP + ΣC) x bytes/token (goal <= 1.1)",
          f"{st['redis_bytes'] / st['ideal']:.2f}x",
          f"{st['redis_bytes'] / mib:.1f} MiB in {st['redis_entries']} entries; I={st['I']}, "
          f"ΣP={st['P']}, ΣC={st['C']} tokens, {st['bpt']} B/token"],
+        ["  its conversation links (the tenant's link ledger) / ΣC x bytes/token",
+         f"{st['link_bytes'] / max(1, st['C'] * st['bpt']):.2f}x",
+         f"{st['link_bytes'] / mib:.1f} MiB in {st['link_entries']} links; budget "
+         f"{st['budget'] / mib:.0f} MiB; {st['link_evictions']} evicted for room, "
+         f"{st['refused']} writes refused"],
         ["segment bytes: old design (a private I + P per member) / now (I once + ΣP)",
          f"{st['old_segments'] / ((st['I'] + st['P']) * st['bpt']):.1f}x",
          f"{st['old_segments'] / mib:.1f} MiB vs {(st['I'] + st['P']) * st['bpt'] / mib:.1f} MiB"],
@@ -295,7 +355,7 @@ def render(conv, st, ttft_new, ttft_full, ttft_r, ttft_rf, restart_pct, warm, ed
         "",
         f"`.venv/bin/python bench/bench_tenant_scale.py --write-docs` ({machine()}; "
         f"SmolLM2-135M-Instruct fp32; {MEMBERS} members x {TURNS} turns, ~100-token messages, "
-        f"history budget {BUDGET} tokens, two workers sharing one embedded Redis; "
+        f"history budget {BUDGET} tokens, two workers sharing the embedded cache Redis; "
         f"scaled down from the issue's 64 x 12 to fit a 2-core CPU; {total:.0f} s).",
         "",
         table(["measure", "ratio", "detail"], rows),
@@ -306,6 +366,14 @@ def render(conv, st, ttft_new, ttft_full, ttft_r, ttft_rf, restart_pct, warm, ed
         "directly between the two in-process workers):",
         "",
         table(["worker", "kind", "entries", "MiB"], l1),
+        "",
+        f"Memories as people write them: one member per shape, a {SHAPE_TURNS}-turn "
+        f"conversation alternating the two workers, {SHAPE_REPLY}-token replies, the "
+        f"platform's {SHAPE_BUDGET}-token history budget (goal: >= 80 % of turns 2-"
+        f"{SHAPE_TURNS} with >= 50 % of the prompt cached):",
+        "",
+        table(["memory shape", f"turns 2-{SHAPE_TURNS} >= 50 % cached", "mean cached share"],
+              [[name, f"{a:.0%}", f"{b:.0%}"] for name, (a, b) in shapes.items()]),
     ])
 
 
