@@ -33,7 +33,8 @@ CHAT_SECONDS = Histogram("kvi_chat_seconds", "Chat round trip seen by the web", 
 STREAMS = Counter("kvi_chat_streams", "Streamed chats relayed by the web, by outcome",
                   ["outcome"])
 # worker side
-CHAT_CANCELLED = Counter("kvi_chat_cancelled", "Generations stopped because the client left")
+CHAT_CANCELLED = Counter("kvi_chat_cancelled", "Generations stopped because the client left "
+                         "or the web stopped waiting")
 TASKS = Counter("kvi_worker_tasks", "GPU tasks run, by task and outcome", ["task", "outcome"])
 TASKS_REFUSED = Counter("kvi_worker_task_messages_refused",
                         "Task messages refused unrun: missing or bad signature", ["task"])
