@@ -91,6 +91,9 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     contrast = params.get("contrast")  # the same order
     if contrast is None:
         contrast = getattr(member.tenant, "memory_contrast", None)
+    reminder = params.get("reminder")  # the same order (None: the engine's default, on)
+    if reminder is None:
+        reminder = getattr(member.tenant, "memory_reminder", None)
     return ExecutionRequest(
         tenant=str(member.tenant_id),
         user=str(member.pk),
@@ -103,6 +106,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         alpha=float(alpha),
         emphasis=None if emphasis is None else float(emphasis),
         contrast=None if contrast is None else float(contrast),
+        reminder=None if reminder is None else bool(reminder),
         max_new_tokens=max_new,
         temperature=float(params.get("temperature") or 0.0),
         top_p=float(params.get("top_p") or 1.0),

@@ -62,6 +62,7 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
         alpha=float(alpha if alpha is not None else pref.alpha if pref else DEFAULT_ALPHA),
         emphasis=emphasis if emphasis is not None else member.tenant.memory_emphasis,
         contrast=contrast if contrast is not None else member.tenant.memory_contrast,
+        reminder=member.tenant.memory_reminder,
         max_new_tokens=max_new_tokens)
 
 

@@ -32,7 +32,8 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
 
 
 TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens",
-                 "memory_emphasis", "memory_contrast", "memory_writes_enabled")
+                 "memory_emphasis", "memory_contrast", "memory_reminder",
+                 "memory_writes_enabled")
 
 
 def _strength_in_range(changes: dict[str, Any], field: str, high: int) -> None:
@@ -53,6 +54,9 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
         raise InvalidInput("A tenant needs a name.")
     _strength_in_range(changes, "memory_emphasis", 8)
     _strength_in_range(changes, "memory_contrast", 4)
+    if changes.get("memory_reminder") not in (None, True, False):
+        raise InvalidInput("memory_reminder must be true, false or empty (the platform's "
+                           "default).", fields={"memory_reminder": ["true, false or empty."]})
     assert_actor_may_manage(actor, tenant)
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     changed = {f: v for f, v in changes.items() if getattr(locked, f) != v}

@@ -15,7 +15,8 @@ class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
         fields = ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
-                  "memory_emphasis", "memory_contrast", "memory_writes_enabled", "instructions")
+                  "memory_emphasis", "memory_contrast", "memory_reminder", "memory_writes_enabled",
+                  "instructions")
         widgets = {"instructions": forms.Textarea(attrs={"rows": 4, "cols": 80})}
 
     def clean_slug(self):
@@ -40,8 +41,8 @@ class TenantAdmin(TenantScopedAdmin):
 
     def get_fields(self, request, obj=None):
         return ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
-                "memory_emphasis", "memory_contrast", "memory_writes_enabled", "instructions",
-                "instructions_version", "created_at")
+                "memory_emphasis", "memory_contrast", "memory_reminder", "memory_writes_enabled",
+                "instructions", "instructions_version", "created_at")
 
     def get_readonly_fields(self, request, obj=None):
         ro = ["created_at", "instructions_version"]

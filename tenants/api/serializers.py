@@ -50,6 +50,12 @@ class ChatRequestSerializer(StrictSerializer):
                   "against the same conversation without them; 0 = off). Default: the "
                   "tenant's setting, else the model's.",
     )
+    reminder = StrictBooleanField(
+        required=False,
+        help_text="Re-state your memories at the start of your messages deep in the "
+                  "conversation (\"(<memories>)\" before the message; see docs/API.md, "
+                  "\"Memory reminder\"); false = off. Default: the tenant's setting, else on.",
+    )
 
     def get_fields(self):
         fields = super().get_fields()

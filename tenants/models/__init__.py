@@ -51,6 +51,13 @@ class Tenant(models.Model):
         help_text="How strongly replies are steered by members' memories (each reply "
                   "against the same conversation without them), 0 (off) to 4; empty: the "
                   "model's default. Costs a second row per guided turn.")
+    # the memory reminder (injection/prompting/reminder.py; empty: the platform's default, on)
+    memory_reminder = models.BooleanField(
+        null=True, blank=True, default=None,
+        help_text="Re-state members' memories at the start of their messages deep in a "
+                  "conversation (\"(<memories>)\" before the message, from the third message "
+                  "on; from the first with several memories). Its tokens count in "
+                  "prompt_tokens. Empty: the platform's default (on).")
     memory_writes_enabled = models.BooleanField(
         default=False,
         help_text="Members may add or remove memories from a chat (\"remember that ...\", "
@@ -143,7 +150,9 @@ class Preference(models.Model):
         help_text="How strongly the preference shapes replies, 0 to 1. The preference is "
                   "injected as the model's system turn with its attention values scaled by "
                   "alpha: 1.0 reproduces exactly what the model does with the preference in "
-                  "its prompt (and measured best); lower values weaken it gradually, and at "
+                  "its prompt (and measured best) where the tenant's emphasis, contrast and "
+                  "memory reminder are off (the reminder and, on some models, contrast are on "
+                  "by default); lower values weaken it gradually, and at "
                   "0.1 or below nothing is injected. The platform's cap (KV_ALPHA_CAP) bounds "
                   "the effective value: a higher alpha is applied as the cap.",
     )

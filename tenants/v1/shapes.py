@@ -81,6 +81,11 @@ class ExtensionSerializer(StrictSerializer):
         required=False, min_value=0.0, max_value=4.0,
         help_text="Contrastive guidance by the member's memories (0 = off; default: the "
                   "tenant's setting, else the model's).")
+    reminder = serializers.BooleanField(
+        required=False,
+        help_text="The memory reminder: the member's memories re-stated at the start of user "
+                  "messages deep in the conversation (false = off; default: the tenant's "
+                  "setting, else on).")
     conversation = serializers.IntegerField(
         required=False, min_value=1, max_value=PK_MAX,
         help_text="Append this exchange to one of your conversations (default: a new one "
@@ -218,6 +223,7 @@ def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
         # only when sent: the idempotency hash of requests without it stays as it was
         **({"emphasis": ext["emphasis"]} if ext.get("emphasis") is not None else {}),
         **({"contrast": ext["contrast"]} if ext.get("contrast") is not None else {}),
+        **({"reminder": ext["reminder"]} if "reminder" in ext else {}),
         "user": data.get("user") or None,
         "history": [{"role": m["role"], "content": m["content"]} for m in data["messages"][:-1]],
     }

@@ -193,3 +193,21 @@ def test_relevant_reminders_keep_the_conversation_a_prefix(adapter, reusing):
     assert [r.text for r in got] == [r.text for r in want]
     for prev, turn in zip(got[2:], got[3:], strict=False):
         assert turn.reused_tokens > prev.reused_tokens
+
+
+def test_reminder_off_is_the_reply_without_it_token_for_token(adapter, reusing):
+    """Deep in a conversation, ``reminder=False`` gives the reply (and the prompt size) of
+    the conversation as sent with the memory as its system message; on, the reminded one's
+    (contrast 0: the guide is another switch)."""
+    msgs = _deep(3)
+    want_off = adapter.generate(adapter.plain_prompt(PREF, msgs), None, 1.0, 12)
+    want_on = adapter.generate(adapter.plain_prompt(PREF, with_reminders(msgs, PREF)), None,
+                               1.0, 12)
+    for ex in (build_executor(adapter, metrics=Metrics()), reusing):
+        def run(on: bool, ex=ex):
+            return ex.execute(ExecutionRequest("t", "u", msgs, PREF, max_new_tokens=12,
+                                               reminder=on, contrast=0.0))
+        off, on = run(False), run(True)
+        assert (off.text, off.prompt_tokens) == (want_off.text, len(want_off.prompt_token_ids))
+        assert (on.text, on.prompt_tokens) == (want_on.text, len(want_on.prompt_token_ids))
+        assert on.prompt_tokens > off.prompt_tokens

@@ -129,3 +129,19 @@ def test_cli_tokens_take_a_name_and_an_expiry(acme):
     assert token_client(key).get("/api/me").status_code == 200
     with pytest.raises(CommandError, match="more than 0"):
         call_command("tenant", "token", "acme", "acme-user", "--expires-days", "0")
+
+
+def test_tenant_admin_switches_the_memory_reminder_audited(acme_admin, acme):
+    """The tenant's ``memory_reminder``: off, then back to the default (empty), each change
+    an audited tenant.changed row; the form shows the choice."""
+    page = f"/admin/tenants/tenant/{acme.tenant.pk}/change/"
+    assert 'name="memory_reminder"' in acme_admin.get(page).content.decode()
+    for sent, stored in (("false", False), ("unknown", None)):
+        response = acme_admin.post(page, {"name": acme.tenant.name, "memory_reminder": sent})
+        assert response.status_code == 302
+        acme.tenant.refresh_from_db()
+        assert acme.tenant.memory_reminder is stored
+    rows = AuditLog.objects.filter(event_type=AuditEvent.TENANT_CHANGED).order_by("id")
+    assert [(r.data["old"], r.data["new"]) for r in rows] == [
+        ({"memory_reminder": None}, {"memory_reminder": False}),
+        ({"memory_reminder": False}, {"memory_reminder": None})]
