@@ -4,7 +4,10 @@ The injected K/V is computed on exactly the text the model would have seen anywa
 the chat template's rendering of ``[{"role": "system", "content": context}]``. The
 prompt continues where that turn ends (history, the new user turn, the generation
 prompt), so at alpha 1 injected generation equals plain generation of the same
-conversation with the context as its system message, token for token.
+conversation with the context as its system message, token for token, as long as nothing
+else changes the turn: no attention emphasis (``engine/emphasis.py``), no contrastive
+guide (``engine/guidance``) and no memory reminder in the messages
+(``prompting/reminder.py``, on by default deep in a conversation).
 
 The split is found by rendering, never by hard-coded markers, and is verified:
 ``encode(segment) + encode(rest) == encode(full)`` or it is not used. Fallbacks, in
