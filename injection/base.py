@@ -82,6 +82,10 @@ class GenerationOutput(NamedTuple):
     finish_reason: str = "length"  # stop (stop string or end of sequence) | length | cancelled
     first_token_ms: float = 0.0  # from the start of generate() to the first generated token
     sequence_kv: Any = None  # PackedKV of the whole sequence, when asked (conversation reuse)
+    # a guided row's guide (engine/guidance/contrast.py): the tokens it prefilled (after
+    # its prefix K/V, which came from a cache) and the row's tokens it was fed in decoding
+    guide_prefill_tokens: int = 0
+    guide_decode_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -162,6 +166,10 @@ class ExecutionResult:
     cached_tokens: int = 0
     emphasis_effective: float = 0.0  # the attention emphasis applied (nats; 0: off)
     contrast_effective: float = 0.0  # the strength applied (0: no guide row)
+    # the guide row's work, never part of prompt_tokens / completion_tokens (the reply's):
+    # tokens it prefilled (computed, not cached) and decoding steps it ran beside the reply
+    guide_prefill_tokens: int = 0
+    guide_decode_tokens: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
     def cache_info(self) -> dict[str, Any]:

@@ -49,6 +49,7 @@ class RowJob:
     guide: RowJob | None = None
     guide_strength: float = 0.0
     is_guide: bool = False
+    guide_prefilled: int = 0  # tokens the guide row has prefilled (``contrast.prefill*``)
     started: float = field(default_factory=time.perf_counter)
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --

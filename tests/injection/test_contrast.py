@@ -102,6 +102,28 @@ def test_off_is_todays_output(adapter):
         solo.close()
     assert zero.token_ids == plain.token_ids == no_room.token_ids
     assert eng.counters["guided_rows"] == solo.counters["guided_rows"] == 0
+    for out in (plain, zero, no_room):  # no guide row ran: none is reported
+        assert (out.guide_prefill_tokens, out.guide_decode_tokens) == (0, 0)
+
+
+@pytest.mark.parametrize("chunk", [512, 8])
+def test_the_guide_rows_tokens_come_back_with_the_reply(adapter, chunk):
+    """The guide's prefill is the ids it ran after its cached prefix (in the row's forward,
+    or after the row's last chunk); its decode, the row's tokens it was fed (all but the
+    last: no step follows it). The reply's own counts are unchanged."""
+    with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
+    head = adapter.compute_kv_ids(without_ids[:6])  # a cached prefix: not prefilled
+    eng = BatchEngine(adapter, max_batch=4, prefill_chunk=chunk)
+    try:
+        whole = eng.run(None, 1.0, with_ids, 12, guide=Guide(1.0, None, without_ids))
+        after = eng.run(None, 1.0, with_ids, 12, guide=Guide(1.0, head, without_ids[6:]))
+    finally:
+        eng.close()
+    assert whole.token_ids == after.token_ids  # the same guide, its head from a cache
+    for out, prefilled in ((whole, len(without_ids)), (after, len(without_ids) - 6)):
+        assert len(out.token_ids) > 1 and out.prompt_token_ids == with_ids
+        assert (out.guide_prefill_tokens, out.guide_decode_tokens) == (
+            prefilled, len(out.token_ids) - 1)
 
 
 def test_a_guided_row_beside_other_rows(adapter):

@@ -16,7 +16,10 @@ text and stream are never seen by anyone; it leaves the batch with its row.
 Only the platform can do this: a client holding a system prompt gets one distribution,
 the engine has both. ``s = 0`` means no guide at all: today's output, token for token.
 The cost is a second row per request (its prefill, in the same forward as the row's
-where it can, ``prefill``; its decoding step in the batch).
+where it can, ``prefill``; its decoding step in the batch), reported as the reply's
+``guide_prefill_tokens`` (the ids it prefilled after its cached prefix; a row put back
+after an OOM prefills them again) and ``guide_decode_tokens`` (the row's tokens it was
+fed: one fewer than the reply's).
 """
 
 from __future__ import annotations
@@ -122,6 +125,7 @@ def prefill(adapter: Any, job: RowJob, ids: list[int], past: Any, quiet: Any, *,
         return (*steps.prefill(adapter, job, ids, past, quiet), None)
     job.guide.gen = []
     rows, logits = steps.prefill_group(adapter, [job, job.guide])
+    job.guide_prefilled += len(job.guide.new_ids)  # padding is not the guide's
     counters["guided_rows"] += 1
     counters["guide_pairs"] += 1
     return rows[0], logits[0], (rows[1], logits[1])
@@ -135,6 +139,8 @@ def prefill_guide(adapter: Any, job: RowJob, resume: bool,
     if guide is None:
         return None
     guide.gen = list(job.gen)
-    past, logits = steps.prefill(adapter, guide, guide.prefill_ids(resume))
+    ids = guide.prefill_ids(resume)
+    past, logits = steps.prefill(adapter, guide, ids)
+    job.guide_prefilled += len(ids)
     counters["guided_rows"] += 1
     return past, logits

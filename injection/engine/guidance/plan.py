@@ -36,7 +36,7 @@ from injection.engine.guidance.contrast import Guide, resolve
 from injection.prompting.reminder import turns_before
 from injection.prompting.template import compose_context
 
-__all__ = ["plan_guide", "reminded_guide"]
+__all__ = ["guide_figures", "plan_guide", "reminded_guide"]
 
 # A member with several memories: a turn with fewer exchanges before it than this is
 # guided against the same turn without its reminder (0: never). Measured on the memory
@@ -84,6 +84,14 @@ def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
         kv, _ = chain.shared(req.tenant, head, adapter.renderer.encode(head, first=True))
         return Guide(strength, kv, adapter.renderer.encode(prompt[len(head):], first=False))
     return Guide(strength, None, adapter.renderer.encode(prompt, first=True))
+
+
+def guide_figures(guide: Guide | None, out: Any) -> dict[str, Any]:
+    """The result's guidance figures: the strength applied and the guide row's tokens as
+    the engine ran them (``out``: the ``GenerationOutput``; 0 where no guide row ran)."""
+    return {"contrast_effective": guide.strength if guide else 0.0,
+            "guide_prefill_tokens": int(getattr(out, "guide_prefill_tokens", 0)),
+            "guide_decode_tokens": int(getattr(out, "guide_decode_tokens", 0))}
 
 
 def _head(renderer: Any, prompt: str) -> str:
