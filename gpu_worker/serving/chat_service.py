@@ -139,14 +139,15 @@ def release_reservation(member_id: int, request_id: str) -> None:
 
 
 def cancelled(member: Member, request_id: str, tokens: int, stream, *,
-              prompt_tokens: int = 0, cached_tokens: int = 0) -> NoReturn:
+              prompt_tokens: int = 0, cached_tokens: int = 0, **guide: int) -> NoReturn:
     """The client went away, or the web stopped waiting, mid-generation (the cancel flag):
     nothing is stored; audited, counted, and the tokens it used billed."""
     from gpu_worker.ops import metrics
 
     metrics.CHAT_CANCELLED.inc()
     billed = do_record_cancelled(member, request_id, completion_tokens=tokens,
-                                 prompt_tokens=prompt_tokens, cached_tokens=cached_tokens)
+                                 prompt_tokens=prompt_tokens, cached_tokens=cached_tokens,
+                                 **guide)
     if stream is not None:
         stream.end("cancelled")
     raise ChatAbandoned(f"cancelled after {tokens} tokens ({_billed(billed)})")
@@ -158,11 +159,18 @@ def discarded(member: Member, request_id: str, result, stream) -> NoReturn:
     billed = do_record_discarded(
         member, request_id, prompt_tokens=result.prompt_tokens,
         completion_tokens=result.completion_tokens, cached_tokens=result.cached_tokens,
-        finish_reason=result.finish_reason)
+        finish_reason=result.finish_reason, **guide_tokens(result))
     if stream is not None:
         stream.end("cancelled")
     raise ChatAbandoned(f"abandoned while generating; {result.completion_tokens} tokens "
                         f"generated, not stored ({_billed(billed)})")
+
+
+def guide_tokens(result) -> dict[str, int]:
+    """The contrastive guide row's tokens of ``result`` (0 where none ran): billed beside
+    the reply's, never inside its prompt or completion tokens."""
+    return {k: int(getattr(result, k, 0) or 0)
+            for k in ("guide_prefill_tokens", "guide_decode_tokens")}
 
 
 def _billed(billed: bool) -> str:
@@ -220,13 +228,15 @@ def record(turn: Turn, result, message_tokens: int) -> dict[str, Any]:
     member, pref, stream = turn.member, turn.pref, turn.stream
     if result.finish_reason == "cancelled":
         cancelled(member, turn.request_id, result.completion_tokens, stream,
-                  prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens)
+                  prompt_tokens=result.prompt_tokens, cached_tokens=result.cached_tokens,
+                  **guide_tokens(result))
     reply = result.text  # control characters already removed by the engine (NUL included)
     usage = {
         "prompt_tokens": result.prompt_tokens,
         "completion_tokens": result.completion_tokens,
         # prompt tokens whose K/V came from a cache (never more than prompt_tokens)
         "cached_tokens": result.cached_tokens,
+        **guide_tokens(result),  # the contrastive guide's row, beside the reply's
         "message_tokens": message_tokens,
     }
     cache = result.cache_info()

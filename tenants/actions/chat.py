@@ -17,6 +17,7 @@ from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Messa
 from tenants.usage import accounting as usage_rollup
 
 BILLED_ONCE = "audit_chat_billed_once"  # the constraint (tenants.models.AuditLog)
+GUIDE_FIELDS = usage_rollup.GUIDE_FIELDS  # the guide row's tokens (docs/API.md, "Usage")
 
 
 def get_conversation(member: Member, conversation_id: int) -> Conversation:
@@ -86,6 +87,9 @@ def do_record_chat(
         "prompt_tokens": usage.get("prompt_tokens", 0),
         "completion_tokens": usage.get("completion_tokens", 0),
         "cached_tokens": usage.get("cached_tokens", 0),  # absent on old workers: none
+        # the contrastive guide row's work, beside the reply's tokens (never inside them);
+        # only on guided chats
+        **{k: usage[k] for k in GUIDE_FIELDS if usage.get(k)},
         "model": served_model(),
         "cache_tier": cache.get("tier"),
         "preference_version": cache.get("preference_version"),
@@ -104,6 +108,7 @@ def do_record_chat(
     usage_rollup.account_chat(member, ok=True, prompt_tokens=data["prompt_tokens"],
                               completion_tokens=data["completion_tokens"],
                               cached_tokens=data["cached_tokens"], model=data["model"],
+                              **{k: data.get(k, 0) for k in GUIDE_FIELDS},
                               tier=data["cache_tier"], latency_ms=data["latency_ms"],
                               ttft_ms=data.get("ttft_ms"))
     note_usage(member)  # budget thresholds crossed by this chat (audited once)
@@ -117,7 +122,7 @@ def do_record_chat(
 
 @transaction.atomic
 def do_record_cancelled(member: Member, request_id: str, *, completion_tokens: int,
-                        prompt_tokens: int = 0, cached_tokens: int = 0) -> bool:
+                        prompt_tokens: int = 0, cached_tokens: int = 0, **guide: int) -> bool:
     """A generation stopped on its cancel flag (a streaming client disconnected, or the
     web stopped waiting for a reply): nothing is stored, the claim is abandoned (a retry
     with the same key generates again) and audited. The tokens it used are billed and
@@ -125,13 +130,13 @@ def do_record_cancelled(member: Member, request_id: str, *, completion_tokens: i
     when this attempt was billed already (``bill_unstored``)."""
     return bill_unstored(member, request_id, AuditEvent.CHAT_CANCELLED,
                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         cached_tokens=cached_tokens)
+                         cached_tokens=cached_tokens, **guide)
 
 
 @transaction.atomic
 def do_record_discarded(member: Member, request_id: str, *, prompt_tokens: int,
                         completion_tokens: int, cached_tokens: int = 0,
-                        finish_reason: str | None = None) -> bool:
+                        finish_reason: str | None = None, **guide: int) -> bool:
     """A reply generated to its end whose claim was abandoned meanwhile (the web gave up
     waiting, its streaming client left after the last token, or the claim's deadline
     passed): ``do_record_chat`` refused to store it (``ChatAbandoned``), so it is billed
@@ -140,11 +145,12 @@ def do_record_discarded(member: Member, request_id: str, *, prompt_tokens: int,
     this attempt was billed already."""
     return bill_unstored(member, request_id, AuditEvent.CHAT_DISCARDED,
                          prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
-                         cached_tokens=cached_tokens, finish_reason=finish_reason)
+                         cached_tokens=cached_tokens, finish_reason=finish_reason, **guide)
 
 
 def bill_unstored(member: Member, request_id: str, event: AuditEvent, *, prompt_tokens: int,
-                  completion_tokens: int, cached_tokens: int, **extra: Any) -> bool:
+                  completion_tokens: int, cached_tokens: int, guide_prefill_tokens: int = 0,
+                  guide_decode_tokens: int = 0, **extra: Any) -> bool:
     """Bill the tokens of an attempt that stored no reply (call inside a transaction).
 
     Exactly once per attempt: the audit row is unique per (tenant, request id) among the
@@ -156,19 +162,21 @@ def bill_unstored(member: Member, request_id: str, event: AuditEvent, *, prompt_
         state=ChatExchange.State.ABANDONED)  # its web stopped waiting, or gave up at once
     ledger.release(member.pk, request_id)  # the usage below counts instead
     model = served_model()
+    guide = {k: v for k, v in (("guide_prefill_tokens", guide_prefill_tokens),
+                               ("guide_decode_tokens", guide_decode_tokens)) if v}
     try:
         with transaction.atomic():  # a savepoint: a refused row leaves the rest intact
             audit(member.tenant, event, actor=member.user, target=str(member),
                   request_id=request_id, completion_tokens=completion_tokens,
                   prompt_tokens=prompt_tokens, cached_tokens=cached_tokens, model=model,
-                  **extra)
+                  **guide, **extra)
     except IntegrityError as exc:
         if _constraint(exc) != BILLED_ONCE:
             raise
         return False
     usage_rollup.account_tokens(member, prompt_tokens=prompt_tokens,
                                 completion_tokens=completion_tokens,
-                                cached_tokens=cached_tokens, model=model)
+                                cached_tokens=cached_tokens, model=model, **guide)
     note_usage(member)
     spent = prompt_tokens + completion_tokens
     transaction.on_commit(lambda: tpm.record(member.tenant_id, member.pk, spent))
@@ -185,7 +193,8 @@ def _fill_claim(claim, conversation, answer: Message, usage: dict, cache: dict) 
     claim.reserved_tokens = claim.carried_tokens = 0  # settled: the usage counts instead
     claim.conversation, claim.reply, claim.cache = conversation, answer, cache
     claim.usage = {k: usage.get(k, 0) for k in ("prompt_tokens", "completion_tokens")}
-    if "cached_tokens" in usage:  # a replay answers what the first answer said
-        claim.usage["cached_tokens"] = usage["cached_tokens"]
+    for key in ("cached_tokens", *GUIDE_FIELDS):  # a replay answers what the first did
+        if key in usage:
+            claim.usage[key] = usage[key]
     claim.save(update_fields=["state", "reserved_tokens", "carried_tokens", "conversation",
                               "reply", "usage", "cache", "updated_at"])

@@ -21,6 +21,9 @@ COLUMNS = (
     ("group", ""), ("requests", "Replies"), ("errors", "Failed"),
     ("tokens_in", "Prompt tokens"), ("tokens_in_cached", "of which from cache"),
     ("tokens_in_computed", "of which computed"), ("tokens_out", "Completion tokens"),
+    # the contrastive guide row's work (docs/API.md, "Usage"): in neither column above
+    ("guide_prefill_tokens", "Guide prefill tokens"),
+    ("guide_decode_tokens", "Guide decode tokens"),
     ("hit_rate_l1", "Personalisation from worker memory"), ("hit_rate_l2", "from Redis"),
     ("hit_rate_compute", "recomputed"), ("hit_rate_none", "none injected"),
     ("latency_p50_ms", "Latency, median (ms)"), ("latency_p95_ms", "Latency, 95th pct (ms)"),
@@ -64,6 +67,7 @@ def _fmt(value, pct=False) -> str:
 def csv_row(t: Totals) -> tuple:
     return (t.label, t.requests, t.errors, t.prompt_tokens, t.cached_tokens,
             t.prompt_tokens - t.cached_tokens, t.completion_tokens,
+            t.guide_prefill_tokens, t.guide_decode_tokens,
             *(_fmt(t.hit_rate(tier), pct=True) for tier in TIERS),
             _fmt(t.p("latency", 50)), _fmt(t.p("latency", 95)),
             _fmt(t.p("ttft", 50)), _fmt(t.p("ttft", 95)))

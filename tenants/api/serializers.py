@@ -83,6 +83,14 @@ class UsageSerializer(serializers.Serializer):
     cached_tokens = serializers.IntegerField(
         required=False, help_text="Of prompt_tokens, those whose K/V was served from the "
                                   "cache (shared tenant segment, member segment, conversation).")
+    guide_prefill_tokens = serializers.IntegerField(
+        required=False, help_text="Contrastive guidance's second row (see contrast): the "
+                                  "tokens it prefilled. Not part of prompt_tokens; 0 when "
+                                  "the reply was not guided.")
+    guide_decode_tokens = serializers.IntegerField(
+        required=False, help_text="Contrastive guidance's second row: the decoding steps it "
+                                  "ran beside the reply (one fewer than completion_tokens). "
+                                  "Not part of completion_tokens; 0 when not guided.")
 
 
 class CacheInfoSerializer(serializers.Serializer):

@@ -27,6 +27,10 @@ class UsageDay(models.Model):
     completion_tokens = models.BigIntegerField(default=0)
     # Of prompt_tokens, those served from cache (not computed): billable at another rate.
     cached_tokens = models.BigIntegerField(default=0)
+    # The contrastive guide row's work (docs/API.md, "Usage"), in neither of the above:
+    # tokens it prefilled (computed) and decoding steps it ran beside the reply.
+    guide_prefill_tokens = models.BigIntegerField(default=0)
+    guide_decode_tokens = models.BigIntegerField(default=0)
     tier_l1 = models.PositiveIntegerField(default=0)
     tier_l2 = models.PositiveIntegerField(default=0)
     tier_compute = models.PositiveIntegerField(default=0)

@@ -21,6 +21,8 @@ from tenants.models import Member, UsageDay
 BASE_MS, RATIO, NBUCKETS = 10.0, 1.25, 44
 BUCKETS = tuple(BASE_MS * RATIO ** i for i in range(NBUCKETS))  # 10 ms .. ~180 s
 TIERS = ("l1", "l2", "compute", "none")
+# the contrastive guide row's tokens (docs/API.md, "Usage"): beside, never inside, the others
+GUIDE_FIELDS = ("guide_prefill_tokens", "guide_decode_tokens")
 
 
 def bucket_of(ms: float) -> int:
@@ -52,6 +54,11 @@ def _add(hist: list[int], ms: float | None) -> list[int]:
     return hist
 
 
+def _add_guide(row: UsageDay, prefill: int, decode: int) -> None:
+    row.guide_prefill_tokens += max(0, int(prefill or 0))
+    row.guide_decode_tokens += max(0, int(decode or 0))
+
+
 def _locked_row(member: Member, day: dt.date | None, model: str | None) -> UsageDay:
     key = {"tenant_id": member.tenant_id, "member_ref": member.pk,
            "day": day or dt.datetime.now(dt.UTC).date(), "model": model or served_model()}
@@ -63,7 +70,8 @@ def _locked_row(member: Member, day: dt.date | None, model: str | None) -> Usage
 @transaction.atomic
 def account_tokens(member: Member, *, prompt_tokens: int = 0, completion_tokens: int = 0,
                    cached_tokens: int = 0, day: dt.date | None = None,
-                   model: str | None = None) -> None:
+                   model: str | None = None, guide_prefill_tokens: int = 0,
+                   guide_decode_tokens: int = 0) -> None:
     """Tokens of a chat that stored no reply but was served (a streamed reply its client
     cancelled: what was streamed was seen): billed and held against budgets, counted
     neither as a reply nor as a failure."""
@@ -71,14 +79,17 @@ def account_tokens(member: Member, *, prompt_tokens: int = 0, completion_tokens:
     row.prompt_tokens += prompt_tokens
     row.completion_tokens += completion_tokens
     row.cached_tokens += min(max(0, cached_tokens), prompt_tokens)
-    row.save(update_fields=["prompt_tokens", "completion_tokens", "cached_tokens"])
+    _add_guide(row, guide_prefill_tokens, guide_decode_tokens)
+    row.save(update_fields=["prompt_tokens", "completion_tokens", "cached_tokens",
+                            *GUIDE_FIELDS])
 
 
 @transaction.atomic
 def account_chat(member: Member, *, ok: bool, prompt_tokens: int = 0,
                  completion_tokens: int = 0, cached_tokens: int = 0, tier: str | None = None,
                  latency_ms: float | None = None, ttft_ms: float | None = None,
-                 day: dt.date | None = None, model: str | None = None) -> None:
+                 day: dt.date | None = None, model: str | None = None,
+                 guide_prefill_tokens: int = 0, guide_decode_tokens: int = 0) -> None:
     """Count one chat (``ok``) or one failed chat in the member's row of today (UTC) for
     ``model`` (default: the served model). ``cached_tokens``: of ``prompt_tokens``, those
     served from cache rather than computed."""
@@ -91,6 +102,7 @@ def account_chat(member: Member, *, ok: bool, prompt_tokens: int = 0,
     row.prompt_tokens += prompt_tokens
     row.completion_tokens += completion_tokens
     row.cached_tokens += min(max(0, cached_tokens), prompt_tokens)
+    _add_guide(row, guide_prefill_tokens, guide_decode_tokens)
     if tier in TIERS:
         setattr(row, f"tier_{tier}", getattr(row, f"tier_{tier}") + 1)
     row.latency_hist = _add(row.latency_hist, latency_ms)
@@ -108,6 +120,8 @@ class Totals:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    guide_prefill_tokens: int = 0
+    guide_decode_tokens: int = 0
     tiers: dict[str, int] = field(default_factory=lambda: dict.fromkeys(TIERS, 0))
     latency: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
     ttft: list[int] = field(default_factory=lambda: [0] * len(BUCKETS))
@@ -118,6 +132,8 @@ class Totals:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.cached_tokens += other.cached_tokens
+        self.guide_prefill_tokens += other.guide_prefill_tokens
+        self.guide_decode_tokens += other.guide_decode_tokens
         for tier in TIERS:
             self.tiers[tier] += other.tiers[tier]
         self.latency = list(map(operator.add, self.latency, other.latency))

@@ -16,7 +16,7 @@ from tenants.models import UsageDay
 MAX_DAYS = 366
 FIELDS = ("day", "tenant", "member", "member_id", "model", "requests", "errors",
           "prompt_tokens", "cached_tokens", "computed_tokens", "completion_tokens",
-          "total_tokens")
+          "total_tokens", "guide_prefill_tokens", "guide_decode_tokens")
 
 
 def window(start: dt.date | None, end: dt.date | None, days: int = 30) -> tuple[dt.date, dt.date]:
@@ -43,6 +43,9 @@ def rows(tenant_ids, start: dt.date, end: dt.date) -> list[dict[str, Any]]:
         "computed_tokens": r.prompt_tokens - r.cached_tokens,
         "completion_tokens": r.completion_tokens,
         "total_tokens": r.prompt_tokens + r.completion_tokens,
+        # the contrastive guide row's work, not in total_tokens (docs/API.md, "Usage")
+        "guide_prefill_tokens": r.guide_prefill_tokens,
+        "guide_decode_tokens": r.guide_decode_tokens,
     } for r in found]
 
 

@@ -32,6 +32,8 @@ SELECT {_KEY}, max(a.target),
   coalesce(sum((a.data->>'prompt_tokens')::bigint), 0),
   coalesce(sum((a.data->>'completion_tokens')::bigint), 0),
   coalesce(sum((a.data->>'cached_tokens')::bigint), 0),
+  coalesce(sum((a.data->>'guide_prefill_tokens')::bigint), 0),
+  coalesce(sum((a.data->>'guide_decode_tokens')::bigint), 0),
   {", ".join(f"count(*) FILTER (WHERE a.data->>'cache_tier' = '{t}')" for t in TIERS)}
 """
 # bucket_of() in SQL: ceil(log_RATIO(ms / BASE_MS)), clamped to [0, NBUCKETS - 1]
@@ -56,12 +58,12 @@ def _fetch(sql: str):
 def rebuild() -> int:
     """Replace the whole rollup by what the audit log says; returns the row count."""
     rows: dict[tuple, UsageDay] = {}
-    for key, label, req, err, pin, pout, cached, *tiers in (
+    for key, label, req, err, pin, pout, cached, gpre, gdec, *tiers in (
             (r[:4], *r[4:]) for r in _fetch(_TOTALS + _FROM.format(extra=""))):
         rows[key] = UsageDay(
             tenant_id=key[0], member_ref=key[1], day=key[2], model=key[3], member_label=label,
             requests=req, errors=err, prompt_tokens=pin, completion_tokens=pout,
-            cached_tokens=cached,
+            cached_tokens=cached, guide_prefill_tokens=gpre, guide_decode_tokens=gdec,
             **{f"tier_{t}": n for t, n in zip(TIERS, tiers, strict=True)},
             latency_hist=[], ttft_hist=[])  # empty until a first sample, as live
     for attr, name in (("latency_hist", "latency_ms"), ("ttft_hist", "ttft_ms")):

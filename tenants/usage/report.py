@@ -14,11 +14,11 @@ from django.db import connection
 from django.db.models import Max, Sum
 
 from tenants.models import Tenant, UsageDay
-from tenants.usage.accounting import TIERS, Totals
+from tenants.usage.accounting import GUIDE_FIELDS, TIERS, Totals
 
 MAX_DAYS = 366
 SUMMED = ("requests", "errors", "prompt_tokens", "completion_tokens", "cached_tokens",
-          *(f"tier_{t}" for t in TIERS))
+          *GUIDE_FIELDS, *(f"tier_{t}" for t in TIERS))
 # Both groupings in one pass over the unnested buckets (GROUPING SETS); empty arrays
 # (no sample of that kind, e.g. TTFT of non-streamed chats) unnest to nothing.
 _HIST = """
@@ -44,6 +44,8 @@ def _fill(totals: Totals, row: dict) -> None:
     totals.prompt_tokens, totals.completion_tokens = row["prompt_tokens"], \
         row["completion_tokens"]
     totals.cached_tokens = row["cached_tokens"]
+    for f in GUIDE_FIELDS:
+        setattr(totals, f, row[f])
     totals.tiers = {t: row[f"tier_{t}"] for t in TIERS}
 
 

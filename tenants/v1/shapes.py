@@ -256,11 +256,16 @@ def finish_reason(cache: dict[str, Any]) -> str:
 
 def usage(u: dict[str, Any]) -> dict[str, Any]:
     """OpenAI's usage object; ``prompt_tokens`` counts the injected system turn too and
-    ``prompt_tokens_details.cached_tokens`` the part of it served from the K/V cache."""
+    ``prompt_tokens_details.cached_tokens`` the part of it served from the K/V cache. The
+    contrastive guide row's tokens are a platform field beside OpenAI's (named as OpenAI
+    names its own: a total and its ``_details``), in none of OpenAI's counts."""
     prompt, done = int(u.get("prompt_tokens", 0)), int(u.get("completion_tokens", 0))
     cached = max(0, min(int(u.get("cached_tokens") or 0), prompt))
+    pre, dec = (int(u.get(f"guide_{k}_tokens") or 0) for k in ("prefill", "decode"))
     return {"prompt_tokens": prompt, "completion_tokens": done, "total_tokens": prompt + done,
-            "prompt_tokens_details": {"cached_tokens": cached}}
+            "prompt_tokens_details": {"cached_tokens": cached},
+            f"{EXTENSION}_guide_tokens": pre + dec,
+            f"{EXTENSION}_guide_tokens_details": {"prefill_tokens": pre, "decode_tokens": dec}}
 
 
 def model_list(model_path: str) -> dict[str, Any]:

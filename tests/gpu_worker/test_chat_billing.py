@@ -73,7 +73,8 @@ def test_a_reply_whose_claim_was_abandoned_is_billed_and_its_stream_ended(member
 
 def test_a_stored_reply_is_billed_once_even_if_its_task_runs_twice(member, request_id):
     body = chat_service.record(turn(member, request_id), result("stop"), 4)
-    assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 9, "cached_tokens": 15}
+    assert body["usage"] == {"prompt_tokens": 20, "completion_tokens": 9, "cached_tokens": 15,
+                             "guide_prefill_tokens": 0, "guide_decode_tokens": 0}
     with pytest.raises(ChatAbandoned, match="billed already"):  # a duplicate delivery
         chat_service.record(turn(member, request_id), result("stop"), 4)
     assert billed(member) == (1, 20, 15, 9)

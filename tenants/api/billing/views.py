@@ -27,7 +27,7 @@ _ROW = inline_serializer("UsageRow", many=True, fields={
     "member": serializers.CharField(), "member_id": serializers.IntegerField(),
     "model": serializers.CharField(), **{f: serializers.IntegerField() for f in (
         "requests", "errors", "prompt_tokens", "cached_tokens", "computed_tokens",
-        "completion_tokens", "total_tokens")}})
+        "completion_tokens", "total_tokens", "guide_prefill_tokens", "guide_decode_tokens")}})
 _BUDGET = inline_serializer("BudgetStanding", many=True, fields={
     "tenant": serializers.CharField(), "scope": serializers.ChoiceField(["tenant", "member"]),
     "member": serializers.CharField(allow_null=True), "tokens": serializers.IntegerField(),
