@@ -25,7 +25,7 @@ from injection.base import (
     PreferenceModel,
     Tier,
 )
-from injection.engine.guidance.plan import plan_guide, reminded_guide
+from injection.engine.guidance.plan import guide_figures, plan_guide, reminded_guide
 from injection.engine.oom import on_cuda, with_oom_retry
 from injection.engine.request_checks import history_len as _history_len
 from injection.engine.request_checks import sampling_options
@@ -248,7 +248,7 @@ class InjectionExecutor:
             injection_mode=parts.mode, history_messages=_history_len(messages),
             finish_reason=out.finish_reason, reused_tokens=reused,
             cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
-            emphasis_effective=emph, contrast_effective=guide.strength if guide else 0.0,
+            emphasis_effective=emph, **guide_figures(guide, out),
             extra={"segments": chain.tiers, "preference_applied": personal, **mem.extra()},
         )
 

@@ -214,6 +214,13 @@ def test_the_executor_guides_against_the_conversation_without_the_memory(adapter
     want = reference(adapter, _ids(adapter, MEMORY), _ids(adapter, ""), 12, 1.0)
     assert client_text(adapter, want) == res.text.strip()
     assert none.contrast_effective == 0.0  # nothing personal: no guide
+    # the guide row's work, beside the reply's: its prefill (at most its whole input, less
+    # a cached head) and one decoding step per reply token but the last
+    assert 0 < res.guide_prefill_tokens <= len(_ids(adapter, ""))
+    assert res.guide_decode_tokens == res.completion_tokens - 1
+    assert (again.guide_prefill_tokens, again.guide_decode_tokens) == (
+        res.guide_prefill_tokens, res.guide_decode_tokens)
+    assert (none.guide_prefill_tokens, none.guide_decode_tokens) == (0, 0)
 
 
 @pytest.mark.parametrize("keeps", [False, True])
