@@ -79,10 +79,14 @@ SHAPES = {
     "one 4,000-character memory": [" ".join(
         f"Note {i}: I keep my pantry stocked with rice, lentils, oats and canned tomatoes, "
         f"and I shop at the market on Saturday mornings." for i in range(32))],
-    "20 memories": [f"I like {x}." for x in (
-        "tea", "long walks", "jazz", "Italian food", "baking bread", "gardening", "cycling",
-        "board games", "science fiction", "photography", "swimming", "chess", "hiking",
-        "pottery", "yoga", "podcasts", "knitting", "sushi", "museums", "running")],
+    "20 memories": [f"I like {x}, and I would rather hear about it than about most things." for x
+                    in ("green tea in the afternoon", "long walks by the river", "old jazz records",
+                        "Italian food from the north", "baking sourdough bread", "my vegetable garden",
+                        "cycling to work", "board games with friends", "science fiction novels",
+                        "film photography", "swimming in the sea", "playing chess online",
+                        "hiking in the mountains", "throwing pottery", "morning yoga",
+                        "history podcasts", "knitting scarves", "sushi on Fridays",
+                        "small museums", "running on Sundays")],
 }
 SHAPE_TURNS, SHAPE_REPLY, SHAPE_BUDGET = int(os.environ.get("SHAPE_TURNS", "30")), 24, 1024
 
@@ -282,6 +286,8 @@ def main() -> None:
                     help="the next turn's opening after a reply (engine/turns.py)")
     ap.add_argument("--contrast", type=float, default=None,
                     help="contrastive guidance strength per request (default: the model's)")
+    ap.add_argument("--shapes-only", action="store_true",
+                    help="only the memory shapes' conversations (their table)")
     ap.add_argument("--link-budget-mib", type=int, default=512,
                     help="the tenant's conversation links in Redis (KV_L2_LINK_TENANT_BYTES)")
     args = ap.parse_args()
@@ -296,6 +302,9 @@ def main() -> None:
                opening=None if args.opening == "auto" else args.opening == "on",
                link_budget=args.link_budget_mib * 1024**2)
     started = time.perf_counter()
+    if args.shapes_only:
+        print(shapes_table(memory_shapes(t)))
+        return
     conv = conversations(t)
     store = storage(t)
     ttft_new, ttft_full = new_member_ttft(t)
@@ -367,10 +376,17 @@ def render(conv, st, ttft_new, ttft_full, ttft_r, ttft_rf, restart_pct, warm, ed
         "",
         table(["worker", "kind", "entries", "MiB"], l1),
         "",
+        shapes_table(shapes),
+    ])
+
+
+def shapes_table(shapes: dict[str, tuple[float, float]]) -> str:
+    return "\n".join([
         f"Memories as people write them: one member per shape, a {SHAPE_TURNS}-turn "
         f"conversation alternating the two workers, {SHAPE_REPLY}-token replies, the "
         f"platform's {SHAPE_BUDGET}-token history budget (goal: >= 80 % of turns 2-"
-        f"{SHAPE_TURNS} with >= 50 % of the prompt cached):",
+        f"{SHAPE_TURNS} with >= 50 % of the prompt cached; the 20 memories, ~18 tokens each, "
+        "pass the member segment's 256 tokens, so the rest are recalled per message):",
         "",
         table(["memory shape", f"turns 2-{SHAPE_TURNS} >= 50 % cached", "mean cached share"],
               [[name, f"{a:.0%}", f"{b:.0%}"] for name, (a, b) in shapes.items()]),
