@@ -90,15 +90,15 @@ def l2_kind_sizes(tier, ids: list[str], l2_sizes: dict[str, Any]) -> dict[str, d
     conversation links (each tenant's link ledger) and member segments (the rest)."""
     from injection.kvcache.chain import TENANT_USER
 
-    seg, links = {"entries": 0, "bytes": 0}, {"entries": 0, "bytes": 0}
+    seg, links, total = ({"entries": 0, "bytes": 0} for _ in range(3))
     for tid in ids:
         for f, n in tier.user_sizes(tid, TENANT_USER).items():
             seg[f] += n
         row = l2_sizes["per_tenant"].get(tid) or {}
-        links["entries"] += int(row.get("link_entries", 0) or 0)
-        links["bytes"] += int(row.get("link_bytes", 0) or 0)
-    rest = {f: sum(int((l2_sizes["per_tenant"].get(tid) or {}).get(f, 0) or 0) for tid in ids)
-            - seg[f] - links[f] for f in seg}
+        for f in total:
+            total[f] += int(row.get(f, 0) or 0)
+            links[f] += int(row.get(f"link_{f}", 0) or 0)
+    rest = {f: total[f] - seg[f] - links[f] for f in total}
     return {"tenant": seg, "member": rest, "conversation": links}
 
 

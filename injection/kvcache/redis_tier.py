@@ -93,9 +93,10 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
             raise ValueError("RedisKVTier needs a client with decode_responses=False")
         self.client = client
         self._drop_script = client.register_script(DROP_INDEXED)
-        self.links = LinkLedger(client, signer.with_namespace(namespace),
-                                quota_bytes=link_quota_bytes, ttl_seconds=int(ttl_seconds))
-        self.signer = signer.with_namespace(namespace)
+        signer = signer.with_namespace(namespace)
+        self.links = LinkLedger(client, signer, quota_bytes=link_quota_bytes,
+                                ttl_seconds=int(ttl_seconds))
+        self.signer = signer  # the ledger's too (the setter)
         self.ttl_seconds, self.max_inflight = int(ttl_seconds), int(max_inflight)
         self.async_writes, self.compress = async_writes, compress
         self.retry_after_s = retry_after_s
@@ -237,6 +238,7 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
     def links_view(self) -> LinkView:
         """This tier as the conversation store sees it: every entry a link."""
         return LinkView(self)
+
     # -- helpers --------------------------------------------------------------------
     def _reject(self, key: CacheKey, name: str, e: BaseException) -> None:
         """A malformed value at ``name``: counted, deleted, reported as a miss (no bypass)."""
@@ -280,4 +282,3 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
             self._counts[what] += n
             per = self._per_tenant.setdefault(tenant, dict.fromkeys(COUNTERS, 0))
             per[what] += n
-

@@ -12,7 +12,7 @@ Every name and MAC derives from one server secret and a ``key_generation``:
 * seen mark    = ``{ns}:{tag}:s:{the entry's digest}``: a conversation key looked up
   before (the admission doorkeeper of ``injection.kvcache.conversation``);
 * link ledger  = ``{ns}:{tag}:l:{HMAC(tenant_key, "links")}`` (a HASH: each conversation
-  link's bytes and the tenant's total) and ``{ns}:{tag}:o:{...}`` (a ZSET: the links in
+  link's bytes and user index, and the tenant's total) and ``{ns}:{tag}:o:{...}`` (a ZSET: the links in
   the order they were written), the tenant's link budget (``injection.kvcache.l2.links``);
 * MAC key      = ``HMAC(secret, "mac:" + generation + ":" + tag)``: derivable
   from an entry's Redis name, so ``verify`` can audit entries of every tenant
@@ -130,8 +130,8 @@ class CacheKeySigner:
         return entry[: -(64 + 3)] + "s:" + entry[-64:]
 
     def link_ledger_keys(self, tenant: str) -> tuple[str, str]:
-        """The tenant's link ledger: a HASH (link name -> bytes, and the total) and a ZSET
-        (link name -> when it was written)."""
+        """The tenant's link ledger: a HASH (link name -> "bytes user-index", and the total)
+        and a ZSET (link name -> when it was written)."""
         prefix, key = self.tenant_prefix(tenant), self._tenant_key(tenant)
         return (f"{prefix}l:{_hmac(key, b'links', b'bytes').hex()}",
                 f"{prefix}o:{_hmac(key, b'links', b'order').hex()}")

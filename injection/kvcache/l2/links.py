@@ -2,10 +2,11 @@
 
 Links are the bulk of what L2 holds (a conversation's whole K/V after the injected turn,
 rewritten every turn), so each tenant's links are accounted in a ledger under the
-tenant's own prefix (``CacheKeySigner.link_ledger_keys``): a HASH of each link's bytes and user
-index, plus the tenant's total (``#bytes``), and a ZSET of the links in the order they were
-written (milliseconds, strictly increasing). A write that would take the tenant past ``quota_bytes`` first deletes the
-tenant's own oldest links; it never touches another tenant's names. Everything runs in
+tenant's own prefix (``CacheKeySigner.link_ledger_keys``): a HASH of each link's bytes
+and user index, plus the tenant's total (``#bytes``), and a ZSET of the links in the
+order they were written (milliseconds, strictly increasing). A write that would take the
+tenant past ``quota_bytes`` first deletes the tenant's own oldest links; it never touches
+another tenant's names. Everything runs in
 one Lua script per write, so concurrent workers keep the ledger exact. A link deleted
 for room also leaves its member's index (the ledger row names it).
 
@@ -34,7 +35,7 @@ __all__ = ["LinkLedger", "LinkView", "TOTAL_FIELD"]
 
 TOTAL_FIELD = "#bytes"
 
-# KEYS: entry, user index, ledger hash, ledger order; ARGV: blob, ttl, now (ms), quota
+# helpers of the scripts below: a ledger row ("bytes user-index"), and a link dropped whole
 _ROW = """
 local function row(ledger, name)
   local v = redis.call('HGET', ledger, name)
@@ -52,6 +53,7 @@ local function drop(ledger, order, name)
 end
 """
 
+# KEYS: entry, user index, ledger hash, ledger order; ARGV: blob, ttl, now (ms), quota
 _WRITE = _ROW + """
 local size = string.len(ARGV[1])
 local quota = tonumber(ARGV[4])
