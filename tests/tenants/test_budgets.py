@@ -53,6 +53,15 @@ def spent(member=None, tenant=None) -> int:
 
 
 @pytest.mark.django_db
+
+def run_concurrently(fn, members) -> None:
+    """``fn(member)`` for each member, each on a thread of its own, all at once."""
+    threads = [threading.Thread(target=fn, args=(m,)) for m in members]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+
 def test_the_command_sets_changes_and_clears_budgets_audited(acme):
     assert "1000 tokens per month" in tenant_cmd("budget", "acme", "--tokens", "1000")
     out = tenant_cmd("budget", "acme", "--member", "acme-user", "--tokens", "100",
@@ -179,12 +188,7 @@ def test_concurrent_chats_never_overshoot_a_budget_by_more_than_one_request():
         finally:
             connection.close()
 
-    members = [world.user, world.other, world.admin] * 4
-    threads = [threading.Thread(target=one_chat, args=(m,)) for m in members]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_concurrently(one_chat, [world.user, world.other, world.admin] * 4)
     total, one_request = spent(tenant=world.tenant), prompt + extra + max_new
     assert refused and admitted and len(refused) + len(admitted) == 12
     assert budget - (prompt + 1) <= total <= budget + one_request
@@ -288,12 +292,7 @@ def test_concurrent_chats_whose_prompts_outgrow_their_estimates_never_overshoot(
         finally:
             connection.close()
 
-    members = [world.user, world.other, world.admin] * 4
-    threads = [threading.Thread(target=one_chat, args=(m,)) for m in members]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    run_concurrently(one_chat, [world.user, world.other, world.admin] * 4)
     answered = [g for g in outcomes if g is not None]
     assert len(outcomes) == 12 and answered and None in outcomes
     assert spent(tenant=world.tenant) <= 500 and spent(world.user) <= 200
