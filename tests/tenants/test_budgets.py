@@ -52,8 +52,6 @@ def spent(member=None, tenant=None) -> int:
     return sum(r.prompt_tokens + r.completion_tokens for r in rows)
 
 
-@pytest.mark.django_db
-
 def run_concurrently(fn, members) -> None:
     """``fn(member)`` for each member, each on a thread of its own, all at once."""
     threads = [threading.Thread(target=fn, args=(m,)) for m in members]
@@ -62,6 +60,8 @@ def run_concurrently(fn, members) -> None:
     for t in threads:
         t.join(60)
 
+
+@pytest.mark.django_db
 def test_the_command_sets_changes_and_clears_budgets_audited(acme):
     assert "1000 tokens per month" in tenant_cmd("budget", "acme", "--tokens", "1000")
     out = tenant_cmd("budget", "acme", "--member", "acme-user", "--tokens", "100",
