@@ -103,13 +103,29 @@ def _block_trim(count: Callable[[list[Message]], int],
         return len(turns)
     # each turn's size depends on that turn alone (not on the new message or the
     # window), so the same turns give the same cut on every request
-    alone = size_count(head)
+    alone = _alone(size_count, head, turns[-1])
     start = block_start([size_count(head + turn) - alone for turn in turns], cap)
     kept = len(turns) - start
     n = count(head + _flatten(turns[start:]) + tail) if kept else base
     if n - base <= cap and (limit is None or n <= limit):
         return kept
     return None
+
+
+def _alone(size_count: Callable[[list[Message]], int], head: list[Message],
+           probe: list[Message]) -> int:
+    """``size_count(head)``: what every measured turn's count holds besides the turn.
+
+    With no head and nothing else to render (no context), a chat template refuses the
+    empty conversation (transformers raises ValueError); its count is then what a turn
+    rendered twice shows: ``2 * size_count(probe) - size_count(probe + probe)``.
+    """
+    try:
+        return size_count(head)
+    except ValueError:
+        if head:
+            raise
+        return 2 * size_count(probe) - size_count(probe + probe)
 
 
 def _flatten(turns: list[list[Message]]) -> list[Message]:

@@ -96,3 +96,28 @@ def test_executor_trims_history_to_the_models_positions(adapter):
                                 max_new_tokens=64)
     with pytest.raises(ContextLengthExceeded):
         ex.execute(too_long)
+
+
+def test_with_nothing_before_the_turns_the_cut_is_the_same_block_cut(adapter):
+    """No instructions, no memories, no system message: the template refuses to render
+    the empty conversation each turn's size is measured against (it raised before), so
+    that count comes from a turn rendered twice; the cut is the one a context gets."""
+    history = [m for i in range(30) for m in (
+        msg("user", f"question {i} about rice and tea"),
+        msg("assistant", f"answer {i} " + "word " * (i % 7)))]
+    tail = [msg("user", "And now?")]
+    limit = adapter.max_positions - 8
+
+    def bare(msgs):
+        return adapter.prompt_tokens("", msgs)
+
+    def with_context(msgs):
+        return adapter.prompt_tokens("Be brief.", msgs)
+
+    with pytest.raises(ValueError):
+        bare([])  # the premise: what the measure falls back from
+    kept = fit_history(bare, history, tail, limit=limit, history_cap=120)
+    assert kept[0]["role"] == "user" and kept[-1] == tail[0]
+    assert kept[:-1] == history[len(history) - len(kept) + 1:]  # newest whole turns
+    assert 60 - 40 < bare(kept) - bare(tail) <= 120  # within the cap, one block at most
+    assert kept == fit_history(with_context, history, tail, limit=limit, history_cap=120)
