@@ -1,6 +1,6 @@
 #!/bin/bash
-# The checks this project runs when a GPU machine is lent (docs/BENCHMARKS.md, memory depth:
-# "The opening and the reminder on an H100"): the engine's tests on CUDA, then the first
+# The checks this project runs when a GPU machine is lent (docs/benchmarks/history.md, memory
+# depth: "The opening and the reminder on an H100"): the engine's tests on CUDA, then the first
 # token (live, warm, cold) and the next turn's opening under load, on a random-weight copy
 # of the model (same shapes and cost; the weights themselves may not reach that machine).
 #
