@@ -11,6 +11,9 @@ $(STAMP): pyproject.toml constraints.txt
 	@echo "==> creating .venv and installing Python packages (first run: 1-2 minutes)..."
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	@$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt -e '.[dev]'
+	@# IFEval's verifiers for bench/bench_quality.py, without `datasets` (see pyproject dev)
+	@$(BIN)/python -m pip install --disable-pip-version-check -q -c constraints.txt --no-deps \
+		'if-verifiable==0.1.2'
 	@touch $(STAMP)
 	@echo "==> packages installed"
 

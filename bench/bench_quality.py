@@ -1,0 +1,233 @@
+"""Quality: are members' memories followed, better than a system message, and what does
+each mechanism of the platform add?
+
+303 cases of bench/quality_cases.py (standing instructions judged by IFEval's verifiers,
+preferences, facts about the member; a fixed tuning/validation split), each asked after
+0, 4, 8 or 16 unrelated exchanges (pre-written replies), with its memory alone or among
+19 others, greedily, under the conditions of its cell:
+
+* ``no memory``; ``system message``: the memories as the client's system message;
+* ``platform``: the memories stored and injected, every mechanism at its default;
+* ``- guidance`` (contrast 0), ``- reminder``, ``- both``, ``- recall pick`` (the reminder
+  re-states the first memories, not those relevant to the message), ``+ emphasis``.
+
+Requests go through the worker's executor (``injection.build_executor`` with the worker's
+settings: batch engine, one-pass segments, conversation reuse, memory recall) exactly as
+``/v1`` sends them (the history in the request), sent ``--workers`` at a time so the batch
+engine serves them (greedy replies do not depend on it).
+
+Adherence = the check passes and the reply is neither a recitation of the memory (not
+counted for facts) nor a non-answer (bench/memory_cases.py). Per family x cell: the share
+with its 95 % Wilson interval, and paired differences (wins/losses, exact McNemar p)
+against the system message and the platform without each mechanism. Cost per mechanism:
+extra forward tokens per reply (guide rows, reminder tokens) from the results.
+
+Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]``
+(IFEval's verifiers come with ``make install``); ``--partial FILE`` keeps the replies and
+resumes; ``--write-docs`` writes docs/BENCHMARKS.md's quality section.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+import quality_report  # noqa: E402
+from memory_cases import DISTRACTORS, FILLERS, evades, recites  # noqa: E402
+from quality_cases import CASES, Case  # noqa: E402
+
+MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", "64"))
+TENANT = "bench-quality"
+EMPHASIS = 3.0
+CONDS: dict[str, dict] = {
+    "no memory": {"mode": "none"},
+    "system message": {"mode": "system"},
+    "platform": {},
+    "- guidance": {"contrast": 0.0},
+    "- reminder": {"reminder": False},
+    "- both": {"contrast": 0.0, "reminder": False},
+    "- recall pick": {"recall_top": 0},
+    "+ emphasis": {"emphasis": EMPHASIS},
+}
+# (depth, memories) -> conditions
+PROFILES: dict[str, dict] = {
+    "quick": {"every": 3, "cells": {
+        (0, 1): ["system message", "platform", "- guidance"],
+        (8, 1): ["system message", "platform", "- both"],
+    }},
+    "full": {"every": 1, "cells": {
+        (0, 1): ["no memory", "system message", "platform", "- guidance"],
+        (4, 1): ["system message", "platform"],
+        (8, 1): ["no memory", "system message", "platform", "- reminder", "- both"],
+        (16, 1): ["system message", "platform"],
+        (0, 20): ["system message", "platform", "- guidance", "- recall pick"],
+        (8, 20): ["system message", "platform", "- recall pick"],
+    }},
+}
+
+
+def worker_executor(adapter, batch: int):
+    """The executor the worker builds, with the worker's defaults (config/settings.py) and
+    no Redis (L1 only)."""
+    for name in ("DATABASE_URL", "REDIS_URL", "KV_CACHE_REDIS_URL"):  # no servers needed
+        os.environ.setdefault(name, "postgres://bench@localhost/bench" if name[0] == "D"
+                              else "redis://localhost:1/0")
+    from config import settings as s
+    from injection import build_executor
+
+    return build_executor(
+        adapter, l2_enabled=False, batch_max=batch,
+        batch_kv_budget_bytes=s.WORKER_BATCH_KV_BUDGET_BYTES,
+        batch_join_wait_ms=s.WORKER_BATCH_JOIN_WAIT_MS, batch_prefill_chunk=s.WORKER_PREFILL_CHUNK,
+        batch_prefill_pace=s.WORKER_PREFILL_PACE,
+        batch_prefill_group=None if s.WORKER_PREFILL_GROUP < 0 else s.WORKER_PREFILL_GROUP,
+        conversation_max_bytes=s.KV_CONVERSATION_MAX_BYTES,
+        conversation_prefill_opening=s.KV_CONVERSATION_PREFILL_OPENING,
+        memory_segment_tokens=s.MEMORY_SEGMENT_TOKENS,
+        memory_recall_top_k=s.MEMORY_RECALL_TOP_K,
+        memory_recall_min_similarity=s.MEMORY_RECALL_MIN_SIMILARITY), s.CHAT_HISTORY_TOKEN_BUDGET
+
+
+def memories(case: Case, index: int, n: int) -> list[str]:
+    """The case's memory, alone or among ``n - 1`` fillers at a position varying per case."""
+    if n <= 1:
+        return [case.memory]
+    out = list(FILLERS[: n - 1])
+    out.insert((index * 7) % n, case.memory)
+    return out
+
+
+def conversation(case: Case, depth: int) -> list[dict[str, str]]:
+    msgs: list[dict[str, str]] = []
+    for user, reply in DISTRACTORS[:depth]:
+        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
+    return msgs + [{"role": "user", "content": case.question}]
+
+
+def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int):
+    from injection.base import ExecutionRequest, MemoryItem
+
+    msgs, texts = conversation(case, depth), memories(case, index, n)
+    kw = {"max_new_tokens": MAX_NEW_TOKENS, "history_token_budget": budget,
+          "reuse_conversation": False}
+    mode = cond.get("mode", "platform")
+    if mode == "system":
+        msgs = [{"role": "system", "content": "\n".join(texts)}, *msgs]
+    if mode != "platform":
+        return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=False, **kw)
+    for name in ("contrast", "reminder", "emphasis"):
+        kw[name] = cond.get(name)
+    return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=True,
+                            memories=tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(texts)),
+                            **kw)
+
+
+def adheres(case: Case, reply: str) -> bool:
+    recited = case.family != "fact" and recites(case.memory, reply)
+    return bool(case.check(reply)) and not recited and not evades(reply)
+
+
+def jobs_for(profile: dict, split: str, limit: int = 0) -> list[tuple]:
+    """(case index, depth, memories, condition) in the profile, ``recall pick`` last."""
+    picked = [i for i, c in enumerate(CASES) if split in ("both", c.split)]
+    picked = picked[:: profile["every"]][: limit or None]
+    jobs = [(i, d, n, name) for (d, n), names in profile["cells"].items()
+            for name in names for i in picked]
+    return sorted(jobs, key=lambda j: (j[3] == "- recall pick", j[1], j[2]))
+
+
+def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> dict:
+    """Every job's reply and figures, ``workers`` at a time; those in ``partial`` reused."""
+    done: dict[str, dict] = {}
+    if partial and Path(partial).exists():
+        done = json.loads(Path(partial).read_text())
+    todo = [j for j in jobs if _key(j) not in done]
+    print(f"  {len(jobs) - len(todo)} stored, {len(todo)} to generate", flush=True)
+    from injection.prompting import reminder
+
+    top, t0 = reminder.RELEVANT_TOP, time.perf_counter()
+
+    def one(job):
+        i, d, n, name = job
+        res = ex.execute(request(i, CASES[i], d, n, CONDS[name], budget))
+        return _key(job), {"text": res.text, "prompt": res.prompt_tokens,
+                           "completion": res.completion_tokens, "ttft_ms": res.ttft_ms,
+                           "guide": res.guide_prefill_tokens + res.guide_decode_tokens}
+
+    for phase in (False, True):  # ``recall pick`` off is a module switch: a phase of its own
+        batch = [j for j in todo if (j[3] == "- recall pick") == phase]
+        reminder.RELEVANT_TOP = 0 if phase else top
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            for k, (key, row) in enumerate(pool.map(one, batch), 1):
+                done[key] = row
+                if k % 50 == 0 or k == len(batch):
+                    print(f"  {k}/{len(batch)}, {time.perf_counter() - t0:.0f} s", flush=True)
+                    if partial:
+                        Path(partial).write_text(json.dumps(done))
+    reminder.RELEVANT_TOP = top
+    return done
+
+
+def _key(job: tuple) -> str:
+    i, d, n, name = job
+    return f"{i}|{d}|{n}|{name}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--profile", choices=sorted(PROFILES), default="full")
+    ap.add_argument("--split", choices=("tuning", "validation", "both"), default="both")
+    ap.add_argument("--workers", type=int, default=8)
+    ap.add_argument("--partial", default="", help="JSON file of the replies so far")
+    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--show", action="store_true", help="print every reply")
+    ap.add_argument("--cells", default="", help="instead of the profile's cells, e.g. "
+                    "'0x1=platform,- guidance;8x20=platform' (depth x memories = conditions)")
+    ap.add_argument("--every", type=int, default=0, help="every Nth case (0: the profile's)")
+    ap.add_argument("--limit", type=int, default=0, help="first N cases of each cell (0: all)")
+    args = ap.parse_args()
+    import torch
+
+    from injection import load_adapter
+    from injection.model.gguf_import import prepare_model
+
+    torch.manual_seed(0)
+    path = Path(os.environ.get("MODEL_PATH") or prepare_model(
+        ROOT / "var" / "models" / "smollm2-135m-instruct"))
+    adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
+    ex, budget = worker_executor(adapter, args.workers)
+    profile = dict(PROFILES[args.profile])
+    if args.cells:
+        profile["cells"] = {tuple(int(x) for x in cell.split("=")[0].split("x")):
+                            [c.strip() for c in cell.split("=")[1].split(",")]
+                            for cell in args.cells.split(";")}
+    profile["every"] = args.every or profile["every"]
+    jobs = jobs_for(profile, args.split, args.limit)
+    print(f"{len(jobs)} replies, profile {args.profile}, split {args.split}", flush=True)
+    t0 = time.perf_counter()
+    rows = generate(ex, budget, jobs, args.workers, args.partial)
+    secs = time.perf_counter() - t0
+    ex.close()
+    scored = [(*j, adheres(CASES[j[0]], rows[_key(j)]["text"]), rows[_key(j)]) for j in jobs]
+    if args.show:
+        for i, d, n, name, ok, row in scored:
+            print(f"[{i} {CASES[i].family}/{CASES[i].kind} d={d} n={n}] {name:16s} "
+                  f"{'PASS' if ok else 'fail'} {row['text']!r}")
+    text = quality_report.render(scored, CASES, profile, args, secs, path, adapter)
+    print(text)
+    if args.write_docs:
+        from mdsection import write_section
+
+        write_section("quality", text)
+
+
+if __name__ == "__main__":
+    main()

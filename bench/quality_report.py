@@ -1,0 +1,98 @@
+"""The quality benchmark's report: adherence tables with intervals, paired differences,
+fluency and each condition's forward-token cost (bench/bench_quality.py)."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+
+from mdsection import machine, table
+from memory_cases import evades, recites
+from quality_stats import diff, repeats, share
+
+FAMILIES = ("standing", "preference", "fact")
+# the paired comparisons reported: (row, against it); "platform" over its variants is what
+# the variant's missing mechanism adds
+VERSUS = ("system message", "no memory", "- guidance", "- reminder", "- both",
+          "- recall pick", "+ emphasis")
+
+
+def _cell_rows(scored, split, d, n):
+    return [r for r in scored if r[1] == d and r[2] == n and (split == "all" or r[6] == split)]
+
+
+def adherence(scored, cases, cells, split: str) -> str:
+    """One table per split: family x cell rows, each condition's share [95 % CI]."""
+    names = [c for names in cells.values() for c in names]
+    names = list(dict.fromkeys(names))
+    header = ["family", "depth", "memories", *names, *[f"platform vs {v}" for v in VERSUS
+                                                        if v in names]]
+    rows = []
+    for (d, n), conds in cells.items():
+        for fam in (*FAMILIES, "all"):
+            mine = [r for r in _cell_rows(scored, split, d, n)
+                    if fam == "all" or cases[r[0]].family == fam]
+            by = {c: sorted((r[0], r[4]) for r in mine if r[3] == c) for c in conds}
+            if not by.get("platform"):
+                continue
+            row = [fam, str(d), str(n)]
+            row += [share(sum(ok for _, ok in by[c]), len(by[c])) if c in by else "-"
+                    for c in names]
+            base = [ok for _, ok in by["platform"]]
+            row += [diff(base, [ok for _, ok in by[v]]) if v in by else "-"
+                    for v in VERSUS if v in names]
+            rows.append(row)
+    return table(header, rows)
+
+
+def fluency(scored, cases, names) -> str:
+    rows = []
+    for c in names:
+        mine = [r for r in scored if r[3] == c]
+        if not mine:
+            continue
+        texts = [r[5]["text"] for r in mine]
+        recited = sum(cases[r[0]].family != "fact" and recites(cases[r[0]].memory, r[5]["text"])
+                      for r in mine)
+        rows.append([c, str(len(mine)), _pct(sum(not t.strip() for t in texts), mine),
+                     _pct(sum(repeats(t) for t in texts), mine), _pct(recited, mine),
+                     _pct(sum(evades(t) for t in texts), mine),
+                     f"{statistics.mean(r[5]['prompt'] for r in mine):.0f}",
+                     f"{statistics.mean(r[5]['completion'] for r in mine):.1f}",
+                     f"{statistics.mean(r[5]['guide'] for r in mine):.1f}"])
+    return table(["condition", "replies", "empty", "repeats", "recites", "non-answers",
+                  "prompt tokens (mean)", "reply tokens (mean)",
+                  "guide forward tokens (mean)"], rows)
+
+
+def _pct(k: int, of: list) -> str:
+    return f"{100 * k / len(of):.1f} %"
+
+
+def render(scored, cases, profile, args, secs, path, adapter) -> str:
+    """The markdown section: command, split sizes, tables per split, fluency and cost."""
+    scored = [(*r[:5], r[5], cases[r[0]].split) for r in scored]
+    cells = profile["cells"]
+    names = list(dict.fromkeys(c for names in cells.values() for c in names))
+    splits = ("tuning", "validation") if args.split == "both" else (args.split,)
+    sizes = {s: sum(1 for i in {r[0] for r in scored} if cases[i].split == s) for s in splits}
+    head = [
+        f"Command: `.venv/bin/python bench/bench_quality.py {' '.join(sys.argv[1:])}` "
+        f"({len(scored)} replies in {secs:.0f} s; cases: "
+        + ", ".join(f"{sizes[s]} {s}" for s in splits)
+        + f"; greedy, max_new_tokens={args_tokens()})",
+        f"Machine: {machine()}; model {path.name} ({adapter.device}, {str(adapter.dtype)[6:]})",
+        "Cells: share passing [95 % Wilson interval]; `platform vs X`: paired difference in "
+        "cases (+platform wins/-losses, exact McNemar p).",
+    ]
+    out = ["## Quality: adherence per family, depth and mechanism", "", "  \n".join(head)]
+    for s in splits:
+        out += ["", f"**{s}**", "", adherence(scored, cases, cells, s)]
+    out += ["", "Fluency and forward tokens per condition (all cells, both splits):", "",
+            fluency(scored, cases, names)]
+    return "\n".join(out)
+
+
+def args_tokens() -> int:
+    return int(os.environ.get("MAX_NEW_TOKENS", "64"))
