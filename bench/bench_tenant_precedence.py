@@ -6,7 +6,7 @@ own objective check), through the real engine, greedily, under each condition in
 
 * ``no guide``: contrast 0 (the memory injected after the tenant's instructions);
 * ``guide keeps instructions``: contrast 1 against the conversation with the tenant's
-  instructions and without the memory (``guidance.plan.GUIDE_KEEPS_INSTRUCTIONS``);
+  instructions and without the memory (``InjectionExecutor(guide_keeps_instructions=True)``);
 * ``guide without instructions``: contrast 1 against the conversation with nothing
   injected (the default).
 
@@ -39,7 +39,6 @@ from personalisation_cases import FRENCH, language  # noqa: E402
 from injection import InjectionExecutor, TenantLRU, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest  # noqa: E402
 from injection.engine.batch import BatchEngine  # noqa: E402
-from injection.engine.guidance import plan as guide_plan  # noqa: E402
 from injection.metrics import Metrics  # noqa: E402
 
 MAX_NEW_TOKENS = 40
@@ -72,18 +71,18 @@ def main() -> None:
     args = ap.parse_args()
     path = Path(os.environ.get("MODEL_PATH") or ROOT / "var/models/smollm2-135m-instruct")
     adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
-    ex = InjectionExecutor(adapter, l1=TenantLRU(max_bytes=2 * 1024**3), l2=None,
-                           alpha_cap=1.0, metrics=Metrics(),
-                           engine=BatchEngine(adapter, max_batch=args.workers))
     sets = {"tuning": TUNING, "held-out": HELD_OUT}
     cases = [c for s in args.sets.split(",") for c in sets[s][: args.cases or None]]
     t0, rows = time.perf_counter(), []
-    try:
-        for cond, (strength, keeps) in CONDITIONS.items():
-            guide_plan.GUIDE_KEEPS_INSTRUCTIONS = keeps
+    for cond, (strength, keeps) in CONDITIONS.items():
+        ex = InjectionExecutor(adapter, l1=TenantLRU(max_bytes=2 * 1024**3), l2=None,
+                               alpha_cap=1.0, metrics=Metrics(),
+                               engine=BatchEngine(adapter, max_batch=args.workers),
+                               guide_keeps_instructions=keeps)
+        try:
             jobs = [(name, i, c) for name in INSTRUCTIONS for i, c in enumerate(cases)]
 
-            def one(job, strength=strength):
+            def one(job, strength=strength, ex=ex):
                 name, i, case = job
                 text, _ = INSTRUCTIONS[name]
                 req = ExecutionRequest(f"tenant-{list(INSTRUCTIONS).index(name)}", f"m{i}", [
@@ -93,10 +92,10 @@ def main() -> None:
 
             with ThreadPoolExecutor(args.workers) as pool:
                 replies = list(pool.map(one, jobs))
-            rows.append(score(cond, replies))
-            print(rows[-1], flush=True)
-    finally:
-        ex.close()
+        finally:
+            ex.close()
+        rows.append(score(cond, replies))
+        print(rows[-1], flush=True)
     report(args, rows, len(cases), time.perf_counter() - t0, path, adapter)
 
 

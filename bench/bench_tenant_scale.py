@@ -39,6 +39,7 @@ from mdsection import machine, table, write_section  # noqa: E402
 
 from injection import build_executor, load_adapter  # noqa: E402
 from injection.base import ExecutionRequest, MemoryItem  # noqa: E402
+from injection.engine.planning.planner import fit_messages  # noqa: E402
 from injection.engine.steps import bytes_per_token  # noqa: E402
 from injection.kvcache.conversation import link_digest  # noqa: E402
 from injection.metrics import Metrics  # noqa: E402
@@ -153,7 +154,7 @@ class Tenant:
         ex = self.workers[0]
         req = self.request(member, text)
         context = compose_context(req.instructions, req.preference_text)
-        msgs = ex._fit(req, context)
+        msgs = fit_messages(ex.adapter, req, context)
         out = self.adapter.generate(self.adapter.plain_prompt(context, msgs), None, 1.0, 1)
         return out.first_token_ms
 
@@ -272,7 +273,7 @@ def plain_round(t: Tenant, turn: int) -> float:
     for m in range(MEMBERS):
         req = t.request(m, message(m, turn))
         context = compose_context(req.instructions, req.preference_text)
-        prompt = t.adapter.plain_prompt(context, ex._fit(req, context))
+        prompt = t.adapter.plain_prompt(context, fit_messages(ex.adapter, req, context))
         t0 = time.perf_counter()
         t.adapter.generate(prompt, None, 1.0, NEW_TOKENS)
         spent += time.perf_counter() - t0

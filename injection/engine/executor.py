@@ -1,6 +1,8 @@
 """InjectionExecutor: L1 -> L2 -> recompute preference K/V, then injected generation.
 
-The design's ``_get_preference_kv`` / execute path, with its weak spots fixed:
+A request is planned first (``planning/planner.py``: a ``TurnPlan``, decided without
+touching K/V), then run (``_run``): the injected segments fetched or computed, the guide's
+K/V head, the generation as a batch engine row, the turn's link kept. The design's ``_get_preference_kv`` / execute path, with its weak spots fixed:
 alpha rules decided here (the adapter applies exactly what it is given), keys
 include tenant + model fingerprint, a faulty tier degrades to recompute,
 concurrent misses compute once, and ``torch.cuda.empty_cache()`` runs only at
@@ -9,10 +11,8 @@ the request boundary and in OOM recovery.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import Any, TypeVar
 
 import torch
@@ -25,10 +25,11 @@ from injection.base import (
     PreferenceModel,
     Tier,
 )
-from injection.engine.guidance.plan import guide_figures, plan_guide, reminded_guide
+from injection.engine.guidance.plan import build_guide
 from injection.engine.oom import on_cuda, with_oom_retry
-from injection.engine.request_checks import history_len as _history_len
-from injection.engine.request_checks import sampling_options
+from injection.engine.planning.plan import TurnPlan
+from injection.engine.planning.planner import TurnPlanner, layout
+from injection.engine.planning.results import Reply, injected_result, plain_result
 from injection.engine.request_checks import validate as _validate
 from injection.engine.steps import kv_format
 from injection.engine.turns import TurnGenerator, join
@@ -38,11 +39,7 @@ from injection.kvcache.conversation import ConversationStore
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.memory.recall import MemoryPlanner, RecallOptions
 from injection.metrics import METRICS, Metrics
-from injection.prompting.emphasis_spans import emphasis_for
-from injection.prompting.history import fit_history
-from injection.prompting.opening import next_opening
 from injection.prompting.output_filter import clean_reply
-from injection.prompting.reminder import Reminder
 from injection.prompting.template import compose_context
 
 __all__ = ["InjectionExecutor", "content_hash"]
@@ -66,6 +63,8 @@ class InjectionExecutor:
             to this size in L1 for its next turn (0: no conversation reuse).
         one_pass: with an engine, a missing member segment is prefilled by the request
             itself before its prompt (alpha 1, no emphasis); False computes it apart.
+        guide_keeps_instructions: the one-memory contrast guide keeps the tenant's
+            instructions (``engine/guidance/plan.py``; off: measured, they keep precedence).
     """
 
     def __init__(
@@ -81,6 +80,7 @@ class InjectionExecutor:
         conversation_max_bytes: int = 0,
         conversation_l1: KVStore | None = None,
         memory: RecallOptions | None = None, one_pass: bool = True,
+        guide_keeps_instructions: bool = False,
     ) -> None:
         if not 0.0 <= min_alpha < alpha_cap:
             raise ValueError("need 0 <= min_alpha < alpha_cap")
@@ -96,8 +96,10 @@ class InjectionExecutor:
             max_bytes=conversation_max_bytes if engine is not None else 0)
         self.turns = TurnGenerator(adapter, engine, self.conversations)
         self.memories = MemoryPlanner(adapter, memory, self.metrics)  # budget + recall
-        self.one_pass = one_pass and engine is not None
-        self._started = threading.local()  # when this thread's request began (``_since``)
+        self.planner = TurnPlanner(adapter, self.memories, self.turns, alpha_cap=alpha_cap,
+                                   min_alpha=min_alpha, batching=engine is not None,
+                                   one_pass=one_pass,
+                                   guide_keeps_instructions=guide_keeps_instructions)
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -128,10 +130,9 @@ class InjectionExecutor:
         context = compose_context(instructions, mem.text)
         if not context:
             return Tier.NONE
-        parts, context = mem.cut(self.adapter, self.adapter.split_prompt(context, hello), context)
+        parts, split = layout(self.adapter, mem, instructions, context, hello)
         if not parts.segment:
             return Tier.NONE
-        split = self.chain.split(parts.segment, context, instructions)
         if split is None and not mem.text.strip():
             return Tier.NONE  # instructions alone are injected only as a shared segment
         chain = self._with_oom_retry(
@@ -184,117 +185,41 @@ class InjectionExecutor:
 
     # -- request path -------------------------------------------------------------------
     def _execute_once(self, req: ExecutionRequest) -> ExecutionResult:
-        self._started.value, alpha = time.perf_counter(), self.effective_alpha(req.alpha)
-        sampling = sampling_options(req)
-        # the member's part is alpha-scaled; the tenant's shared segment never is
-        mem = self.memories.plan(req, on=req.injection_enabled and alpha > self.min_alpha)
-        personal = req.injection_enabled and bool(mem.text.strip())
-        personal = personal and alpha > self.min_alpha
-        context = compose_context(req.instructions, mem.text if personal else "")
-        remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
-                                      partial(self.memories.relevant, req.tenant))  # + recall
-        messages = self._fit(req, context, remind)
-        parts = self.adapter.split_prompt(context, messages) if context else None
-        parts, head_ctx = mem.cut(self.adapter, parts, context)  # recalled: after the cache
-        split = self.chain.split(parts.segment, head_ctx, req.instructions) if (
-            parts is not None and parts.segment) else None
-        if not personal and split is None:
-            return self._plain(self.adapter.plain_prompt(context, messages), req, sampling,
-                               mode="none", messages=messages)
-        if not parts.segment:  # the template admits no verified split: context stays text
-            self.metrics.incr("injection_inline")
-            return self._plain(parts.prompt, req, sampling, mode=parts.mode, messages=messages)
-        member_alpha = alpha if personal else 1.0
+        started = time.perf_counter()
+        plan = self.planner.plan(req)
         t0 = time.perf_counter()
-        chash = content_hash(parts.segment)
-        emph, spans = emphasis_for(self.adapter, req, parts.segment, split,
-                                   on=personal and self.engine is not None,
-                                   texts=mem.emphasis_texts(), after=lambda n: mem.recalled_spans(
-                                       self.adapter, parts.prompt, n))
-        plan = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
-                               emphasis=emph)
-        # one-pass miss: a missing member segment is computed in this turn's own prefill
-        defer = self.one_pass and plan.cached is None and member_alpha == 1.0 and not emph
-        chain = self.chain.get(req.tenant, req.user, parts.segment, split, member_alpha,
-                               defer=defer)
+        planning_ms = (t0 - started) * 1000.0
+        if not plan.injected:
+            if plan.mode != "none":  # the template admits no verified split: text it stays
+                self.metrics.incr("injection_inline")
+            out = self.turns.run(plan, plan.link.cached)
+            reply = self._reply(plan, req, out, 0, planning_ms, 0.0, t0)
+            return plain_result(plan, reply, self.adapter.fingerprint)
+        return self._run(plan, req, planning_ms)
+
+    def _run(self, plan: TurnPlan, req: ExecutionRequest, planning_ms: float) -> ExecutionResult:
+        """Fetch (or compute) the planned segments, build the guide, generate, keep."""
+        t0 = time.perf_counter()
+        chain = self.chain.get(req.tenant, req.user, plan.segment, plan.split,
+                               plan.member_alpha, defer=plan.defer)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
         assert chain.kv is None or chain.kv.keys.is_cpu, "cached K/V must live on CPU"
-        prefix = join(chain.kv, plan.cached)  # a conversation hit continues its link
-        done = plan.cached.num_tokens if plan.cached is not None else 0
-        guide = plan_guide(self.adapter, self.chain, req, messages, mem, remind,  # contrast
-                           on=personal and self.engine is not None,
-                           reminded=lambda s: reminded_guide(
-                               self.adapter, s, context, mem, [*messages[:-1], dict(
-                                   req.messages[-1])], prefix, chain.lead, plan.prompt_ids, done))
-        out = self.turns.run(plan, req, prefix, sampling, spans, lead=chain.lead,
-                             capture=chain.capture, guide=guide)
+        prefix = join(chain.kv, plan.link.cached)  # a conversation hit continues its link
+        guide = build_guide(plan.guide, self.chain, req.tenant, prefix, chain.lead,
+                            plan.link.done)
+        out = self.turns.run(plan, prefix, lead=chain.lead, capture=chain.capture, guide=guide)
+        reply = self._reply(plan, req, out, chain.num_tokens, planning_ms, fetch_ms, t0)
+        self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
+        return injected_result(plan, reply, chain, guide, self.adapter, self.engine)
+
+    def _reply(self, plan: TurnPlan, req: ExecutionRequest, out: Any, head: int,
+               planning_ms: float, fetch_ms: float, t0: float) -> Reply:
+        """The reply's text cleaned, the turn's link kept (after its ``head`` injected
+        tokens), and the timings."""
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = clean_reply(out.text, self.metrics.incr)
-        head = chain.num_tokens
-        self.turns.keep(plan, req, messages, text, out, head, chash, member_alpha, opening=partial(
-            next_opening, self.adapter.plain_prompt, context, messages, text, remind))
-        self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
-        reused = done  # the conversation's cached tokens this turn continued
-        prompt_tokens = head + len(out.prompt_token_ids)
-        return ExecutionResult(
-            text=text, tier=chain.tier, prompt_tokens=prompt_tokens,
-            completion_tokens=len(out.token_ids), alpha_effective=alpha if personal else 0.0,
-            content_hash=chash, fingerprint=self.adapter.fingerprint, kv_tokens=head,
-            kv_layers_count=_layers(chain, self.adapter), kv_bytes_cpu=chain.stored_bytes + len(
-                chain.lead) * getattr(self.engine, "bytes_per_token", 0),
-            kv_bytes_gpu_peak=out.kv_bytes_gpu, kv_transfer_latency_ms=out.kv_transfer_ms,
-            kv_fetch_latency_ms=fetch_ms, inference_latency_ms=infer_ms,
-            ttft_ms=self._since(t0) + fetch_ms + out.first_token_ms, stripped_count=stripped,
-            injection_mode=parts.mode, history_messages=_history_len(messages),
-            finish_reason=out.finish_reason, reused_tokens=reused,
-            cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
-            emphasis_effective=emph, **guide_figures(guide, out),
-            extra={"segments": chain.tiers, "preference_applied": personal, **mem.extra()},
-        )
-
-    def _fit(self, req: ExecutionRequest, context: str,
-             remind: Reminder | None = None) -> list[dict[str, str]]:
-        """History in whole turns within the context and cap, reminded (cut sized deep)."""
-        messages, remind = [dict(m) for m in req.messages], remind or Reminder()
-        n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), 0)
-        max_pos = getattr(self.adapter, "max_positions", None)
-        count = self.adapter.prompt_tokens
-        return remind.apply(fit_history(
-            lambda msgs: count(context, remind.apply(msgs)), messages[n_head:-1],
-            messages[-1:], limit=max_pos - req.max_new_tokens if max_pos else None,
-            history_cap=req.history_token_budget, head=messages[:n_head],
-            size_count=lambda msgs: count(context, remind.apply(msgs, deep=True))))
-
-    def _plain(
-        self, prompt: str, req: ExecutionRequest, sampling: dict[str, Any], *, mode: str,
-        messages: list[dict[str, str]],
-    ) -> ExecutionResult:
-        """No injection and no preference K/V (tier NONE); the conversation's may be reused."""
-        t0 = time.perf_counter()
-        plan = self.turns.plan(req, messages, prompt, "", 0.0, injected=False)
-        out = self.turns.run(plan, req, plan.cached, sampling)
-        reused = plan.cached.num_tokens if plan.cached is not None else 0
-        prompt_tokens = len(out.prompt_token_ids)
-        infer_ms = (time.perf_counter() - t0) * 1000.0
-        text, stripped = clean_reply(out.text, self.metrics.incr)
-        self.turns.keep(plan, req, messages, text, out, 0, "", 0.0)
-        history = _history_len(messages)
-        return ExecutionResult(
-            text=text, tier=Tier.NONE, prompt_tokens=prompt_tokens,
-            completion_tokens=len(out.token_ids), fingerprint=self.adapter.fingerprint,
-            inference_latency_ms=infer_ms, ttft_ms=self._since(t0) + out.first_token_ms,
-            stripped_count=stripped,
-            injection_mode=mode, history_messages=history, finish_reason=out.finish_reason,
-            reused_tokens=reused, cached_tokens=min(reused, prompt_tokens),
-        )
-
-    def _since(self, t0: float) -> float:
-        """ms of this request's planning (recall, reminders, fitting) before ``t0``."""
-        return (t0 - getattr(self._started, "value", t0)) * 1000.0
+        self.turns.keep(plan, req, text, out, head)
+        return Reply(out, text, stripped, planning_ms, fetch_ms, infer_ms)
 
     def _with_oom_retry(self, fn: Callable[[], T]) -> T:
         return with_oom_retry(fn, self.metrics)
-
-
-def _layers(chain: Any, adapter: PreferenceModel) -> int:
-    return chain.kv.num_layers if chain.kv is not None else int(getattr(adapter, "num_layers", 0))

@@ -7,17 +7,20 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, NamedTuple
+from functools import partial
+from typing import Any
 
 import torch
 
 from injection.base import CacheKey, ExecutionRequest
+from injection.engine.planning.plan import LinkPlan, Spans, TurnPlan
 from injection.kvcache.conversation import ConversationStore, common_prefix, messages_hash
 from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
 from injection.prompting.emphasis_spans import reply_spans
+from injection.prompting.opening import next_opening
 
-__all__ = ["TurnGenerator", "TurnPlan", "join", "opening_pays"]
+__all__ = ["TurnGenerator", "join", "opening_pays"]
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +47,6 @@ def opening_pays(engine: Any) -> bool:
     return engine is not None and torch.device(device or "cpu").type == "cpu"
 
 
-class TurnPlan(NamedTuple):
-    """What a turn will run on, decided before the injected segments are fetched."""
-
-    key: CacheKey | None  # the conversation's slot (None: no reuse for this request)
-    prompt: str
-    prompt_ids: list[int] | None  # the tokens after the injected turn, encoded once
-    cached: PackedKV | None  # the conversation's link to continue (None: a miss)
-    admitted: bool = False  # the turn's link is stored (see ConversationStore)
-    emphasis: float = 0.0  # the turn's attention emphasis (its link is keyed by it)
-    replies: tuple[str, ...] = ()  # earlier assistant messages (the model's own words)
-
-
 def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
     """The injected chain followed by the conversation's link (one PackedKV)."""
     if head is None or tail is None:
@@ -74,16 +65,16 @@ class TurnGenerator:
         self.prefill_opening = opening_pays(engine)  # build_executor may say otherwise
 
     def plan(self, req: ExecutionRequest, messages: list[dict[str, str]], prompt: str,
-             chash: str, alpha: float, *, injected: bool, emphasis: float = 0.0) -> TurnPlan:
+             chash: str, alpha: float, *, injected: bool, emphasis: float = 0.0) -> LinkPlan:
         """Encode the turn once and look its conversation up (``cached``: a hit). K/V
         computed under an emphasis is reused only under the same emphasis."""
         if self.engine is None:
-            return TurnPlan(None, prompt, None, None)  # emphasis needs the batch engine
+            return LinkPlan(None, prompt, None, None)  # emphasis needs the batch engine
         prompt_ids = self.adapter.renderer.encode(prompt, first=not injected)
         replies = tuple(m["content"] for m in messages if m["role"] == "assistant")
         user = user_or_none(req.user)
         if not (self.store.enabled and req.reuse_conversation and user):
-            return TurnPlan(None, prompt, prompt_ids, None, emphasis=emphasis, replies=replies)
+            return LinkPlan(None, prompt, prompt_ids, None, emphasis=emphasis, replies=replies)
         # /v1: the hash chain of the messages as sent (not of the window that fits), so
         # a trimmed history still finds, and then replaces, its conversation's link
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
@@ -96,31 +87,32 @@ class TurnGenerator:
             and (bool(req.conversation_id) or self.store.first_sighting(key)))
         if not admitted:
             self.store.metrics.incr("conv_not_admitted")
-        return TurnPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies)
+        return LinkPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies)
 
-    def run(self, plan: TurnPlan, req: ExecutionRequest, prefix: PackedKV | None,
-            sampling: dict[str, Any], spans: tuple[tuple[int, int], ...] = (),
-            lead: tuple[int, ...] = (), capture: Any = None, guide: Any = None) -> Any:
+    def run(self, plan: TurnPlan, prefix: PackedKV | None, lead: tuple[int, ...] = (),
+            capture: Any = None, guide: Any = None) -> Any:
         """Generate after ``prefix`` (the injected chain, with the conversation's link
-        joined on a hit; values already scaled) at alpha 1; ``plan.emphasis`` towards the
-        absolute key ``spans`` (engine only). ``lead``: a deferred segment's ids,
+        joined on a hit; values already scaled) at alpha 1; the link's emphasis towards
+        the absolute key ``plan.spans`` (engine only). ``lead``: a deferred segment's ids,
         prefilled before the prompt, their K/V handed to ``capture`` (engine only);
         ``guide``: contrastive guidance (``contrast.Guide``, engine only)."""
+        link, spans = plan.link, plan.spans
         if self.engine is None:
             assert not lead, "a deferred segment needs the batch engine"
-            return self.adapter.generate(plan.prompt, prefix, 1.0, req.max_new_tokens, **sampling)
-        done = plan.cached.num_tokens if plan.cached is not None else 0
+            return self.adapter.generate(link.prompt, prefix, 1.0, plan.max_new_tokens,
+                                         **plan.sampling)
+        done = link.done
         assert not (lead and done), "a deferred segment comes before any conversation link"
-        return self.engine.run(prefix, 1.0, [*lead, *plan.prompt_ids[done:]],
-                               req.max_new_tokens, keep_kv=plan.admitted,
-                               prompt_ids=plan.prompt_ids,
-                               emphasis=plan.emphasis if spans else 0.0, emphasis_spans=spans,
-                               quiet_spans=self._quiet(plan, prefix, done, len(lead), spans),
+        return self.engine.run(prefix, 1.0, [*lead, *link.prompt_ids[done:]],
+                               plan.max_new_tokens, keep_kv=link.admitted,
+                               prompt_ids=link.prompt_ids,
+                               emphasis=link.emphasis if spans else 0.0, emphasis_spans=spans,
+                               quiet_spans=self._quiet(link, prefix, done, len(lead), spans),
                                capture=capture if lead else None, capture_tokens=len(lead),
-                               guide=guide, **sampling)
+                               guide=guide, **plan.sampling)
 
-    def _quiet(self, plan: TurnPlan, prefix: PackedKV | None, done: int, lead: int,
-               spans: tuple[tuple[int, int], ...]) -> tuple[tuple[int, int], ...]:
+    def _quiet(self, plan: LinkPlan, prefix: PackedKV | None, done: int, lead: int,
+               spans: Spans) -> Spans:
         """Absolute positions of the earlier replies still to prefill (emphasis only)."""
         if not (spans and plan.emphasis and plan.replies):
             return ()
@@ -128,20 +120,24 @@ class TurnGenerator:
         found = reply_spans(self.adapter.renderer, plan.prompt, plan.prompt_ids, plan.replies)
         return tuple((base + s, base + e) for s, e in found if e > done)
 
-    def keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
-             reply: str, out: Any, head: int, chash: str, alpha: float,
-             opening: Callable[[], str | None] | None = None) -> None:
+    def keep(self, plan: TurnPlan, req: ExecutionRequest, reply: str, out: Any,
+             head: int) -> None:
         """Store the turn's link (what follows the ``head`` injected tokens) under the key
-        the next turn looks up; ``opening()``: the next turn's text before its message,
-        prefilled onto the link in the background. Bookkeeping after the reply is final:
-        a failure here costs the next turn's reuse, never this reply."""
+        the next turn looks up; after an injected turn, the next turn's text before its
+        message (``prompting/opening.py``) is prefilled onto the link in the background.
+        Bookkeeping after the reply is final: a failure here costs the next turn's reuse,
+        never this reply."""
+        messages = list(plan.messages)
+        opening = partial(next_opening, self.adapter.plain_prompt, plan.context, messages,
+                          reply, plan.reminder) if plan.injected else None
         try:
-            self._keep(plan, req, messages, reply, out, head, chash, alpha, opening)
+            self._keep(plan.link, req, messages, reply, out, head, plan.chash,
+                       plan.member_alpha, opening)
         except Exception as exc:
             self.store.metrics.incr("conv_keep_errors")
             log.warning("conversation link not kept (%s)", type(exc).__name__)
 
-    def _keep(self, plan: TurnPlan, req: ExecutionRequest, messages: list[dict[str, str]],
+    def _keep(self, plan: LinkPlan, req: ExecutionRequest, messages: list[dict[str, str]],
               reply: str, out: Any, head: int, chash: str, alpha: float,
               opening: Callable[[], str | None] | None) -> None:
         seq = out.sequence_kv

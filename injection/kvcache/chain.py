@@ -27,7 +27,7 @@ from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["KINDS", "TENANT_USER", "ChainKV", "SegmentChain", "kind_of", "kind_stats",
-           "tenant_key"]
+           "segment_split", "tenant_key"]
 
 TENANT_USER = "~tenant"  # member ids are never this: the tenant segment's slot
 _ORDER = {Tier.L1: 0, Tier.L2: 1, Tier.COMPUTE: 2}
@@ -80,6 +80,15 @@ def _sha(*parts: str) -> str:
     return hashlib.sha256("|".join(parts).encode("utf-8")).hexdigest()
 
 
+def segment_split(adapter: Any, segment: str, context: str,
+                  instructions: str) -> SegmentSplit | None:
+    """``segment`` as the tenant's part and the member's (None: one segment)."""
+    try:
+        return adapter.split_segment(segment, context, instructions)
+    except Exception:  # noqa: BLE001 - a tokenizer quirk costs the sharing, not the reply
+        return None
+
+
 def tenant_key(tenant: str, tenant_text: str, fingerprint: str) -> CacheKey:
     return CacheKey(tenant, TENANT_USER, _sha("tenant", content_hash(tenant_text)), fingerprint)
 
@@ -91,10 +100,7 @@ class SegmentChain:
         self.adapter, self.source = adapter, source
 
     def split(self, segment: str, context: str, instructions: str) -> SegmentSplit | None:
-        try:
-            return self.adapter.split_segment(segment, context, instructions)
-        except Exception:  # noqa: BLE001 - a tokenizer quirk costs the sharing, not the reply
-            return None
+        return segment_split(self.adapter, segment, context, instructions)
 
     def get(self, tenant: str, user: str | None, segment: str, split: SegmentSplit | None,
             alpha: float, *, defer: bool = False) -> ChainKV:

@@ -180,9 +180,9 @@ def test_an_oom_puts_the_guided_row_back_with_its_guide(adapter):
             alone.close()
 
 
-def _executor(adapter) -> InjectionExecutor:
+def _executor(adapter, **kw) -> InjectionExecutor:
     return InjectionExecutor(adapter, l1=TenantLRU(max_bytes=64 * 1024**2), l2=None,
-                             metrics=Metrics(), engine=BatchEngine(adapter, max_batch=4))
+                             metrics=Metrics(), engine=BatchEngine(adapter, max_batch=4), **kw)
 
 
 def _history(n: int) -> list[dict[str, str]]:
@@ -224,17 +224,14 @@ def test_the_executor_guides_against_the_conversation_without_the_memory(adapter
 
 
 @pytest.mark.parametrize("keeps", [False, True])
-def test_the_guide_has_nothing_injected_unless_it_keeps_the_instructions(
-        adapter, monkeypatch, keeps):
+def test_the_guide_has_nothing_injected_unless_it_keeps_the_instructions(adapter, keeps):
     """The default guide has neither the tenant's instructions nor the memory, so the
     instructions are amplified with the memory (they keep precedence); keeping them in the
-    guide (``GUIDE_KEEPS_INSTRUCTIONS``) contrasts the memory alone."""
-    from injection.engine.guidance import plan as guide_plan
+    guide (``guide_keeps_instructions``) contrasts the memory alone."""
     from injection.prompting.template import compose_context
 
-    monkeypatch.setattr(guide_plan, "GUIDE_KEEPS_INSTRUCTIONS", keeps)
     rules = "You are the help desk of ACME. Answer in one sentence."
-    ex = _executor(adapter)
+    ex = _executor(adapter, guide_keeps_instructions=keeps)
     try:
         res = ex.execute(ExecutionRequest("t1", "u1", QUESTION, MEMORY, rules,
                                           max_new_tokens=12, contrast=1.0))

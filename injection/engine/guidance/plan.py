@@ -14,7 +14,7 @@ film is Casablanca.\n- I grow tomatoes ..."); contrasting only the memories rele
 the message (the reminder's pick) against the others gained nothing either (measured,
 docs/BENCHMARKS.md memory depth). Their reminders start with the first turn instead
 (``reminder.MANY_AFTER``), and those first turns (``MANY_GUIDED_BEFORE``) are guided
-against the same turn *without its reminder* (``reminded_guide``): the same injected
+against the same turn *without its reminder* (``_reminded``): the same injected
 memories and history, so the guide starts from the row's own prefix K/V and prefills only
 the un-reminded last turn. What is amplified is what re-stating the relevant memories
 next to the question changes.
@@ -22,8 +22,13 @@ next to the question changes.
 For one memory, the guide's input is what the same request renders with nothing injected:
 the template's default system turn (cached once per tenant) and the same messages, so the
 tenant's instructions are amplified together with the memory and keep precedence
-(``GUIDE_KEEPS_INSTRUCTIONS`` keeps them in the guide instead, through their shared
-segment); its prefill is short where it is used (no deep history to repeat).
+(``keep_instructions`` keeps them in the guide instead, through their shared segment:
+bench/bench_tenant_precedence.py measures both); its prefill is short where it is used (no
+deep history to repeat).
+
+Planned before any K/V is fetched (``plan_guide``: a ``GuidePlan``, the guide's input ids
+and where its K/V head comes from), built in the run step (``build_guide``: the head's
+K/V, from the tenant's cache or the row's own prefix).
 """
 
 from __future__ import annotations
@@ -33,10 +38,12 @@ from typing import Any
 
 from injection.base import ExecutionRequest
 from injection.engine.guidance.contrast import Guide, resolve
+from injection.engine.planning.plan import GuidePlan
+from injection.kvcache.chain import segment_split
 from injection.prompting.reminder import turns_before
 from injection.prompting.template import compose_context
 
-__all__ = ["guide_figures", "plan_guide", "reminded_guide"]
+__all__ = ["build_guide", "guide_figures", "plan_guide"]
 
 # A member with several memories: a turn with fewer exchanges before it than this is
 # guided against the same turn without its reminder (0: never). Measured on the memory
@@ -44,19 +51,16 @@ __all__ = ["guide_figures", "plan_guide", "reminded_guide"]
 # 8/20 (held-out), before the reminder pick's stand-out rule (with it, guided: 11/20 and
 # 12/20); guiding at depth 8 too: 8/20 against 10/20 and 6/20 against 6/20.
 MANY_GUIDED_BEFORE = 2
-# One memory: whether the guide keeps the tenant's instructions (contrasting the memories
-# alone) or has nothing injected (contrasting the whole system turn, the tenant's
-# instructions amplified with the memory). Measured with tenant instructions
-# (bench/bench_tenant_precedence.py): keeping them let the memory pull replies away from
-# the instructions; without them the instructions are followed more often than unguided.
-GUIDE_KEEPS_INSTRUCTIONS = False
 
 
-def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
-               messages: list[dict[str, str]], mem: Any, remind: Any, *,
-               on: bool, reminded: Any = None) -> Guide | None:
+def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str]],
+               mem: Any, remind: Any, *, on: bool, context: str, prompt_ids: list[int] | None,
+               done: int, keep_instructions: bool = False) -> GuidePlan | None:
     """The turn's guide, or None (off, nothing personal injected, several memories, or a
-    reminded turn). ``reminded(strength)``: a reminded turn's guide."""
+    reminded turn). ``context``, ``prompt_ids`` and ``done``: the turn's system text, its
+    prompt's ids and how many of them its cached link holds (a reminded turn's guide
+    continues the row's own prefix). ``keep_instructions``: the one-memory guide keeps the
+    tenant's instructions (measured: they then lose precedence; bench_tenant_precedence)."""
     if not on:
         return None
     strength = resolve(adapter, req.contrast)
@@ -67,23 +71,62 @@ def plan_guide(adapter: Any, chain: Any, req: ExecutionRequest,
         # so only the memories would be amplified, over the instructions (a precedence
         # test failed with it: tests/injection/test_memory_instructions.py)
         early = turns_before(messages) < MANY_GUIDED_BEFORE
-        use = mem.many and early and not req.instructions and reminded is not None
-        return reminded(strength) if use else None
+        use = mem.many and early and not req.instructions and prompt_ids is not None
+        return _reminded(adapter, strength, context, mem, [*messages[:-1], dict(
+            req.messages[-1])], prompt_ids, done) if use else None
     if mem.many:
         return None
-    context = compose_context(req.instructions if GUIDE_KEEPS_INSTRUCTIONS else "", "")
+    return _unreminded(adapter, strength, req, messages,
+                       compose_context(req.instructions if keep_instructions else "", ""))
+
+
+def _unreminded(adapter: Any, strength: float, req: ExecutionRequest,
+                messages: list[dict[str, str]], context: str) -> GuidePlan:
+    """One memory: the same messages after ``context`` ('' : nothing injected)."""
+    encode = adapter.renderer.encode
     if context:
         parts = adapter.split_prompt(context, messages)
-        split = chain.split(parts.segment, context, req.instructions) if parts.segment else None
+        split = segment_split(adapter, parts.segment, context, req.instructions) if (
+            parts.segment) else None
         if split is not None:  # the tenant's shared segment, then the rest of the turn
-            head = chain.get(req.tenant, None, parts.segment, split, 1.0)
-            return Guide(strength, head.kv, adapter.renderer.encode(parts.prompt, first=False))
+            return GuidePlan(strength, "tenant", tuple(encode(parts.prompt, first=False)),
+                             parts.segment, split)
     prompt = adapter.plain_prompt(context, messages)
     head = _head(adapter.renderer, prompt) if not context else ""
     if head:  # the template's own system turn, cached once per tenant
-        kv, _ = chain.shared(req.tenant, head, adapter.renderer.encode(head, first=True))
-        return Guide(strength, kv, adapter.renderer.encode(prompt[len(head):], first=False))
-    return Guide(strength, None, adapter.renderer.encode(prompt, first=True))
+        return GuidePlan(strength, "shared", tuple(encode(prompt[len(head):], first=False)),
+                         head, head_ids=tuple(encode(head, first=True)))
+    return GuidePlan(strength, "none", tuple(encode(prompt, first=True)))
+
+
+def _reminded(adapter: Any, strength: float, context: str, mem: Any,
+              messages: list[dict[str, str]], prompt_ids: list[int],
+              done: int) -> GuidePlan | None:
+    """The same turn without its last reminder (``messages``), after the row's own prefix
+    (the chain and the conversation's cached link, ``done`` tokens of ``prompt_ids``)."""
+    parts, _ = mem.cut(adapter, adapter.split_prompt(context, messages), context)
+    ids = adapter.renderer.encode(parts.prompt, first=False)
+    if ids[:done] != prompt_ids[:done] or ids == prompt_ids:
+        return None
+    return GuidePlan(strength, "row", tuple(ids))
+
+
+def build_guide(plan: GuidePlan | None, chain: Any, tenant: str, prefix: Any,
+                lead: tuple[int, ...], done: int) -> Guide | None:
+    """The planned guide with its K/V head: the row's own ``prefix`` (``lead``: a deferred
+    segment's ids, prefilled first; ``done``: prompt tokens its cached link holds), the
+    tenant's shared segment, the template's system turn (both cached per tenant), or none."""
+    if plan is None:
+        return None
+    if plan.head == "row":
+        return Guide(plan.strength, prefix, [*lead, *plan.ids[done:]])
+    if plan.head == "tenant":
+        head = chain.get(tenant, None, plan.segment, plan.split, 1.0)
+        return Guide(plan.strength, head.kv, list(plan.ids))
+    if plan.head == "shared":
+        kv, _ = chain.shared(tenant, plan.segment, list(plan.head_ids))
+        return Guide(plan.strength, kv, list(plan.ids))
+    return Guide(plan.strength, None, list(plan.ids))
 
 
 def guide_figures(guide: Guide | None, out: Any) -> dict[str, Any]:
@@ -103,16 +146,3 @@ def _head(renderer: Any, prompt: str) -> str:
         probe = renderer._guide_probe = renderer.render([{"role": "user", "content": "\x1f"}])
     head = os.path.commonprefix([prompt, probe])
     return head if head and renderer.reproduces(head, prompt[len(head):], prompt) else ""
-
-
-def reminded_guide(adapter: Any, strength: float, context: str, mem: Any,
-                   messages: list[dict[str, str]], prefix: Any, lead: tuple[int, ...],
-                   prompt_ids: list[int], done: int) -> Guide | None:
-    """The same turn without its last reminder (``messages``), after the row's own
-    ``prefix`` (the chain and the conversation's cached link, ``done`` tokens of the
-    row's ``prompt_ids``; ``lead``: a deferred segment's ids, prefilled first)."""
-    parts, _ = mem.cut(adapter, adapter.split_prompt(context, messages), context)
-    ids = adapter.renderer.encode(parts.prompt, first=False)
-    if ids[:done] != prompt_ids[:done] or ids == prompt_ids:
-        return None
-    return Guide(strength, prefix, [*lead, *ids[done:]])

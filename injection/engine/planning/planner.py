@@ -1,0 +1,157 @@
+"""The planner: everything a turn does, decided before any K/V is fetched or computed.
+
+``TurnPlanner.plan(req)`` fills a ``TurnPlan`` in steps, each a function of the request
+and what the steps before it decided:
+
+1. ``system_turn``: the effective alpha, the member's memories (segment budget and
+   recall, once: ``memory/recall.py``), whether they are injected, the system turn's text
+   and the reminder (``prompting/reminder.py``);
+2. ``fit_messages``: the history that fits the context and its cap, reminded
+   (``prompting/history.py``);
+3. ``layout``: the injected segment and the prompt after it, the recalled memories cut
+   behind the cached segment (``MemoryPlan.cut``), the tenant/member split; or, where
+   nothing is injected, the plain prompt;
+4. emphasis spans (``prompting/emphasis_spans.py``);
+5. the conversation's link (``TurnGenerator.plan``): the one step that reads a cache. Its
+   *result* (the link found, so how many prompt tokens are cached) is in the plan, and
+   the steps after it decide on it: whether a missing member segment is prefilled by the
+   turn itself (``defer``) and whether a reminded turn's guide continues the row's prefix;
+6. the guide (``engine/guidance/plan.py``): which variant and its input ids. Its K/V head
+   (the tenant's segment, the template's system turn, or the row's own prefix) is built
+   in the run step (``build_guide``), as are the segments (``SegmentChain.get``).
+
+Only the model's text side is used: its template and tokenizer (``split_prompt``,
+``plain_prompt``, ``prompt_tokens``, ``count_tokens``, ``renderer``). Two steps may run
+a forward of the model's first layers: recall and a several-memory reminder's pick embed
+the user's message (``memory/embed.py``), only for members with memories beyond their
+segment; a turn without them is planned from the tokenizer alone.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any, NamedTuple
+
+from injection.base import ExecutionRequest, SegmentSplit
+from injection.engine.guidance.plan import plan_guide
+from injection.engine.planning.plan import TurnPlan
+from injection.engine.request_checks import sampling_options
+from injection.kvcache.chain import segment_split
+from injection.kvcache.kvsource import content_hash
+from injection.prompting.emphasis_spans import emphasis_for
+from injection.prompting.history import fit_history
+from injection.prompting.reminder import Reminder
+from injection.prompting.template import PromptParts, compose_context
+
+__all__ = ["SystemTurn", "TurnPlanner", "fit_messages", "layout"]
+
+
+class SystemTurn(NamedTuple):
+    """Step 1: what of the member goes into the system turn, and how it is reminded."""
+
+    alpha: float  # the request's alpha, capped
+    memory: Any  # ``MemoryPlan``
+    personal: bool  # the member's text is injected
+    context: str  # the system turn's text
+    reminder: Reminder
+
+
+def fit_messages(adapter: Any, req: ExecutionRequest, context: str,
+                 remind: Reminder | None = None) -> list[dict[str, str]]:
+    """History in whole turns within the context and cap, reminded (cut sized deep)."""
+    messages, remind = [dict(m) for m in req.messages], remind or Reminder()
+    n_head = next((i for i, m in enumerate(messages) if m["role"] != "system"), 0)
+    max_pos = getattr(adapter, "max_positions", None)
+    count = adapter.prompt_tokens
+    return remind.apply(fit_history(
+        lambda msgs: count(context, remind.apply(msgs)), messages[n_head:-1],
+        messages[-1:], limit=max_pos - req.max_new_tokens if max_pos else None,
+        history_cap=req.history_token_budget, head=messages[:n_head],
+        size_count=lambda msgs: count(context, remind.apply(msgs, deep=True))))
+
+
+def layout(adapter: Any, mem: Any, instructions: str, context: str,
+           messages: list[dict[str, str]]) -> tuple[PromptParts | None, SegmentSplit | None]:
+    """The system turn of ``context`` as the injected segment and the prompt after it
+    (None: no context), the recalled memories moved behind the cached segment, and the
+    segment's tenant/member split (None: one segment, or nothing injected)."""
+    parts = adapter.split_prompt(context, messages) if context else None
+    parts, head_ctx = mem.cut(adapter, parts, context)  # recalled: after the cache
+    split = segment_split(adapter, parts.segment, head_ctx, instructions) if (
+        parts is not None and parts.segment) else None
+    return parts, split
+
+
+class TurnPlanner:
+    """Plans requests for one model (``adapter``), its memory planner and its turns.
+
+    Args:
+        alpha_cap, min_alpha: the effective alpha is ``min(request.alpha, alpha_cap)``;
+            at or below ``min_alpha`` nothing of the member is injected.
+        batching: generation runs as a batch engine row (emphasis and guides need it).
+        one_pass: a missing member segment is prefilled by the turn itself.
+        guide_keeps_instructions: the one-memory guide keeps the tenant's instructions
+            (``guidance/plan.py``; measured by bench/bench_tenant_precedence.py).
+    """
+
+    def __init__(self, adapter: Any, memories: Any, turns: Any, *, alpha_cap: float,
+                 min_alpha: float, batching: bool, one_pass: bool,
+                 guide_keeps_instructions: bool = False) -> None:
+        self.adapter, self.memories, self.turns = adapter, memories, turns
+        self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
+        self.batching, self.one_pass = batching, one_pass and batching
+        self.guide_keeps_instructions = guide_keeps_instructions
+
+    def plan(self, req: ExecutionRequest) -> TurnPlan:
+        system = self.system_turn(req)
+        messages = fit_messages(self.adapter, req, system.context, system.reminder)
+        parts, split = layout(self.adapter, system.memory, req.instructions, system.context,
+                              messages)
+        if not system.personal and split is None:
+            prompt = self.adapter.plain_prompt(system.context, messages)
+            return self._plain(req, system, messages, PromptParts("", prompt, "none"))
+        if not parts.segment:  # the template admits no verified split: context stays text
+            return self._plain(req, system, messages, parts)
+        return self._injected(req, system, messages, parts, split)
+
+    def system_turn(self, req: ExecutionRequest) -> SystemTurn:
+        """Step 1 (the member's part is alpha-scaled; the tenant's shared segment never)."""
+        alpha = min(float(req.alpha), self.alpha_cap)
+        mem = self.memories.plan(req, on=req.injection_enabled and alpha > self.min_alpha)
+        personal = req.injection_enabled and bool(mem.text.strip())
+        personal = personal and alpha > self.min_alpha
+        context = compose_context(req.instructions, mem.text if personal else "")
+        remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
+                                      partial(self.memories.relevant, req.tenant))  # + recall
+        return SystemTurn(alpha, mem, personal, context, remind)
+
+    def _plain(self, req: ExecutionRequest, system: SystemTurn,
+               messages: list[dict[str, str]], parts: PromptParts) -> TurnPlan:
+        """Nothing injected: the whole prompt as text (the conversation's link may be
+        continued)."""
+        link = self.turns.plan(req, messages, parts.prompt, "", 0.0, injected=False)
+        return TurnPlan(system.personal, 0.0, 0.0, system.memory, system.context, "", None,
+                        "", parts.mode, system.reminder, tuple(messages), parts.prompt, 0.0,
+                        (), link, False, None, sampling_options(req), req.max_new_tokens)
+
+    def _injected(self, req: ExecutionRequest, system: SystemTurn,
+                  messages: list[dict[str, str]], parts: PromptParts,
+                  split: SegmentSplit | None) -> TurnPlan:
+        mem, personal = system.memory, system.personal
+        member_alpha = system.alpha if personal else 1.0
+        chash = content_hash(parts.segment)
+        emph, spans = emphasis_for(self.adapter, req, parts.segment, split,
+                                   on=personal and self.batching, texts=mem.emphasis_texts(),
+                                   after=partial(mem.recalled_spans, self.adapter, parts.prompt))
+        link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
+                               emphasis=emph)  # the cache lookup: its result decides below
+        # one-pass miss: a missing member segment is computed in this turn's own prefill
+        defer = self.one_pass and link.cached is None and member_alpha == 1.0 and not emph
+        guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
+                           on=personal and self.batching, context=system.context,
+                           prompt_ids=link.prompt_ids, done=link.done,
+                           keep_instructions=self.guide_keeps_instructions)
+        return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
+                        system.context, parts.segment, split, chash, parts.mode,
+                        system.reminder, tuple(messages), parts.prompt, emph, spans, link,
+                        defer, guide, sampling_options(req), req.max_new_tokens)
