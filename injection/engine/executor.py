@@ -144,6 +144,8 @@ class InjectionExecutor:
         if not tenant:
             raise InvalidRequest("invalidate needs a tenant")
         out = self.kv_source.evict(tenant, user)
+        if user is None:  # the tenant's: its memories' embeddings go too (recall, reminders)
+            self.memories.evict(tenant)
         if self.conv_l1 is not self.l1:  # conversation links in their own L1
             try:
                 out["l1"] = (out["l1"] or 0) + self.conv_l1.evict(tenant, user)

@@ -226,3 +226,18 @@ def test_emphasis_spans_include_the_recalled_memories(adapter):
     recalled = plan.recalled_spans(adapter, parts.prompt, len(split.tenant_ids + split.member_ids))
     assert value > 0 and len(alone) == 2 and len(recalled) == 2  # two lines each
     assert spans == alone + recalled and recalled[0][0] >= alone[-1][1]
+
+
+def test_invalidating_a_tenant_drops_its_memories_embeddings(adapter):
+    """A deleted or edited tenant's memories leave the embedding cache with its K/V; a
+    member's invalidation leaves them (they are keyed by text, shared by its members)."""
+    ex = build_executor(adapter, metrics=Metrics())
+    try:
+        for tenant in ("gone", "stays"):
+            ex.memories.embedder.embed(tenant, ["I am a vegetarian.", "I live in Lyon."])
+        ex.invalidate("gone", "u1")
+        assert ex.memories.stats()["per_tenant"] == {"gone": 2, "stays": 2}
+        ex.invalidate("gone")
+        assert ex.memories.stats()["per_tenant"] == {"stays": 2}
+    finally:
+        ex.close()
