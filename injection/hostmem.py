@@ -88,15 +88,6 @@ class HostPool:
             return torch.empty(tuple(shape), dtype=dtype)
         return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
 
-    def trim(self) -> int:
-        """Release every free buffer (and torch's cached pinned blocks); bytes released."""
-        with self._lock:
-            freed = self._release(need=None)
-        empty = getattr(torch._C, "_host_emptyCache", None)
-        if self.pin and callable(empty):
-            empty()
-        return freed
-
     def stats(self) -> dict[str, int]:
         with self._lock:
             in_use = sum(c for c, bufs in self._buffers.items() for s in bufs
@@ -122,13 +113,13 @@ class HostPool:
             self.counts["allocated"] += 1
             return s
 
-    def _release(self, need: int | None) -> int:
-        """Drop free buffers, largest classes first, until ``need`` bytes (None: all)."""
+    def _release(self, need: int) -> int:
+        """Drop free buffers, largest classes first, until ``need`` bytes."""
         freed = 0
         for cls in sorted(self._buffers, reverse=True):
             keep = []
             for s in self._buffers[cls]:
-                if _use_count(s) == 1 and (need is None or freed < need):
+                if _use_count(s) == 1 and freed < need:
                     freed += cls
                     self.counts["released"] += 1
                 else:

@@ -68,8 +68,3 @@ class SingleFlight(Generic[T]):
         with self._lock:
             call = self._calls.get(key)
             return call.waiters if call is not None else 0
-
-    def in_flight(self) -> int:
-        """Keys being computed right now (0 when idle: nothing leaks)."""
-        with self._lock:
-            return len(self._calls)

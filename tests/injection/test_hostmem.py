@@ -50,8 +50,6 @@ def test_the_pool_is_bounded_releases_free_buffers_then_overflows_to_pageable():
     s = pool.stats()
     assert s["released"] == 2 and s["held_bytes"] == 4096 + 8192 <= pool.max_bytes
     assert held_bytes(big) == 8192
-    del big, small
-    assert pool.trim() == 4096 + 8192 and pool.stats()["held_bytes"] == 0
 
 
 def test_l1_counts_what_the_storage_holds_not_the_view():
