@@ -12,7 +12,6 @@ from django.conf import settings
 from gpu_worker.channels import streams
 from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
-from injection.prompting.history import block_start
 from tenants.actions import (
     do_admit_prompt,
     do_record_cancelled,
@@ -22,7 +21,8 @@ from tenants.actions import (
 )
 from tenants.budgets import ledger
 from tenants.errors import ChatAbandoned, InactiveAccount, NotFound
-from tenants.models import Conversation, Member, Memory, Message, Preference
+from tenants.history import stored_history
+from tenants.models import Conversation, Member, Memory, Preference
 
 log = logging.getLogger(__name__)
 
@@ -40,20 +40,14 @@ def load_conversation(member: Member, conversation_id: int | None) -> Conversati
     return None if conversation_id is None else get_conversation(member, conversation_id)
 
 
-def recent_history(conv: Conversation | None, budget: int, limit: int = 400) -> list[dict]:
-    """The conversation's newest messages, oldest-first: at most ``limit``, pre-cut in
-    blocks (``block_start``) at twice ``budget`` stored tokens, so the window's first
-    message stays put for many turns. The engine then keeps, in blocks too, the whole
-    turns that fit the budget and the model's context exactly."""
+def recent_history(conv: Conversation | None, budget: int | None) -> list[dict]:
+    """The stored conversation as the engine gets it, oldest first: the engine's rule at
+    twice ``budget`` over stored token counts (``tenants.history.precut``). The engine
+    then keeps, by the same rule, the whole turns that fit the budget and the model's
+    context, counting exactly; the web's budget estimate counted what it keeps."""
     if conv is None:
         return []
-    rows = list(Message.objects.filter(tenant=conv.tenant_id, conversation=conv).order_by(
-        "-created_at", "-id").values_list("pk", "token_count")[: limit * 4])[::-1]
-    start = block_start([n for _, n in rows], 2 * max(1, budget))
-    keep = [pk for pk, _ in rows[start:]][-limit:]
-    picked = Message.objects.filter(tenant=conv.tenant_id, pk__in=keep).order_by(
-        "created_at", "id")
-    return [{"role": m.role, "content": m.content} for m in picked]
+    return stored_history(conv.tenant_id, conv.member_id, conv.pk, budget)
 
 
 def load_memories(member: Member) -> tuple[MemoryItem, ...]:

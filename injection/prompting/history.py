@@ -5,17 +5,23 @@ the rendered prompt (injected system turn included) takes; an optional cap bound
 the history's own tokens (prefill cost). History is dropped oldest turn first, a
 turn being a user message and the replies that follow it, so the kept history never
 starts with an assistant message (strict-alternation templates raise on that).
+
+One rule for every layer: the engine counts the rendered prompt (``InjectionExecutor``);
+the web's budget estimate and the worker's pre-cut of a stored conversation call the
+same :func:`fit_history` with a count of stored tokens plus markup (``tenants.history``),
+so all three keep the same messages wherever their counts agree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from injection.errors import ContextLengthExceeded
 
 __all__ = ["fit_history", "whole_turns"]
 
-Message = dict[str, str]
+Message = dict[str, Any]  # "role", and whatever the caller's count reads ("content")
 
 
 def whole_turns(history: Sequence[Message]) -> list[list[Message]]:

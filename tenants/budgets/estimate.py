@@ -2,11 +2,11 @@
 
 Counted with the model's own tokenizer (``tenants.api.context_limits.model_limits``,
 the light ``tokenizers`` library: the web never loads the model): the message, the
-history the worker will put before it (``/v1``: the request's messages; ``/api/chat``:
-the stored conversation up to ``CHAT_HISTORY_TOKEN_BUDGET``), tool definitions, the
-tenant instructions and the member's preference, plus the chat template's markup per
-message. Without a
-local model directory, four characters count as one token.
+history the engine will keep before it (``/v1``: the request's messages; ``/api/chat``:
+the stored conversation; both cut by the engine's one rule, ``tenants.history``, within
+``CHAT_HISTORY_TOKEN_BUDGET``), tool definitions, the tenant instructions and the
+member's preference, plus the chat template's markup per message. Without a local model
+directory, four characters count as one token.
 """
 
 from __future__ import annotations
@@ -17,9 +17,8 @@ from pathlib import Path
 from django.conf import settings
 
 from tenants.api.context_limits import model_limits
-from tenants.models import Member, Message, Preference
-
-TEMPLATE_TOKENS_PER_MESSAGE = 8  # role markers and separators of a chat template
+from tenants.history import TEMPLATE_TOKENS_PER_MESSAGE, fit_counted, stored_history
+from tenants.models import Member, Preference
 
 
 def model_path() -> str:
@@ -43,35 +42,36 @@ def count_tokens(texts: list[str]) -> int:
     return sum(len(tokenizer.encode(t, add_special_tokens=False).ids) for t in texts if t)
 
 
-def _stored_history(member: Member, conversation_id: int | None) -> list[str]:
+def history_texts(member: Member, conversation_id: int | None,
+                  history: list[dict] | None) -> tuple[list[str], int]:
+    """The history the engine will keep before the message, and its tokens: of the
+    request's own messages (``/v1``, each counted here), or of the stored conversation as
+    the worker sends it (``/api/chat``, counted with the model's tokenizer once kept)."""
+    if history is not None:
+        counted = [{"role": m.get("role"), "text": str(m.get("content") or ""),
+                    "tokens": count_tokens([str(m.get("content") or "")])} for m in history]
+        kept = fit_counted(counted, settings.CHAT_HISTORY_TOKEN_BUDGET)
+        return [m["text"] for m in kept], sum(m["tokens"] for m in kept)
     if conversation_id is None:
-        return []
-    budget, used, texts = settings.CHAT_HISTORY_TOKEN_BUDGET, 0, []
-    rows = (Message.objects.filter(tenant=member.tenant_id, conversation_id=conversation_id,
-                                   conversation__member=member)
-            .order_by("-created_at", "-id").values_list("content", "token_count")[:400])
-    for content, tokens in rows:
-        used += tokens
-        if texts and budget is not None and used > budget:
-            break
-        texts.append(content)
-    return texts
+        return [], 0
+    texts = [m["content"] for m in stored_history(
+        member.tenant_id, member.pk, conversation_id, settings.CHAT_HISTORY_TOKEN_BUDGET,
+        as_kept=True)]
+    return texts, count_tokens(texts)
 
 
 def prompt_estimate(member: Member, conversation_id: int | None, message: str,
                     params: dict) -> int:
     """Tokens the worker's prompt for this chat is expected to hold."""
-    history = params.get("history")
-    texts = ([str(m.get("content") or "") for m in history] if history is not None
-             else _stored_history(member, conversation_id))
-    texts.append(message)
+    history, tokens = history_texts(member, conversation_id, params.get("history"))
+    texts = [message]
     if params.get("tools"):  # rendered into the prompt where the template supports them
         texts.append(json.dumps(params["tools"], separators=(",", ":")))
     pref = Preference.objects.filter(tenant=member.tenant_id, member=member).first()
     context = [member.tenant.instructions, pref.text if pref is not None and pref.enabled
                else ""]
-    markup = TEMPLATE_TOKENS_PER_MESSAGE * (len(texts) + 1)
-    return count_tokens(texts + context) + markup
+    markup = TEMPLATE_TOKENS_PER_MESSAGE * (len(history) + len(texts) + 1)
+    return tokens + count_tokens(texts + context) + markup
 
 
 def room_after(prompt_tokens: int) -> int:
