@@ -12,12 +12,13 @@ The design's ``BoundedUserKVCache`` grown up for many tenants:
   tenant's traffic cannot push out another's entries beyond its share. If
   the newcomer itself would have to go, the put is refused and nothing is
   evicted (evictions are planned on a simulation before any is applied).
-* a tenant segment (user ``TENANT_USER``) is pinned while its tenant is active: it
+* a tenant segment (user ``TENANT_USER``) is protected while its tenant is active: it
   has a member entry in this cache, or its segment was used within
-  ``pin_idle_seconds``. A pinned segment is not evicted for the tenant's own entries
+  ``protect_idle_seconds``. A protected segment is not evicted for the tenant's own entries
   (that put is refused) and goes under a global bound only when no tenant over its
   share has anything else; invalidating the tenant (deletion, instructions edit)
-  drops it as always (rules: ``lru_plan``).
+  drops it as always (rules: ``lru_plan``). ("Pinned", here and in ``stats()``, means
+  page-locked host memory only: an entry's tensors in it, ``injection.hostmem``.)
 * ``user_quota_bytes`` caps one (tenant, user): a member over it gives up its own
   oldest entries first (the conversation L1: one member's conversations never flush
   the others').
@@ -49,7 +50,7 @@ class _Entry:
     kv: PackedKV
     nbytes: int
     tick: int
-    used: float = 0.0  # clock() at the last put/get (a tenant segment's pin)
+    used: float = 0.0  # clock() at the last put/get (a tenant segment's protection)
     pinned: bool = False  # page-locked host memory (nbytes: as the allocator rounds it)
 
 
@@ -75,8 +76,9 @@ class TenantLRU(KVStore):
         max_entries: bound on the number of entries.
         tenant_quota_bytes: per-tenant byte cap (default: ``max_bytes``).
         user_quota_bytes: per-(tenant, user) byte cap (default: none).
-        pin_idle_seconds: a tenant segment stays pinned this long after its last use
-            even without member entries here (0: only member entries pin it).
+        protect_idle_seconds: a tenant segment stays protected from eviction this long
+            after its last use even without member entries here (0: only member entries
+            protect it).
         clock: monotonic seconds (tests pass their own).
     """
 
@@ -87,7 +89,7 @@ class TenantLRU(KVStore):
         tenant_quota_bytes: int | None = None,
         *,
         user_quota_bytes: int | None = None,
-        pin_idle_seconds: float = 600.0,
+        protect_idle_seconds: float = 600.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         quota = max_bytes if tenant_quota_bytes is None else tenant_quota_bytes
@@ -97,7 +99,7 @@ class TenantLRU(KVStore):
         self.max_entries = int(max_entries)
         self.tenant_quota_bytes = int(min(quota, max_bytes))
         self.user_quota_bytes = int(user_quota_bytes) if user_quota_bytes else None
-        self.pin_idle_seconds, self._clock = float(pin_idle_seconds), clock
+        self.protect_idle_seconds, self._clock = float(protect_idle_seconds), clock
         self._lock = threading.Lock()
         self._tenants: dict[str, _Tenant] = {}
         self._bytes = 0
@@ -128,7 +130,7 @@ class TenantLRU(KVStore):
             raise ValueError(f"TenantLRU caches CPU tensors only, got {kv.device}")
         size = accounted_bytes(kv)
         with self._lock:
-            plan = plan_put(self, key, size, self._pinned(), TENANT_USER)
+            plan = plan_put(self, key, size, self._protected(), TENANT_USER)
             if plan is None:  # nothing was changed
                 self._rejected += 1
                 return False
@@ -259,7 +261,7 @@ class TenantLRU(KVStore):
             self._count -= 1
         return entry
 
-    def _pinned(self) -> frozenset[CacheKey]:
+    def _protected(self) -> frozenset[CacheKey]:
         """Tenant segments of active tenants (see the module doc)."""
         now, out = self._clock(), []
         for t in self._tenants.values():
@@ -267,7 +269,7 @@ class TenantLRU(KVStore):
                 continue  # no tenant segment here
             for k, e in t.entries.items():
                 if k.user == TENANT_USER and (
-                        t.others > 0 or now - e.used < self.pin_idle_seconds):
+                        t.others > 0 or now - e.used < self.protect_idle_seconds):
                     out.append(k)
         return frozenset(out)
 

@@ -3,17 +3,17 @@
 
 Per-tenant (and the newcomer's user's) bytes/counts and LRU cursors as they would be after
 the put, so a refused put evicts nothing. The order in which a tenant gives up entries:
-its unpinned entries oldest first, then its pinned ones (a tenant segment while the
+its unprotected entries oldest first, then its protected ones (a tenant segment while the
 tenant has active members), the newcomer last. Rules, in order:
 
 1. a member's cap (``user_quota_bytes``): the newcomer's user gives up its own oldest
    entries first (one member's conversations never flush the other members');
-2. the tenant's quota: the tenant gives up its own entries; a pinned tenant segment is
+2. the tenant's quota: the tenant gives up its own entries; a protected tenant segment is
    never evicted to make room for one of its own member/conversation entries (that put
    is refused instead: the segment serves every member);
 3. a global bound: the victim is the tenant over its fair share whose next entry is
-   oldest, unpinned before pinned: a pinned segment goes only when no tenant over its
-   share has anything else (never a deadlock: pins cannot fill the cache for good),
+   oldest, unprotected before protected: a protected segment goes only when no tenant over its
+   share has anything else (never a deadlock: protection cannot fill the cache for good),
    and never for an entry of its own tenant (refused, as under rule 2).
 """
 
@@ -33,9 +33,9 @@ class _Simulation:
     """Per-tenant bytes/counts and LRU cursors as they would be after a put."""
 
     def __init__(self, tenants: dict[str, Any], key: CacheKey, size: int, tick: int,
-                 pinned: frozenset[CacheKey] = frozenset()):
+                 protected: frozenset[CacheKey] = frozenset()):
         self._tenants, self._key, self._size, self._tick = tenants, key, size, tick
-        self.pinned = pinned
+        self.protected = protected
         self.bytes = {n: t.bytes for n, t in tenants.items() if t.entries}
         self.count = {n: len(t.entries) for n, t in tenants.items() if t.entries}
         old = tenants[key.tenant].entries.get(key) if key.tenant in tenants else None
@@ -54,12 +54,12 @@ class _Simulation:
                 if k.user == self._key.user and k != self._key]
 
     def _walk(self, name: str):
-        """(key, nbytes, tick): unpinned oldest first, then pinned, the newcomer last."""
+        """(key, nbytes, tick): unprotected oldest first, then protected, the newcomer last."""
         t = self._tenants.get(name)
         items = [(k, e) for k, e in (t.entries.items() if t else ()) if k != self._key]
-        for want_pinned in (False, True):
+        for want_protected in (False, True):
             for k, e in items:
-                if (k in self.pinned) == want_pinned and k not in self._gone:
+                if (k in self.protected) == want_protected and k not in self._gone:
                     yield k, e.nbytes, e.tick
         if name == self._key.tenant:
             yield _NEW, self._size, self._tick
@@ -75,9 +75,9 @@ class _Simulation:
             del self._heads[name]
 
     def rank(self, name: str) -> tuple[int, int]:
-        """Eviction preference of ``name``'s next entry: unpinned, pinned, newcomer."""
+        """Eviction preference of ``name``'s next entry: unprotected, protected, newcomer."""
         k, _, tick = self.head(name)
-        return (2 if k is _NEW else 1 if k in self.pinned else 0), tick
+        return (2 if k is _NEW else 1 if k in self.protected else 0), tick
 
     def evict(self, k: CacheKey, nbytes: int) -> None:
         self.bytes[k.tenant] -= nbytes
@@ -93,13 +93,13 @@ class _Simulation:
         self.evict(k, nbytes)
 
 
-def plan_put(lru: Any, key: CacheKey, size: int, pinned: frozenset[CacheKey],
-             pin_user: str) -> list[CacheKey] | None:
+def plan_put(lru: Any, key: CacheKey, size: int, protected: frozenset[CacheKey],
+             tenant_user: str) -> list[CacheKey] | None:
     """Victims that make room for ``key`` in ``lru`` (replacing any old entry); None to
-    refuse (then nothing is evicted). ``pin_user``: the user of tenant segments."""
+    refuse (then nothing is evicted). ``tenant_user``: the user of tenant segments."""
     if size > lru.tenant_quota_bytes or (lru.user_quota_bytes and size > lru.user_quota_bytes):
         return None
-    sim = _Simulation(lru._tenants, key, size, lru._tick + 1, pinned)
+    sim = _Simulation(lru._tenants, key, size, lru._tick + 1, protected)
     if lru.user_quota_bytes:  # the member's own oldest entries first
         mine = sim.user_entries()
         used = size + sum(n for _, n in mine)
@@ -110,22 +110,22 @@ def plan_put(lru: Any, key: CacheKey, size: int, pinned: frozenset[CacheKey],
             used -= nbytes
     while sim.bytes[key.tenant] > lru.tenant_quota_bytes:
         k = sim.head(key.tenant)[0]
-        if k in pinned and key.user != pin_user:
-            return None  # only the pinned tenant segment is left to give up
+        if k in protected and key.user != tenant_user:
+            return None  # only the protected tenant segment is left to give up
         sim.pop(key.tenant)  # own quota: own LRU entries only
     while sim.total_bytes > lru.max_bytes or sim.total_count > lru.max_entries:
         victim = _pick_victim(lru, sim, by_bytes=sim.total_bytes > lru.max_bytes)
         head = sim.head(victim)[0]
         if head is _NEW:
             return None  # only the newcomer is over its share
-        if victim == key.tenant and head in pinned and key.user != pin_user:
-            return None  # never the tenant's own pinned segment for one of its entries
+        if victim == key.tenant and head in protected and key.user != tenant_user:
+            return None  # never the tenant's own protected segment for one of its entries
         sim.pop(victim)
     return sim.evicted
 
 
 def _pick_victim(lru: Any, sim: _Simulation, by_bytes: bool) -> str:
-    """Tenant over its fair share whose next entry goes first (unpinned, then oldest)."""
+    """Tenant over its fair share whose next entry goes first (unprotected, then oldest)."""
     active = [n for n, c in sim.count.items() if c > 0]
     bound = lru.max_bytes if by_bytes else lru.max_entries
     share = bound / len(active)
@@ -134,7 +134,7 @@ def _pick_victim(lru: Any, sim: _Simulation, by_bytes: bool) -> str:
     return min(over or active, key=sim.rank)
 
 
-def check_integrity(lru: Any, accounted: Any, pin_user: str) -> None:
+def check_integrity(lru: Any, accounted: Any, tenant_user: str) -> None:
     """Recompute every total of ``lru`` (lock held); AssertionError on any drift."""
     total_b = total_n = 0
     for name, t in lru._tenants.items():
@@ -146,7 +146,7 @@ def check_integrity(lru: Any, accounted: Any, pin_user: str) -> None:
             _require(last < e.tick <= lru._tick, f"tenant {name!r} recency broken at {k}")
             b, last = b + e.nbytes, e.tick
         _require(b == t.bytes, f"tenant {name!r} bytes {t.bytes} != recomputed {b}")
-        others = sum(k.user != pin_user for k in t.entries)
+        others = sum(k.user != tenant_user for k in t.entries)
         _require(others == t.others, f"tenant {name!r} member count drifted")
         _require(b <= lru.tenant_quota_bytes, f"tenant {name!r} over quota")
         total_b += b

@@ -1,5 +1,5 @@
-"""TenantLRU pins a tenant segment while the tenant is active, caps one member's bytes,
-and never deadlocks: a pinned segment still goes when nothing else can."""
+"""TenantLRU protects a tenant segment while the tenant is active, caps one member's bytes,
+and never deadlocks: a protected segment still goes when nothing else can."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ class Clock:
 
 
 def test_tenant_segment_outlives_older_member_entries_of_its_tenant():
-    c = TenantLRU(max_bytes=100 * B, tenant_quota_bytes=20 * B, pin_idle_seconds=0)
+    c = TenantLRU(max_bytes=100 * B, tenant_quota_bytes=20 * B, protect_idle_seconds=0)
     assert c.put(seg("t"), kv(8))  # the oldest entry of the tenant
     for i in range(5):  # members fill the quota: their own entries go, never the segment
         assert c.put(mem("t", f"m{i}"), kv(4))
@@ -44,8 +44,8 @@ def test_tenant_segment_outlives_older_member_entries_of_its_tenant():
     c.check_integrity()
 
 
-def test_a_member_entry_that_only_the_pinned_segment_could_make_room_for_is_refused():
-    c = TenantLRU(max_bytes=100 * B, tenant_quota_bytes=20 * B, pin_idle_seconds=0)
+def test_a_member_entry_that_only_the_protected_segment_could_make_room_for_is_refused():
+    c = TenantLRU(max_bytes=100 * B, tenant_quota_bytes=20 * B, protect_idle_seconds=0)
     c.put(seg("t"), kv(8))
     c.put(mem("t", "a"), kv(2))
     assert not c.put(mem("t", "b"), kv(14))  # would need the segment's 8 tokens
@@ -53,8 +53,8 @@ def test_a_member_entry_that_only_the_pinned_segment_could_make_room_for_is_refu
     c.check_integrity()
 
 
-def test_global_bound_takes_unpinned_entries_of_other_tenants_before_a_pinned_segment():
-    c = TenantLRU(max_bytes=32 * B, pin_idle_seconds=3600)
+def test_global_bound_takes_unprotected_entries_of_other_tenants_before_a_protected_segment():
+    c = TenantLRU(max_bytes=32 * B, protect_idle_seconds=3600)
     c.put(seg("a"), kv(16))  # oldest entry in the cache, a over its share, used just now
     c.put(mem("b", "x"), kv(8))
     assert c.put(mem("b", "y"), kv(16))  # both over their share: b's own entry goes
@@ -62,32 +62,32 @@ def test_global_bound_takes_unpinned_entries_of_other_tenants_before_a_pinned_se
     c.check_integrity()
 
 
-def test_pin_ends_when_the_tenant_has_no_member_left_and_the_segment_idled():
+def test_protection_ends_when_the_tenant_has_no_member_left_and_the_segment_idled():
     clock = Clock()
-    c = TenantLRU(max_bytes=100 * B, tenant_quota_bytes=16 * B, pin_idle_seconds=60,
+    c = TenantLRU(max_bytes=100 * B, tenant_quota_bytes=16 * B, protect_idle_seconds=60,
                   clock=clock)
     c.put(seg("t"), kv(8))
     c.put(mem("t", "a"), kv(8))
-    c.evict("t", "a")  # the member left: the segment is pinned by its last use only
+    c.evict("t", "a")  # the member left: the segment is protected by its last use only
     clock.now += 30
-    assert not c.put(mem("t", "b"), kv(16))  # used 30 s ago: still pinned
+    assert not c.put(mem("t", "b"), kv(16))  # used 30 s ago: still protected
     clock.now += 31
-    assert c.put(mem("t", "b"), kv(16))  # idle past pin_idle_seconds: plain LRU
+    assert c.put(mem("t", "b"), kv(16))  # idle past protect_idle_seconds: plain LRU
     assert seg("t") not in c
     c.check_integrity()
 
 
-def test_pinned_segments_never_deadlock_the_cache():
-    """Every tenant's pinned segment cannot keep a new tenant out for good."""
-    c = TenantLRU(max_bytes=32 * B, tenant_quota_bytes=32 * B, pin_idle_seconds=3600)
+def test_protected_segments_never_deadlock_the_cache():
+    """Every tenant's protected segment cannot keep a new tenant out for good."""
+    c = TenantLRU(max_bytes=32 * B, tenant_quota_bytes=32 * B, protect_idle_seconds=3600)
     for t in ("a", "b", "c", "d"):
-        assert c.put(seg(t), kv(8))  # all pinned (used just now)
-    assert c.put(mem("e", "m"), kv(8))  # nothing unpinned anywhere: the oldest pin goes
+        assert c.put(seg(t), kv(8))  # all protected (used just now)
+    assert c.put(mem("e", "m"), kv(8))  # nothing unprotected anywhere: the oldest goes
     assert seg("a") not in c and mem("e", "m") in c
     c.check_integrity()
 
 
-def test_invalidating_the_tenant_drops_its_pinned_segment():
+def test_invalidating_the_tenant_drops_its_protected_segment():
     c = TenantLRU(max_bytes=100 * B)
     c.put(seg("t"), kv(4))
     c.put(mem("t", "a"), kv(4))
@@ -116,8 +116,8 @@ def test_per_member_cap_counts_a_replaced_entry_once():
     c.check_integrity()
 
 
-def test_a_global_bound_never_takes_the_tenants_own_pinned_segment_for_its_member():
-    c = TenantLRU(max_bytes=16 * B, pin_idle_seconds=0)
+def test_a_global_bound_never_takes_the_tenants_own_protected_segment_for_its_member():
+    c = TenantLRU(max_bytes=16 * B, protect_idle_seconds=0)
     c.put(seg("t"), kv(8))
     c.put(mem("t", "a"), kv(4))
     c.put(mem("u", "x"), kv(4))  # another tenant within its share
