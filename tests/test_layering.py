@@ -8,6 +8,8 @@
 - HTTP (``django.http``, DRF, views) only in the web layer: ``tenants/api``,
   ``tenants/v1``, ``tenants/admin`` and the project's ``config/urls.py``/``asgi.py``.
 - Small rooms: at most 15 modules in a package root, none over 300 lines.
+- Short functions: none longer (``def`` to the end of its body) than its package's limit in
+  ``FUNCTION_LINES`` (the longest matching path prefix applies).
 """
 
 from __future__ import annotations
@@ -23,6 +25,13 @@ WEB_LAYER = ("tenants/api/", "tenants/v1/", "tenants/admin/", "config/urls.py", 
 HTTP_MODULES = ("django.http", "django.views", "django.shortcuts", "django.template.response",
                 "django.urls", "rest_framework", "drf_spectacular")
 MAX_MODULES, MAX_LINES = 15, 300
+# path prefix -> the most lines a function there may have (the longest prefix applies);
+# packages not listed are not checked yet
+FUNCTION_LINES = {
+    "config/": 60,
+    "injection/": 60,
+    "injection/engine/executor.py": 40,  # the run step: each function one step of a turn
+}
 
 
 def module_name(path: Path, root: Path = ROOT) -> str:
@@ -118,6 +127,31 @@ def offenders(rule) -> list[str]:
     return hits
 
 
+def function_lengths(path: Path) -> list[tuple[str, int, int]]:
+    """(qualified name, line, lines from its ``def`` to the end of its body) of every
+    function and method in one module, nested ones included."""
+    found = []
+
+    def visit(node: ast.AST, prefix: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                name = f"{prefix}{child.name}"
+                if not isinstance(child, ast.ClassDef):
+                    found.append((name, child.lineno, child.end_lineno - child.lineno + 1))
+                visit(child, name + ".")
+            else:
+                visit(child, prefix)
+
+    visit(ast.parse(path.read_text(), filename=str(path)), "")
+    return found
+
+
+def function_limit(where: str) -> int | None:
+    """The length limit of functions in ``where`` (a path from the root), or None."""
+    prefixes = [p for p in FUNCTION_LINES if where.startswith(p)]
+    return FUNCTION_LINES[max(prefixes, key=len)] if prefixes else None
+
+
 def _under(dotted: str, *roots: str) -> bool:
     return any(dotted == r or dotted.startswith(r + ".") for r in roots)
 
@@ -135,6 +169,17 @@ def test_scanner_sees_nested_relative_and_from_imports(tmp_path):
     assert graph["pkg.a"] == {"pkg.b"} and graph["pkg.b"] == {"pkg.a"}
     assert cycles(graph) == [["pkg.a", "pkg.b"]]
     assert cycles({"x": {"y"}, "y": set()}) == []
+
+
+def test_function_lengths_count_from_def_to_the_end_of_the_body(tmp_path):
+    mod = tmp_path / "m.py"
+    mod.write_text('@staticmethod\ndef f(\n    a,\n):\n    """doc"""\n    return a\n\n\n'
+                   "class C:\n    def g(self):\n        def h():\n            pass\n"
+                   "        return h\n")
+    assert function_lengths(mod) == [("f", 2, 5), ("C.g", 10, 4), ("C.g.h", 11, 2)]
+    assert function_limit("injection/engine/executor.py") == 40
+    assert function_limit("injection/engine/batch.py") == 60
+    assert function_limit("nowhere/x.py") is None
 
 
 # -- the rules ---------------------------------------------------------------------------
@@ -173,4 +218,19 @@ def test_package_roots_stay_small(package):
 def test_no_module_over_the_size_limit():
     long = {path.relative_to(ROOT).as_posix(): n for path in source_modules().values()
             if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    assert long == {}
+
+
+def test_no_function_over_its_length_limit():
+    checked, long = 0, {}
+    for path in source_modules().values():
+        where = path.relative_to(ROOT).as_posix()
+        limit = function_limit(where)
+        if limit is None:
+            continue
+        for name, line, n in function_lengths(path):
+            checked += 1
+            if n > limit:
+                long[f"{where}:{line} {name}"] = f"{n} lines > {limit}"
+    assert checked > 500  # the scan really covers the packages in the table
     assert long == {}
