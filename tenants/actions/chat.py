@@ -13,7 +13,7 @@ from tenants.actions.exchanges import take_claim
 from tenants.budgets import ledger, tpm
 from tenants.budgets.estimate import served_model
 from tenants.errors import NotFound
-from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message
+from tenants.models import AuditEvent, ChatExchange, Conversation, Member, Message, Tenant
 from tenants.usage import accounting as usage_rollup
 
 BILLED_ONCE = "audit_chat_billed_once"  # the constraint (tenants.models.AuditLog)
@@ -64,6 +64,22 @@ def do_record_chat(
     the worker then bills what it generated, ``do_record_discarded``): the claim row is
     locked until commit, so the web cannot abandon it half-way."""
     claim = take_claim(member, request_id)
+    conversation, answer = _store_exchange(member, conversation, message, reply, usage, prior)
+    data = _chat_row(member.tenant, conversation, usage, cache, latency_ms, request_id,
+                     end_user, message, reply)
+    audit(member.tenant, AuditEvent.CHAT_REQUEST, actor=member.user, actor_kind="member",
+          target=str(member), **data)
+    _account_chat(member, data)
+    # the claim's cache keeps the memories the reply used, so a replay answers them too
+    _fill_claim(claim, conversation, answer, usage,
+                cache if memories_used is None else {**cache, "memories_used": memories_used})
+    return conversation
+
+
+def _store_exchange(member: Member, conversation: Conversation | None, message: str,
+                    reply: str, usage: dict[str, int],
+                    prior: Sequence[dict[str, str]]) -> tuple[Conversation, Message]:
+    """The message and its reply stored (a new conversation first, ``prior`` in it)."""
     tenant = member.tenant
     if conversation is None:
         conversation = Conversation.objects.create(
@@ -81,6 +97,13 @@ def do_record_chat(
         token_count=usage.get("completion_tokens", 0),
     )
     conversation.save(update_fields=["updated_at"])
+    return conversation, answer
+
+
+def _chat_row(tenant: Tenant, conversation: Conversation, usage: dict[str, int],
+              cache: dict[str, Any], latency_ms: float, request_id: str,
+              end_user: str | None, message: str, reply: str) -> dict[str, Any]:
+    """The ``chat.request`` audit row's data (the texts only if the tenant opted in)."""
     data: dict[str, Any] = {
         "conversation": conversation.pk,
         "request_id": request_id,
@@ -103,8 +126,12 @@ def do_record_chat(
     if tenant.audit_message_text:
         data["message"] = message
         data["reply"] = reply
-    audit(tenant, AuditEvent.CHAT_REQUEST, actor=member.user, actor_kind="member",
-          target=str(member), **data)
+    return data
+
+
+def _account_chat(member: Member, data: dict[str, Any]) -> None:
+    """The stored chat (its audit row's ``data``) in the usage rollup, the budgets'
+    thresholds and, once committed, the TPM window."""
     usage_rollup.account_chat(member, ok=True, prompt_tokens=data["prompt_tokens"],
                               completion_tokens=data["completion_tokens"],
                               cached_tokens=data["cached_tokens"], model=data["model"],
@@ -114,10 +141,6 @@ def do_record_chat(
     note_usage(member)  # budget thresholds crossed by this chat (audited once)
     spent = data["prompt_tokens"] + data["completion_tokens"]
     transaction.on_commit(lambda: tpm.record(member.tenant_id, member.pk, spent))
-    # the claim's cache keeps the memories the reply used, so a replay answers them too
-    _fill_claim(claim, conversation, answer, usage,
-                cache if memories_used is None else {**cache, "memories_used": memories_used})
-    return conversation
 
 
 @transaction.atomic
