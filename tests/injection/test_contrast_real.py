@@ -1,5 +1,5 @@
 """Contrastive guidance on the prepared default model (SmolLM2-135M-Instruct): on by
-default at its measured strength, each guided reply the formula's step-by-step reference
+default at its measured strength for standing instructions, each guided reply the formula's step-by-step reference
 computed from the two prompts with the model itself, off where a turn is reminded."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from injection import build_executor, load_adapter
 from injection.base import ExecutionRequest
 from injection.engine.guidance.contrast import resolve
 from injection.metrics import Metrics
+from injection.prompting.reminder import standing
 from tests.injection.test_contrast import reference
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
@@ -25,22 +26,35 @@ def smollm(real_model_path):
 
 
 def test_the_default_guides_first_turns_as_the_formula_says(smollm):
-    strength = resolve(smollm, None)
-    assert strength > 0  # measured for this model (docs/BENCHMARKS.md, memory depth)
+    """By default only a standing instruction ("Always answer in French.") is guided, at
+    the measured strength; asked for (a request's or tenant's strength), any memory is."""
+    strength = resolve(smollm, None, ["Always answer in French."])
+    assert strength > 0  # measured for this model (docs/BENCHMARKS.md, quality)
+    assert resolve(smollm, None, [CASES[0][0]]) == resolve(smollm, None, [CASES[2][0]]) == 0.0
     ex = build_executor(smollm, batch_max=4, metrics=Metrics())
     try:
         for pref, question in CASES:
             msgs = [{"role": "user", "content": question}]
-            got = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24))
+            asked = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24,
+                                                contrast=strength))
+            default = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24))
             ids = [smollm.renderer.encode(smollm.plain_prompt(c, msgs), first=True)
                    for c in (pref, "")]
             want = reference(smollm, ids[0], ids[1], 24, strength)
-            assert got.contrast_effective == strength
-            assert got.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
+            assert asked.contrast_effective == strength
+            assert asked.text.strip() == smollm.tokenizer.decode(
+                want, skip_special_tokens=True).strip()
+            if standing(pref):
+                assert (default.contrast_effective, default.text) == (strength, asked.text)
+            else:  # not guided: the reply without a guide, and no guide row's tokens
+                off = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24,
+                                                  contrast=0.0))
+                assert default.contrast_effective == 0.0 and default.text == off.text
+                assert default.guide_prefill_tokens == default.guide_decode_tokens == 0
         deep = [{"role": "user", "content": f"Question {k}?"} if j == 0 else
                 {"role": "assistant", "content": f"Answer {k}."}
                 for k in range(2) for j in range(2)] + [{"role": "user", "content": "Hi?"}]
-        res = ex.execute(ExecutionRequest("t", "u", deep, CASES[0][0], max_new_tokens=4))
+        res = ex.execute(ExecutionRequest("t", "u", deep, CASES[1][0], max_new_tokens=4))
         assert res.contrast_effective == 0.0  # the turn carries the reminder
     finally:
         ex.close()

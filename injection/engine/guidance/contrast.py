@@ -24,6 +24,7 @@ fed: one fewer than the reply's).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -32,6 +33,7 @@ from injection.engine import steps
 from injection.engine.batchrow import RowJob
 from injection.engine.emphasis import model_key
 from injection.kvcache.packed import PackedKV
+from injection.prompting.reminder import standing
 
 __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
            "guide_job", "mirror", "prefill", "prefill_guide", "resolve", "split_rows",
@@ -46,6 +48,12 @@ MAX_CONTRAST = 4.0  # requests and tenants are validated against it
 # message 10/20; strength 0.5: 13, 1: 14, 2: 13), then held-out 13/20 against 8/20, no
 # recitation, 1 % non-answers; deeper turns carry the reminder and are not guided.
 MEASURED_DEFAULTS: dict[str, float] = {"b7753234439613b9": 1.0}
+# ... applied by default only to a member with a standing instruction among their memories
+# (``reminder.standing``: "Always answer in lowercase."). bench/bench_quality.py, depth 0,
+# guided vs not: standing instructions +4 of 85 tuning cases (4 won, 0 lost, p = 0.12)
+# and +7 of 68 validation cases (8 won, 1 lost, p = 0.039); preferences -6 of 40 (4 won,
+# 10 lost) and facts +5 of 40 (6 won, 1 lost), neither significant (tuning), at a second
+# batch row and ~74 more forward tokens per reply (docs/BENCHMARKS.md, quality).
 
 
 class Guide(NamedTuple):
@@ -56,10 +64,13 @@ class Guide(NamedTuple):
     ids: list[int]
 
 
-def resolve(adapter: Any, requested: float | None) -> float:
-    """Effective strength: the request's (or tenant's), else the model's measured default."""
-    value = MEASURED_DEFAULTS.get(model_key(adapter), 0.0) if requested is None else requested
-    return min(max(float(value), 0.0), MAX_CONTRAST)
+def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = ()) -> float:
+    """Effective strength: the request's (or tenant's), else the model's measured default
+    where it pays: for ``memories`` holding a standing instruction (0 for the others)."""
+    if requested is None:
+        pays = any(standing(m) for m in memories)
+        requested = MEASURED_DEFAULTS.get(model_key(adapter), 0.0) if pays else 0.0
+    return min(max(float(requested), 0.0), MAX_CONTRAST)
 
 
 def attach(job: RowJob, guide: Guide | None, max_batch: int) -> None:

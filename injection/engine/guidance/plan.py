@@ -1,5 +1,9 @@
 """The planner's half of contrastive guidance: which turns get a guide, and its input.
 
+By default (no strength asked by the request or tenant) only a member with a standing
+instruction among their memories is guided (``contrast.resolve``): measured on
+bench/bench_quality.py, that is where guidance pays for its second row.
+
 A one-memory turn is guided (``contrast.py``) when its effective strength is above 0,
 the member's memories are injected, the batch engine runs it, and the turn carries no
 memory reminder (``prompting/reminder.py``): measured on the memory-depth cases,
@@ -63,7 +67,8 @@ def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str
     tenant's instructions (measured: they then lose precedence; bench_tenant_precedence)."""
     if not on:
         return None
-    strength = resolve(adapter, req.contrast)
+    strength = resolve(adapter, req.contrast, [m.text for m in req.memories] or [
+        req.preference_text])
     if strength <= 0.0:
         return None
     if remind.reminds_last(messages):
