@@ -8,8 +8,9 @@ preferences, facts about the member; a fixed tuning/validation split), each aske
 
 * ``no memory``; ``system message``: the memories as the client's system message;
 * ``platform``: the memories stored and injected, every mechanism at its default;
-* ``- guidance`` (contrast 0), ``- reminder``, ``- both``, ``- recall pick`` (the reminder
-  re-states the first memories, not those relevant to the message), ``+ emphasis``.
+* ``- guidance`` (contrast 0), ``+ guidance`` (contrast 1), ``- reminder``, ``- both``,
+  ``guidance only`` (no reminder, contrast 1), ``- recall pick`` (the reminder re-states
+  the first memories, not those relevant to the message), ``+ emphasis``.
 
 Requests go through the worker's executor (``injection.build_executor`` with the worker's
 settings: batch engine, one-pass segments, conversation reuse, memory recall) exactly as
@@ -24,7 +25,8 @@ extra forward tokens per reply (guide rows, reminder tokens) from the results.
 
 Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]``
 (IFEval's verifiers come with ``make install``); ``--partial FILE`` keeps the replies and
-resumes; ``--write-docs`` writes docs/BENCHMARKS.md's quality section.
+resumes; ``--write-docs TAG`` writes the tables as section TAG of
+docs/benchmarks/quality.md (docs/BENCHMARKS.md's quality section summarises them).
 """
 
 from __future__ import annotations
@@ -44,9 +46,13 @@ import quality_report  # noqa: E402
 from memory_cases import DISTRACTORS, FILLERS, evades, recites  # noqa: E402
 from quality_cases import CASES, Case  # noqa: E402
 
+QUALITY_DOC = ROOT / "docs" / "benchmarks" / "quality.md"  # every run's full tables
+QUALITY_HEAD = ("# Quality runs (bench/bench_quality.py)\n\nEach run's full tables, written by "
+                "`--write-docs SLUG`; docs/BENCHMARKS.md (quality) summarises them.\n")
 MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", "64"))
 TENANT = "bench-quality"
 EMPHASIS = 3.0
+GUIDANCE = 1.0  # the strength measured for SmolLM2 (engine/guidance/contrast.py)
 CONDS: dict[str, dict] = {
     "no memory": {"mode": "none"},
     "system message": {"mode": "system"},
@@ -54,12 +60,14 @@ CONDS: dict[str, dict] = {
     "- guidance": {"contrast": 0.0},
     "- reminder": {"reminder": False},
     "- both": {"contrast": 0.0, "reminder": False},
+    "+ guidance": {"contrast": GUIDANCE},
+    "guidance only": {"contrast": GUIDANCE, "reminder": False},
     "- recall pick": {"recall_top": 0},
     "+ emphasis": {"emphasis": EMPHASIS},
 }
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
-    "quick": {"every": 3, "cells": {
+    "quick": {"every": 4, "cells": {
         (0, 1): ["system message", "platform", "- guidance"],
         (8, 1): ["system message", "platform", "- both"],
     }},
@@ -135,12 +143,13 @@ def adheres(case: Case, reply: str) -> bool:
     return bool(case.check(reply)) and not recited and not evades(reply)
 
 
-def jobs_for(profile: dict, split: str, limit: int = 0) -> list[tuple]:
+def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "") -> list[tuple]:
     """(case index, depth, memories, condition) in the profile, ``recall pick`` last."""
-    picked = [i for i, c in enumerate(CASES) if split in ("both", c.split)]
+    picked = [i for i, c in enumerate(CASES) if split in ("both", c.split)
+              and family in ("", c.family)]
     picked = picked[:: profile["every"]][: limit or None]
     jobs = [(i, d, n, name) for (d, n), names in profile["cells"].items()
-            for name in names for i in picked]
+            for i in picked for name in names]  # a case's conditions together: paired
     return sorted(jobs, key=lambda j: (j[3] == "- recall pick", j[1], j[2]))
 
 
@@ -149,6 +158,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
     done: dict[str, dict] = {}
     if partial and Path(partial).exists():
         done = json.loads(Path(partial).read_text())
+    done.setdefault("_seconds", 0.0)  # generation time, over the runs of a partial file
     todo = [j for j in jobs if _key(j) not in done]
     print(f"  {len(jobs) - len(todo)} stored, {len(todo)} to generate", flush=True)
     from injection.prompting import reminder
@@ -169,7 +179,9 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
             for k, (key, row) in enumerate(pool.map(one, batch), 1):
                 done[key] = row
                 if k % 50 == 0 or k == len(batch):
-                    print(f"  {k}/{len(batch)}, {time.perf_counter() - t0:.0f} s", flush=True)
+                    done["_seconds"] += time.perf_counter() - t0
+                    t0 = time.perf_counter()
+                    print(f"  {k}/{len(batch)}, {done['_seconds']:.0f} s", flush=True)
                     if partial:
                         Path(partial).write_text(json.dumps(done))
     reminder.RELEVANT_TOP = top
@@ -187,10 +199,13 @@ def main() -> None:
     ap.add_argument("--split", choices=("tuning", "validation", "both"), default="both")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--partial", default="", help="JSON file of the replies so far")
-    ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--write-docs", default="", metavar="SLUG",
+                    help="write the report as section SLUG (letters, digits, -) of "
+                         "docs/benchmarks/quality.md")
     ap.add_argument("--show", action="store_true", help="print every reply")
     ap.add_argument("--cells", default="", help="instead of the profile's cells, e.g. "
                     "'0x1=platform,- guidance;8x20=platform' (depth x memories = conditions)")
+    ap.add_argument("--family", choices=("standing", "preference", "fact"), default="")
     ap.add_argument("--every", type=int, default=0, help="every Nth case (0: the profile's)")
     ap.add_argument("--limit", type=int, default=0, help="first N cases of each cell (0: all)")
     args = ap.parse_args()
@@ -210,11 +225,10 @@ def main() -> None:
                             [c.strip() for c in cell.split("=")[1].split(",")]
                             for cell in args.cells.split(";")}
     profile["every"] = args.every or profile["every"]
-    jobs = jobs_for(profile, args.split, args.limit)
+    jobs = jobs_for(profile, args.split, args.limit, args.family)
     print(f"{len(jobs)} replies, profile {args.profile}, split {args.split}", flush=True)
-    t0 = time.perf_counter()
     rows = generate(ex, budget, jobs, args.workers, args.partial)
-    secs = time.perf_counter() - t0
+    secs = rows.pop("_seconds", 0.0)
     ex.close()
     scored = [(*j, adheres(CASES[j[0]], rows[_key(j)]["text"]), rows[_key(j)]) for j in jobs]
     if args.show:
@@ -226,7 +240,10 @@ def main() -> None:
     if args.write_docs:
         from mdsection import write_section
 
-        write_section("quality", text)
+        if not QUALITY_DOC.exists():
+            QUALITY_DOC.write_text(QUALITY_HEAD)
+        write_section(f"quality-{args.write_docs}", text.replace(
+            "## Quality: adherence", f"## {args.write_docs}: adherence", 1), QUALITY_DOC)
 
 
 if __name__ == "__main__":

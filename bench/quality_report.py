@@ -4,6 +4,7 @@ fluency and each condition's forward-token cost (bench/bench_quality.py)."""
 from __future__ import annotations
 
 import os
+import shlex
 import statistics
 import sys
 
@@ -14,8 +15,8 @@ from quality_stats import diff, repeats, share
 FAMILIES = ("standing", "preference", "fact")
 # the paired comparisons reported: (row, against it); "platform" over its variants is what
 # the variant's missing mechanism adds
-VERSUS = ("system message", "no memory", "- guidance", "- reminder", "- both",
-          "- recall pick", "+ emphasis")
+VERSUS = ("system message", "no memory", "- guidance", "+ guidance", "- reminder", "- both",
+          "guidance only", "- recall pick", "+ emphasis")
 
 
 def _cell_rows(scored, split, d, n):
@@ -78,7 +79,7 @@ def render(scored, cases, profile, args, secs, path, adapter) -> str:
     splits = ("tuning", "validation") if args.split == "both" else (args.split,)
     sizes = {s: sum(1 for i in {r[0] for r in scored} if cases[i].split == s) for s in splits}
     head = [
-        f"Command: `.venv/bin/python bench/bench_quality.py {' '.join(sys.argv[1:])}` "
+        f"Command: `.venv/bin/python bench/bench_quality.py {shlex.join(sys.argv[1:])}` "
         f"({len(scored)} replies in {secs:.0f} s; cases: "
         + ", ".join(f"{sizes[s]} {s}" for s in splits)
         + f"; greedy, max_new_tokens={args_tokens()})",

@@ -94,6 +94,8 @@ def section_names(path: Path) -> list[str]:
                 getattr(node.func, "id", None) == "write_section"
                 or getattr(node.func, "attr", None) == "write_section")):
             continue
+        if len(node.args) > 2 or any(k.arg == "doc" for k in node.keywords):
+            continue  # written to a document of its own, not docs/BENCHMARKS.md
         arg = node.args[0]
         if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
             names.append(arg.value)
