@@ -23,7 +23,8 @@ with its 95 % Wilson interval, and paired differences (wins/losses, exact McNema
 against the system message and the platform without each mechanism. Cost per mechanism:
 extra forward tokens per reply (guide rows, reminder tokens) from the results.
 
-Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]``
+Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]`` (~430 replies,
+15-20 min on 2 cores; the default ``full``, ~2,100 replies, 70-90 min, is what ``make bench`` runs)
 (IFEval's verifiers come with ``make install``); ``--partial FILE`` keeps the replies and
 resumes; ``--write-docs TAG`` writes the tables as section TAG of
 docs/benchmarks/quality.md (docs/BENCHMARKS.md's quality section summarises them).
@@ -67,17 +68,23 @@ CONDS: dict[str, dict] = {
 }
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
-    "quick": {"every": 4, "cells": {
-        (0, 1): ["system message", "platform", "- guidance"],
-        (8, 1): ["system message", "platform", "- both"],
-    }},
-    "full": {"every": 1, "cells": {
-        (0, 1): ["no memory", "system message", "platform", "- guidance"],
-        (4, 1): ["system message", "platform"],
-        (8, 1): ["no memory", "system message", "platform", "- reminder", "- both"],
-        (16, 1): ["system message", "platform"],
-        (0, 20): ["system message", "platform", "- guidance", "- recall pick"],
+    # day to day (~15-20 min on 2 cores): injected with no mechanism is the system message
+    # token for token, so "- guidance" stands for it at depth 0 and "system message" for
+    # "- both" at depth 8
+    "quick": {"every": 5, "cells": {
+        (0, 1): ["platform", "- guidance"],
+        (8, 1): ["system message", "platform"],
         (8, 20): ["system message", "platform", "- recall pick"],
+    }},
+    # ``make bench`` (~2,100 replies, 70-90 min on 2 idle cores): every case where defaults
+    # are decided, every 3rd case (``"every"``) at the other depths and with 20 memories
+    "full": {"every": 1, "cells": {
+        (0, 1): ["platform", "- guidance"],
+        (8, 1): ["system message", "platform"],
+        (4, 1): {"conds": ["system message", "platform"], "every": 3},
+        (16, 1): {"conds": ["system message", "platform"], "every": 3},
+        (0, 20): {"conds": ["platform", "- guidance"], "every": 3},
+        (8, 20): {"conds": ["system message", "platform", "- recall pick"], "every": 3},
     }},
 }
 
@@ -148,8 +155,11 @@ def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "") -> lis
     picked = [i for i, c in enumerate(CASES) if split in ("both", c.split)
               and family in ("", c.family)]
     picked = picked[:: profile["every"]][: limit or None]
-    jobs = [(i, d, n, name) for (d, n), names in profile["cells"].items()
-            for i in picked for name in names]  # a case's conditions together: paired
+    jobs = []
+    for (d, n), cell in profile["cells"].items():
+        names, every = (cell, 1) if isinstance(cell, list) else (cell["conds"], cell["every"])
+        jobs += [(i, d, n, name) for i in picked[::every]
+                 for name in names]  # a case's conditions together: paired
     return sorted(jobs, key=lambda j: (j[3] == "- recall pick", j[1], j[2]))
 
 

@@ -25,8 +25,8 @@ def _cell_rows(scored, split, d, n):
 
 def adherence(scored, cases, cells, split: str) -> str:
     """One table per split: family x cell rows, each condition's share [95 % CI]."""
-    names = [c for names in cells.values() for c in names]
-    names = list(dict.fromkeys(names))
+    cells = {k: v if isinstance(v, list) else v["conds"] for k, v in cells.items()}
+    names = list(dict.fromkeys(c for names in cells.values() for c in names))
     header = ["family", "depth", "memories", *names, *[f"platform vs {v}" for v in VERSUS
                                                         if v in names]]
     rows = []
@@ -74,7 +74,7 @@ def _pct(k: int, of: list) -> str:
 def render(scored, cases, profile, args, secs, path, adapter) -> str:
     """The markdown section: command, split sizes, tables per split, fluency and cost."""
     scored = [(*r[:5], r[5], cases[r[0]].split) for r in scored]
-    cells = profile["cells"]
+    cells = {k: v if isinstance(v, list) else v["conds"] for k, v in profile["cells"].items()}
     names = list(dict.fromkeys(c for names in cells.values() for c in names))
     splits = ("tuning", "validation") if args.split == "both" else (args.split,)
     sizes = {s: sum(1 for i in {r[0] for r in scored} if cases[i].split == s) for s in splits}
