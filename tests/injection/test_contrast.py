@@ -7,6 +7,8 @@ conversation without the memory."""
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -144,6 +146,47 @@ def test_a_guided_row_beside_other_rows(adapter):
     assert outs[0].token_ids == alone[0].token_ids and outs[2].token_ids == alone[2].token_ids
     assert outs[1].token_ids == reference(adapter, ids[1], without, 16, 1.0)
     assert eng.counters["peak_batch"] >= 3
+
+
+def test_guided_rows_waiting_together_are_prefilled_in_one_forward_with_their_guides(adapter):
+    """A burst of guided first turns (and a plain one) queued behind a running row: one
+    group forward prefills every row and its guide; each guided reply is the formula's
+    reference, the plain one its reply alone; the guides' prefill is counted."""
+    asks = ["Plan my weekend.", "Name a good book.", "What should I cook tonight?"]
+    ids = [_ids(adapter, MEMORY, [{"role": "user", "content": q}]) for q in asks]
+    without = [_ids(adapter, "", [{"role": "user", "content": q}]) for q in asks]
+    plain = _ids(adapter, "", [{"role": "user", "content": "Tell me a story."}])
+    ref, started = {}, threading.Event()
+    gate = _gate_until_queued(ref, 3)
+
+    def before(call, kw):
+        started.set()
+        gate(call, kw)  # the plain row's forward waits for the three guided ones to queue
+
+    eng = ref["eng"] = BatchEngine(_with_model(adapter, _Faulty(adapter.model, before)),
+                                   max_batch=8, group_prefill=8)
+    outs: list = [None] * 4
+    try:
+        first = threading.Thread(target=lambda: outs.__setitem__(0, eng.run(
+            None, 1.0, plain, 12)))
+        first.start()
+        assert started.wait(60)
+        outs[1:] = _in_threads([
+            lambda k=k: eng.run(None, 1.0, ids[k], 12, guide=Guide(1.0, None, without[k]))
+            for k in range(3)])
+        first.join(60)
+    finally:
+        eng.close()
+    assert eng.counters["group_prefills"] == 1 and eng.counters["grouped_rows"] >= 2
+    assert eng.counters["guide_pairs"] == eng.counters["guided_rows"] == 3
+    for k in range(3):
+        assert outs[k + 1].token_ids == reference(adapter, ids[k], without[k], 12, 1.0)
+        assert outs[k + 1].guide_prefill_tokens == len(without[k])
+    alone = BatchEngine(adapter, max_batch=1)
+    try:
+        assert outs[0].token_ids == alone.run(None, 1.0, plain, 12).token_ids
+    finally:
+        alone.close()
 
 
 def test_an_oom_puts_the_guided_row_back_with_its_guide(adapter):

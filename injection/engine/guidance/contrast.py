@@ -76,7 +76,7 @@ def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = ())
 def attach(job: RowJob, guide: Guide | None, max_batch: int) -> None:
     """Give ``job`` its guide row (none at strength 0, or without room for two rows)."""
     if guide is not None and guide.strength > 0 and max_batch >= 2:
-        job.guide, job.guide_strength, job.solo = guide_job(job, guide), guide.strength, True
+        job.guide, job.guide_strength = guide_job(job, guide), guide.strength
 
 
 def guide_job(main: RowJob, guide: Guide) -> RowJob:

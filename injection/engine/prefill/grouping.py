@@ -4,7 +4,10 @@
 A group is the first waiting row and those right behind it, up to ``group_prefill`` rows,
 while the batch has room (``max_batch``, the OOM cap, the K/V budget). A row joins a group
 only if it needs nothing the single path gives it: no attention emphasis, no chunking
-(its new tokens fit one chunk), not a row resumed after an OOM. Each row's K/V, cut from
+(its new tokens fit one chunk), not a row resumed after an OOM. A guided row
+(``guidance/contrast.py``) comes with its guide, prefilled in the same forward right after
+it (a guide at most twice as long as its row: padding would cost more), so a burst of
+guided first turns is prefilled together as unguided ones are. Each row's K/V, cut from
 the group's cache, joins the running batch as a row prefilled alone would; the rows'
 first tokens are chosen together. A group that fails for any reason is put back at the
 head of the queue, each row marked to be prefilled alone: a bad row then fails alone.
@@ -22,6 +25,7 @@ import torch
 
 from injection.engine import steps
 from injection.engine.batchrow import RowJob
+from injection.engine.guidance import contrast
 
 __all__ = ["GroupPrefill"]
 
@@ -66,13 +70,15 @@ class GroupPrefill:
         return group
 
     def _groupable(self, job: RowJob) -> bool:
+        guide = job.guide
         return (not job.abandoned and not job.solo and not job.emitted() and not job.prefilled
                 and not job.emphasis and job.chunk_cache is None
+                and (guide is None or len(guide.new_ids) <= 2 * len(job.new_ids))
                 and self.pacer.chunk(len(job.new_ids), decoding=bool(self._rows))
                 == len(job.new_ids))
 
     def _room(self, group: list[RowJob]) -> bool:
-        rows = len(self._rows) + len(group) + 1
+        rows = len(self._rows) + sum(_width(j) for j in [*group, self._waiting[0]])
         if rows > min(self.max_batch, self._oom_cap):
             return False
         if not self.kv_budget_bytes:
@@ -83,12 +89,15 @@ class GroupPrefill:
     def _admit_group(self, group: list[RowJob]) -> None:
         """Prefill ``group`` in one forward; every row joins the batch with its first token."""
         self._beat()
+        forward = [r for job in group for r in (job, job.guide) if r is not None]
         for job in group:
             job.reset(self.adapter.tokenizer, self.adapter.device)
+            if job.guide is not None:
+                job.guide.gen = []
         try:
             t0 = self.clock()
-            caches, logits = steps.prefill_group(self.adapter, group)
-            self.pacer.prefilled(sum(len(j.new_ids) for j in group), self.clock() - t0)
+            caches, logits = steps.prefill_group(self.adapter, forward)
+            self.pacer.prefilled(sum(len(j.new_ids) for j in forward), self.clock() - t0)
         except Exception as exc:  # OOM or a bad row: each is prefilled alone next
             self.counters["group_fallbacks"] += 1
             log.warning("a group prefill failed (%s); its rows go alone", type(exc).__name__)
@@ -97,17 +106,7 @@ class GroupPrefill:
             if isinstance(exc, torch.cuda.OutOfMemoryError):
                 steps.free_accelerator()
             return
-        joined: list[RowJob] = []
-        try:
-            for job, past in zip(group, caches, strict=True):
-                self._capture_segment(job, past)
-                self._batch.add(past)  # all layers or none
-                self._rows.append(job)
-                joined.append(job)
-        except Exception as exc:  # e.g. OOM growing the batch: the rest go alone
-            self.counters["group_fallbacks"] += 1
-            log.warning("a grouped row could not join (%s)", type(exc).__name__)
-            self._requeue_alone(group[len(joined):])
+        joined, firsts = self._join(group, forward, caches, logits)
         del caches
         self.counters["rows"] += len(joined)
         self.counters["group_prefills"] += 1
@@ -115,10 +114,53 @@ class GroupPrefill:
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
         self._grouped = []
         if joined:
-            self._advance(joined, logits[: len(joined)], cached=False)
+            self._advance(joined, firsts, cached=False)
+
+    def _join(self, group: list[RowJob], forward: list[RowJob], caches: list[Any],
+              logits: torch.Tensor) -> tuple[list[RowJob], torch.Tensor]:
+        """The group's rows (each guide right after its row) into the batch; the joined rows
+        and their first tokens' logits (a guided row's combined with its guide's)."""
+        at = {id(r): k for k, r in enumerate(forward)}
+        joined: list[RowJob] = []
+        try:
+            for job in group:
+                self._capture_segment(job, caches[at[id(job)]])
+                self._batch.add(caches[at[id(job)]])  # all layers or none
+                self._rows.append(job)
+                joined.append(job)
+                if job.guide is not None:
+                    self._join_guide(job, caches[at[id(job.guide)]])
+        except Exception as exc:  # e.g. OOM growing the batch: the rest go alone
+            self.counters["group_fallbacks"] += 1
+            log.warning("a grouped row could not join (%s)", type(exc).__name__)
+            self._requeue_alone(group[len(joined):])
+        if not any(job.guide is not None for job in joined):
+            return joined, logits[[at[id(job)] for job in joined]]
+        return joined, torch.stack([
+            contrast.combine(logits[at[id(j)]], logits[at[id(j.guide)]], j.guide_strength)
+            if j.guide is not None else logits[at[id(j)]].float() for j in joined])
+
+    def _join_guide(self, job: RowJob, past: Any) -> None:
+        """``job``'s guide into the batch right after it; a guide that cannot join (an OOM
+        growing the batch) leaves its row unguided from here on, never failed."""
+        try:
+            self._batch.add(past)
+        except Exception as exc:  # noqa: BLE001 - the row goes on without its guide
+            log.warning("a guide could not join its row (%s)", type(exc).__name__)
+            job.guide = None
+            return
+        self._rows.append(job.guide)
+        job.guide_prefilled += len(job.guide.new_ids)  # padding is not the guide's
+        self.counters["guided_rows"] += 1
+        self.counters["guide_pairs"] += 1
 
     def _requeue_alone(self, group: list[RowJob]) -> None:
         with self._cond:
             for job in reversed(group):
                 job.solo = True
                 self._waiting.appendleft(job)
+
+
+def _width(job: RowJob) -> int:
+    """Batch rows ``job`` takes: itself and its guide."""
+    return 1 + (job.guide is not None)
