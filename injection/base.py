@@ -29,6 +29,12 @@ def content_hash(preference_text: str) -> str:
     return hashlib.sha256(preference_text.encode("utf-8")).hexdigest()
 
 
+def run_here(kind: str, fn: Callable[[], Any]) -> Any:
+    """Run a forward of ``kind`` on the caller's thread: where no batch engine runs them
+    (``BatchEngine.forward``, ``engine/prefill/forwards.py``, takes the same arguments)."""
+    return fn()
+
+
 class Tier(str, enum.Enum):  # noqa: UP042 (str() stays "Tier.L1"; use .value)
     """Where the preference K/V of a request came from."""
 

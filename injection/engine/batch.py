@@ -8,6 +8,7 @@ sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). 
 is bounded by ``max_batch`` and a K/V byte budget. Failures stay contained (``faults``);
 a watchdog (``watchdog``) reads the scheduler's heartbeat. transformers' own continuous
 batching takes no per-request ``past_key_values``: the injected prefix cannot ride on it.
+Forwards of no row (segments, embeddings, guide heads) run here too (``forwards``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from injection.engine.batchrow import RowJob
 from injection.engine.emphasis import Spans
 from injection.engine.faults import COUNTERS, EngineFaults
 from injection.engine.guidance import contrast
+from injection.engine.prefill.forwards import FORWARD_COUNTERS, EngineForwards
 from injection.engine.prefill.grouping import GroupPrefill
 from injection.engine.prefill.pacing import Pacer
 from injection.engine.sampling import BatchChooser
@@ -50,7 +52,7 @@ def _close_live_engines() -> None:  # before the interpreter tears torch down un
         engine.close(timeout=1.0)
 
 
-class BatchEngine(EngineFaults, GroupPrefill):
+class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
     """Batched generation for one ``ModelAdapter`` (same ``generate`` contract).
 
     Args:
@@ -81,6 +83,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
         # the generation config's processors, applied like generate() does (``sampling``)
         self._choose = BatchChooser(adapter.model.generation_config)
         self._waiting: deque[RowJob] = deque()
+        self._forwards, self._forwarding = deque(), []  # forwards of no row (``forwards``)
         self._rows: list[RowJob] = []
         self._batch = BatchCache(spare=preallocate, max_slots=self.max_batch)
         self._cond = threading.Condition()
@@ -91,7 +94,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
         self.prefill_chunk, self.pacer = int(prefill_chunk), Pacer(int(prefill_chunk), pace)
         self.group_prefill, self._grouped = max(1, int(group_prefill)), []
         self.clock, self.busy, self.beat_at = clock, False, clock()
-        self.counters = dict.fromkeys(COUNTERS, 0)
+        self.counters = dict.fromkeys(COUNTERS + FORWARD_COUNTERS, 0)
         _LIVE.add(self)
 
     # -- callers ----------------------------------------------------------------------
@@ -126,14 +129,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
         return self.submit(job).wait()
 
     def submit(self, job: RowJob) -> RowJob:
-        with self._cond:
-            if self._closed:
-                raise type(self._stop_error)(str(self._stop_error))
-            if not self._rows and not self._waiting and not self.busy:
-                self._beat()  # an idle engine's last beat is old: work starts the clock now
-            self._waiting.append(job)
-            self._ensure_thread()
-            self._cond.notify_all()
+        self._enqueue(self._waiting, job)
         return job
 
     def stats(self) -> dict[str, Any]:
@@ -162,7 +158,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
             with self._cond:
                 self.busy = False
                 while (not self._closed and not self._waiting and not self._rows
-                       and self._chunking is None):
+                       and self._chunking is None and not self._forwards):
                     self._cond.wait()
                 if self._closed:
                     break
@@ -172,6 +168,7 @@ class BatchEngine(EngineFaults, GroupPrefill):
             if idle and self.join_wait:
                 time.sleep(self.join_wait)  # let a burst arrive together
             try:
+                self._run_forwards()  # planning's forwards first: their rows come next
                 self._admit()
                 if self._rows:
                     self._decode()

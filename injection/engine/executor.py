@@ -24,6 +24,7 @@ from injection.base import (
     KVStore,
     PreferenceModel,
     Tier,
+    run_here,
 )
 from injection.engine.guidance.plan import build_guide
 from injection.engine.oom import on_cuda, with_oom_retry
@@ -87,7 +88,9 @@ class InjectionExecutor:
         self.adapter, self.l1, self.l2 = adapter, l1, l2
         self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
         self.metrics = metrics if metrics is not None else METRICS
-        self.kv_source = PreferenceKVSource(adapter, l1, l2, self.metrics)
+        # forwards of no row run as engine work where an engine exists (prefill/forwards.py)
+        forward = engine.forward if engine is not None else run_here
+        self.kv_source = PreferenceKVSource(adapter, l1, l2, self.metrics, forward)
         self.chain = SegmentChain(adapter, self.kv_source)
         self.engine = engine
         self.conv_l1 = conversation_l1 if conversation_l1 is not None else l1
@@ -95,7 +98,7 @@ class InjectionExecutor:
             self.conv_l1, l2, self.metrics,
             max_bytes=conversation_max_bytes if engine is not None else 0)
         self.turns = TurnGenerator(adapter, engine, self.conversations)
-        self.memories = MemoryPlanner(adapter, memory, self.metrics)  # budget + recall
+        self.memories = MemoryPlanner(adapter, memory, self.metrics, forward)  # + recall
         self.planner = TurnPlanner(adapter, self.memories, self.turns, alpha_cap=alpha_cap,
                                    min_alpha=min_alpha, batching=engine is not None,
                                    one_pass=one_pass,

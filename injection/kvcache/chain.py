@@ -169,14 +169,16 @@ class SegmentChain:
         member's: the contrast guide's head (``engine/guidance/plan.py``)."""
         key = CacheKey(tenant, TENANT_USER, _sha("shared", content_hash(text)),
                        self.adapter.fingerprint)
-        return self._fetch(key, lambda: self.adapter.compute_kv_ids(ids), "tenant", tuple(ids))
+        return self._fetch(key, lambda: self.adapter.compute_kv_ids(ids), "tenant", tuple(ids),
+                           forward="guide")
 
-    def _fetch(self, key: CacheKey, compute, kind: str,
-               ids: tuple[int, ...]) -> tuple[PackedKV, Tier]:
-        kv, tier = self.source.fetch(key, compute, kind=kind)
+    def _fetch(self, key: CacheKey, compute, kind: str, ids: tuple[int, ...],
+               forward: str = "") -> tuple[PackedKV, Tier]:
+        """``forward``: the compute's kind for the engine (default ``kind``)."""
+        kv, tier = self.source.fetch(key, compute, kind=kind, forward=forward)
         if kv.token_ids != tuple(ids):  # content-keyed: only a broken entry gets here
             self.source.metrics.incr("segment_mismatch")
-            kv, tier = self.source.compute(compute), Tier.COMPUTE
+            kv, tier = self.source.compute(compute, forward or kind), Tier.COMPUTE
         return kv, tier
 
 

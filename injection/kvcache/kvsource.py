@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from injection.base import CacheKey, KVStore, PreferenceModel, Tier, content_hash
+from injection.base import CacheKey, KVStore, PreferenceModel, Tier, content_hash, run_here
 from injection.kvcache.packed import PackedKV
 from injection.kvcache.singleflight import SingleFlight
 from injection.metrics import Metrics
@@ -28,12 +28,16 @@ def user_or_none(user: str | None) -> str | None:
 
 
 class PreferenceKVSource:
-    """Finds or computes a user's preference PackedKV (always on CPU)."""
+    """Finds or computes a user's preference PackedKV (always on CPU). ``forward(kind,
+    fn)`` runs each compute (``BatchEngine.forward``: on the engine's scheduler thread;
+    default: here)."""
 
     def __init__(
-        self, adapter: PreferenceModel, l1: KVStore | None, l2: KVStore | None, metrics: Metrics
+        self, adapter: PreferenceModel, l1: KVStore | None, l2: KVStore | None, metrics: Metrics,
+        forward: Callable[[str, Callable[[], Any]], Any] = run_here,
     ) -> None:
         self.adapter, self.l1, self.l2, self.metrics = adapter, l1, l2, metrics
+        self.forward = forward
         self.flight: SingleFlight[PackedKV] = SingleFlight()
 
     def get(self, tenant: str, user: str | None, text: str) -> tuple[PackedKV, Tier, str]:
@@ -47,13 +51,15 @@ class PreferenceKVSource:
         return kv, tier, chash
 
     def fetch(self, key: CacheKey, compute: Callable[[], PackedKV], *,
-              kind: str) -> tuple[PackedKV, Tier]:
+              kind: str, forward: str = "") -> tuple[PackedKV, Tier]:
         """``key``'s entry from L1 -> L2 (promoted to L1) -> ``compute()`` (single-flight,
-        stored in L1 and L2). ``kind`` (tenant | member) splits the hit/miss counters."""
+        stored in L1 and L2). ``kind`` (tenant | member) splits the hit/miss counters;
+        ``forward``: the compute's kind for the engine (default ``kind``)."""
         hit = self.lookup(key, kind=kind)
         if hit is not None:
             return hit
-        kv, shared = self.flight.do(key, lambda: self._compute_and_store(key, compute))
+        kv, shared = self.flight.do(
+            key, lambda: self._compute_and_store(key, compute, forward or kind))
         if shared:
             self.metrics.incr("compute_shared")
         return kv, Tier.COMPUTE
@@ -89,9 +95,10 @@ class PreferenceKVSource:
             self._put(self.l1, "l1", key, kv)
             self._put(self.l2, "l2", key, kv)
 
-    def compute(self, text: str | Callable[[], PackedKV]) -> PackedKV:
+    def compute(self, text: str | Callable[[], PackedKV], kind: str = "member") -> PackedKV:
+        """``text``'s K/V (or ``text()``'s), computed through ``forward`` as ``kind``."""
         t0 = time.perf_counter()
-        kv = text() if callable(text) else self.adapter.compute_kv(text)
+        kv = self.forward(kind, text if callable(text) else lambda: self.adapter.compute_kv(text))
         self.metrics.incr("computes")
         self.metrics.incr("kv_bytes_computed", kv.nbytes)
         self.metrics.observe_ms("compute", (time.perf_counter() - t0) * 1000.0)
@@ -122,11 +129,12 @@ class PreferenceKVSource:
         log.warning("cache tier %s %s failed (%s); degrading", name, op, type(exc).__name__)
 
     # -- internals ----------------------------------------------------------------------
-    def _compute_and_store(self, key: CacheKey, compute: Callable[[], PackedKV]) -> PackedKV:
+    def _compute_and_store(self, key: CacheKey, compute: Callable[[], PackedKV],
+                           kind: str) -> PackedKV:
         kv = self._recheck_l1(key)  # a racing leader may have stored it
         if kv is not None:
             return kv
-        kv = self.compute(compute)
+        kv = self.compute(compute, kind)
         self._put(self.l1, "l1", key, kv)
         self._put(self.l2, "l2", key, kv)  # the tier writes asynchronously
         return kv

@@ -39,10 +39,12 @@ import hashlib
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+
+from injection.base import run_here
 
 __all__ = ["HiddenStateEmbedder", "REFERENCE_SENTENCES", "early_exit"]
 
@@ -61,10 +63,13 @@ REFERENCE_SENTENCES = (
 
 
 class HiddenStateEmbedder:
-    """``embed(tenant, texts)`` -> ``[n, d]`` unit vectors (float32, CPU)."""
+    """``embed(tenant, texts)`` -> ``[n, d]`` unit vectors (float32, CPU). ``forward(kind,
+    fn)`` runs a call's missing vectors, one ``fn`` ("embed"; ``BatchEngine.forward``: on
+    the engine's scheduler thread; default: here)."""
 
-    def __init__(self, adapter: Any, *, max_entries: int = 4096) -> None:
-        self.adapter = adapter
+    def __init__(self, adapter: Any, *, max_entries: int = 4096,
+                 forward: Callable[[str, Callable[[], Any]], Any] = run_here) -> None:
+        self.adapter, self.forward = adapter, forward
         self.max_entries = max(1, int(max_entries))
         n = int(getattr(adapter, "num_layers", 0) or adapter.model.config.num_hidden_layers)
         # index into hidden_states (0 = embeddings, k = decoder layer k's output)
@@ -76,24 +81,33 @@ class HiddenStateEmbedder:
 
     # -- public ----------------------------------------------------------------------
     def embed(self, tenant: str, texts: Sequence[str]) -> torch.Tensor:
+        """The texts' vectors: cached ones, and the missing ones computed in one forward
+        job (a text repeated in ``texts`` is computed once and counted a hit after)."""
         fp = self.adapter.fingerprint
-        rows: list[torch.Tensor] = []
-        for text in texts:
-            key = (tenant, fp, hashlib.sha256(text.encode("utf-8")).hexdigest())
-            with self._lock:
+        keys = [(tenant, fp, hashlib.sha256(text.encode("utf-8")).hexdigest())
+                for text in texts]
+        found: dict[tuple[str, str, str], torch.Tensor] = {}
+        missing: dict[tuple[str, str, str], str] = {}
+        with self._lock:
+            for key, text in zip(keys, texts, strict=True):
                 vec = self._cache.get(key)
                 if vec is not None:
                     self._cache.move_to_end(key)
+                    found[key] = vec
+                if vec is not None or key in missing:
                     self.hits += 1
-            if vec is None:
-                vec = self._vector(text)
-                with self._lock:
-                    self.misses += 1
-                    self._cache[key] = vec
+                else:
+                    missing[key] = text
+        if missing:
+            vecs = self.forward("embed", lambda: [self._vector(t) for t in missing.values()])
+            found.update(zip(missing, vecs, strict=True))
+            with self._lock:
+                self.misses += len(missing)
+                for key in missing:
+                    self._cache[key] = found[key]
                     while len(self._cache) > self.max_entries:
                         self._cache.popitem(last=False)
-            rows.append(vec)
-        return torch.stack(rows) if rows else torch.empty(0)
+        return torch.stack([found[key] for key in keys]) if keys else torch.empty(0)
 
     def evict(self, tenant: str) -> int:
         """Drop ``tenant``'s entries (tenant deleted or invalidated); returns how many."""

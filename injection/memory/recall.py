@@ -12,9 +12,10 @@ memories are recalled).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
-from injection.base import ExecutionRequest, MemoryItem
+from injection.base import ExecutionRequest, MemoryItem, run_here
 from injection.memory.embed import HiddenStateEmbedder
 from injection.memory.plan import MemoryPlan, split_budget
 
@@ -42,16 +43,19 @@ class RecallOptions(NamedTuple):
 
 
 class MemoryPlanner:
+    """``forward``: runs the embeddings' forwards (``HiddenStateEmbedder``)."""
+
     def __init__(self, adapter: Any, options: RecallOptions | None = None,
-                 metrics: Any = None) -> None:
+                 metrics: Any = None, forward: Callable[[str, Callable[[], Any]], Any] = run_here,
+                 ) -> None:
         self.adapter, self.options = adapter, options or RecallOptions()
-        self.metrics = metrics
+        self.metrics, self.forward = metrics, forward
         self._embedder: HiddenStateEmbedder | None = None
 
     @property
     def embedder(self) -> HiddenStateEmbedder:
         if self._embedder is None:
-            self._embedder = HiddenStateEmbedder(self.adapter,
+            self._embedder = HiddenStateEmbedder(self.adapter, forward=self.forward,
                                                  max_entries=self.options.cache_entries)
         return self._embedder
 
