@@ -152,7 +152,8 @@ class EngineCollector:
         faults = CounterMetricFamily("kvi_engine_faults", "Batch engine failures contained, "
                                      "by kind", labels=["kind"])
         for kind in ("row_failures", "step_failures", "oom_shrinks", "resumed",
-                     "keep_kv_failures", "watchdog_trips"):
+                     "keep_kv_failures", "watchdog_trips", "forward_failures", "forward_ooms",
+                     "forward_oom_failures"):  # the last three: forwards of no row
             if kind in batch:
                 faults.add_metric([kind], batch[kind])
         yield faults
