@@ -11,10 +11,12 @@ from typing import IO
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def celery_worker(name: str, env: dict[str, str], log: IO[bytes]) -> subprocess.Popen:
-    """A solo-pool worker ``<name>@bench`` on the shared ``gpu`` queue."""
+def celery_worker(name: str, env: dict[str, str], log: IO[bytes],
+                  pool: str = "solo") -> subprocess.Popen:
+    """A worker ``<name>@bench`` on the shared ``gpu`` queue: solo pool (one task at a time),
+    or ``pool="threads"`` as deployed (WORKER_BATCH_MAX tasks feed one batch engine)."""
     return subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "gpu", "--pool", "solo",
+        [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "gpu", "--pool", pool,
          "--hostname", f"{name}@bench", "--without-gossip", "--without-mingle", "-l", "WARNING"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
 

@@ -1,0 +1,351 @@
+"""What contrastive guidance costs a member, through the API, on the platform's defaults.
+
+    .venv/bin/python bench/bench_guide_cost.py [--quick] [--write-docs] [--reps N]
+
+Issue 31, "What they cost" and section 3: a guided request carries a second "guide" row
+in the batch engine (``injection/engine/guidance/``). This measures what a client sees,
+with the real default model (SmolLM2-135M-Instruct, ``var/models/smollm2-135m-instruct``
+unless ``MODEL_PATH`` names another), on a stack of its own: embedded PostgreSQL + Redis
+under var/bench-guide-cost, one ``celery worker --pool threads`` as deployed (the demo's
+and the Procfile's pool: WORKER_BATCH_MAX task threads feed one batch engine) and the web
+under uvicorn; rate limits off, every other setting the platform's default.
+
+Members of one tenant, two kinds by their one memory: a standing instruction ("Always
+answer in lowercase letters only.") and a preference/fact ("I am vegetarian and I cook for
+two."), 8 of each. Two conditions per kind: ``defaults`` (no ``contrast`` sent: the
+platform decides) and ``contrast 0`` (guidance off, the baseline). Each member's memory is
+warmed by one earlier request. All replies greedy (temperature 0), ``TOKENS`` new tokens,
+each request the first turn of a new conversation. Per rep the four kind x condition cells
+run interleaved (their order rotates and reverses; the streams in rounds over the four
+cells, then the bursts), so load from elsewhere hits both conditions alike. ``--quick``:
+one rep (2 streams per cell), about 10 minutes on a loaded 2-core CPU; else 3 reps:
+
+1. ``/v1`` streamed at batch 1 (the kind's first member): time to the first content chunk,
+   decode tokens/s after it ((completion_tokens - 1) / time after the first chunk, from the
+   usage chunk of ``stream_options.include_usage``) and ``usage.kvinject_guide_tokens``;
+2. 8 first-turn ``/api/chat`` requests (the kind's 8 members, 8 different questions) sent
+   at once, and the same 8 one after another: wall time of each, their ratio, the longest
+   worker-side time to first token in the burst (``cache.ttft_ms``: a request waiting for
+   a batch slot shows here), and the guide's tokens (``usage.guide_prefill_tokens`` +
+   ``guide_decode_tokens``) and ``cache.contrast_effective``;
+3. the replies: greedy, so the same request gives the same reply in every rep and whether
+   sent alone or in the burst (counted); and whether defaults and ``contrast 0`` differ.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+os.environ["VAR_DIR"] = str(ROOT / "var" / "bench-guide-cost")
+for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+    os.environ.pop(var, None)
+# the real default model (not the random demo model); VAR_DIR above moves the default path
+os.environ.setdefault("MODEL_PATH", str(ROOT / "var" / "models" / "smollm2-135m-instruct"))
+os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", CHAT_RATE_PER_MEMBER="",
+                  CHAT_RATE_PER_TENANT="", API_RATE_PER_MEMBER="", API_RATE_PER_TENANT="")
+sys.path.insert(0, str(ROOT))
+
+import django  # noqa: E402
+
+django.setup()
+
+from django.conf import settings  # noqa: E402
+from django.core.management import call_command  # noqa: E402
+from mdsection import machine, table, write_section  # noqa: E402
+from servers import celery_worker, stop  # noqa: E402
+
+from gpu_worker.routing import registry  # noqa: E402
+from tenants import actions  # noqa: E402
+
+TOKENS = 64
+BURST = 8
+KINDS = {"instruction": "Always answer in lowercase letters only.",
+         "preference": "I am vegetarian and I cook for two."}
+CONDITIONS = {"defaults": None, "contrast 0": 0.0}  # None: not sent (the platform decides)
+STREAM_QUESTION = "What should I cook tonight?"
+WARM_QUESTION = "Hello! Who are you?"
+QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday.",
+             "How do I keep basil fresh?", "What is a good breakfast before a long walk?",
+             "Give me three ideas for a picnic.", "How should I store leftover rice?",
+             "What can I bring to a dinner party?", "Plan a simple lunch for tomorrow."]
+assert len(QUESTIONS) == BURST
+
+
+def start(model: Path) -> tuple[list[subprocess.Popen], str, Path]:
+    env = dict(os.environ, MODEL_PATH=str(model), TOKENIZERS_PARALLELISM="false")
+    logpath = Path(os.environ["VAR_DIR"]) / "servers.log"
+    log = open(logpath, "ab")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [celery_worker("g1", env, log, pool="threads"), subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)]
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            break
+        try:
+            if "g1@bench" in registry.live_workers():
+                urllib.request.urlopen(f"{base}/healthz", timeout=2).close()
+                return procs, base, logpath
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop(procs)
+    raise SystemExit(f"servers did not start; see {logpath}")
+
+
+def _post(url: str, key: str, body: dict, timeout: float = 600):
+    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
+        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
+    try:
+        return urllib.request.urlopen(req, timeout=timeout)
+    except urllib.error.HTTPError as exc:
+        raise SystemExit(f"{url} answered {exc.code}: {exc.read()[:400]!r}") from None
+
+
+def stream(base: str, key: str, contrast: float | None) -> dict:
+    """One streamed ``/v1`` first turn: first content chunk, decode rate, guide tokens."""
+    body = {"model": "kvinject", "max_tokens": TOKENS, "temperature": 0, "stream": True,
+            "stream_options": {"include_usage": True},
+            "messages": [{"role": "user", "content": STREAM_QUESTION}]}
+    if contrast is not None:
+        body["kvinject"] = {"contrast": contrast}
+    t0 = time.perf_counter()
+    first, text, usage = None, [], {}
+    with _post(f"{base}/v1/chat/completions", key, body) as resp:
+        for line in resp:
+            data = line.decode().removeprefix("data: ").strip()
+            if not data or data == "[DONE]":
+                continue
+            chunk = json.loads(data)
+            if "error" in chunk:
+                raise SystemExit(f"/v1 stream failed: {data[:400]}")
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    first = first if first is not None else time.perf_counter() - t0
+                    text.append(piece)
+            usage = chunk.get("usage") or usage
+    total = time.perf_counter() - t0
+    tokens = int(usage.get("completion_tokens") or 0)
+    first = first if first is not None else total
+    rate = (tokens - 1) / (total - first) if tokens > 1 and total > first else 0.0
+    return {"ttft": first, "rate": rate, "tokens": tokens, "text": "".join(text),
+            "guide": int(usage.get("kvinject_guide_tokens") or 0)}
+
+
+def chat(base: str, key: str, question: str, contrast: float | None) -> dict:
+    """One ``/api/chat`` first turn (a new conversation)."""
+    body = {"message": question, "max_new_tokens": TOKENS, "temperature": 0}
+    if contrast is not None:
+        body["contrast"] = contrast
+    t0 = time.perf_counter()
+    with _post(f"{base}/api/chat", key, body) as resp:
+        answer = json.loads(resp.read())
+    usage, cache = answer.get("usage") or {}, answer.get("cache") or {}
+    return {"seconds": time.perf_counter() - t0, "text": answer["reply"],
+            "tokens": int(usage.get("completion_tokens") or 0),
+            "guide": int(usage.get("guide_prefill_tokens") or 0)
+            + int(usage.get("guide_decode_tokens") or 0),
+            "contrast": float(cache.get("contrast_effective") or 0.0),
+            "ttft_ms": float(cache.get("ttft_ms") or 0.0)}
+
+
+def warm(base: str, key: str, tries: int = 3) -> None:
+    """One unguided request (8 rows fit). A fresh worker's first requests can run past the
+    task's time limit on a loaded machine: a failed one is sent again."""
+    for attempt in range(tries):
+        try:
+            chat(base, key, WARM_QUESTION, 0.0)
+            return
+        except SystemExit as exc:
+            print(f"warm-up request failed ({exc}); {'again' if attempt + 1 < tries else 'giving up'}",
+                  flush=True)
+    raise SystemExit("the warm-up failed; see the servers' log")
+
+
+def burst(base: str, keys: list[str], contrast: float | None, together: bool) -> dict:
+    """The kind's 8 members, each its own question: at once, or one after another."""
+    jobs = list(zip(keys, QUESTIONS, strict=True))
+    t0 = time.perf_counter()
+    if together:
+        with ThreadPoolExecutor(len(jobs)) as pool:
+            done = list(pool.map(lambda j: chat(base, j[0], j[1], contrast), jobs))
+    else:
+        done = [chat(base, k, q, contrast) for k, q in jobs]
+    return {"wall": time.perf_counter() - t0, "replies": done}
+
+
+def cell_order(rep: int) -> list[tuple[str, str]]:
+    """The four kind x condition cells, rotated by ``rep`` and reversed on odd reps."""
+    cells = [(k, c) for k in KINDS for c in CONDITIONS]
+    shift = rep % len(cells)
+    cells = cells[shift:] + cells[:shift]
+    return cells[::-1] if rep % 2 else cells
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true", help="fewer reps (about 10 minutes)")
+    parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--reps", type=int, default=None,
+                        help="reps of the bursts (default 1 with --quick, else 3); each rep "
+                             "also streams 2 (--quick) or 3 requests per cell")
+    args = parser.parse_args()
+    reps = args.reps or (1 if args.quick else 3)
+    streams_per_rep = 2 if args.quick else 3
+    call_command("migrate", interactive=False, verbosity=0)
+    model = Path(settings.MODEL_PATH)
+    if not (model / "config.json").exists():
+        raise SystemExit(f"no model at {model}: `manage.py prepare_model` makes it")
+    tenant = actions.do_create_tenant(f"bench-guide-{int(time.time())}")
+    keys = {kind: [actions.do_create_api_token(actions.do_add_member(
+        tenant, f"{tenant.slug}-{kind[:4]}{i}", preference=memory))
+        for i in range(BURST)] for kind, memory in KINDS.items()}
+    load = [os.getloadavg()[0]]
+    t_start = time.monotonic()
+    procs, base, logpath = start(model)
+    streams: dict = {cell: [] for cell in cell_order(0)}
+    bursts: dict = {(cell, t): [] for cell in cell_order(0) for t in (True, False)}
+    try:
+        for ks in keys.values():  # warm: the model, the guide's head, each member's K/V in L1
+            stream(base, ks[0], None)
+            with ThreadPoolExecutor(len(ks)) as pool:
+                list(pool.map(lambda k: warm(base, k), ks))
+        print(f"warm after {time.monotonic() - t_start:.0f} s", flush=True)
+        for rep in range(reps):
+            for r in range(streams_per_rep):  # rounds over the four cells
+                for kind, cond in cell_order(rep * streams_per_rep + r):
+                    streams[(kind, cond)].append(
+                        stream(base, keys[kind][0], CONDITIONS[cond]))
+            for cell in cell_order(rep):
+                kind, cond = cell
+                for together in ((True, False) if rep % 2 == 0 else (False, True)):
+                    bursts[(cell, together)].append(
+                        burst(base, keys[kind], CONDITIONS[cond], together))
+            load.append(os.getloadavg()[0])
+            print(f"rep {rep + 1}/{reps} done after {time.monotonic() - t_start:.0f} s, "
+                  f"load {load[-1]:.1f}", flush=True)
+    finally:
+        stop(procs)
+    report(streams, bursts, reps, streams_per_rep, load, args, model.name,
+           time.monotonic() - t_start, logpath)
+
+
+def _median(values) -> float:
+    values = list(values)
+    return statistics.median(values) if values else 0.0
+
+
+def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[float], args,
+           model_name: str, seconds: float, logpath: Path) -> None:
+    rows, fig = [], {}
+    for kind in KINDS:
+        for cond in CONDITIONS:
+            cell = (kind, cond)
+            s = streams[cell]
+            conc, seq = bursts[(cell, True)], bursts[(cell, False)]
+            chats = [r for b in conc + seq for r in b["replies"]]
+            f = fig[cell] = {
+                "ttft": _median(x["ttft"] for x in s) * 1000,
+                "rate": _median(x["rate"] for x in s),
+                "guide_v1": _median(x["guide"] for x in s),
+                "guide_chat": _median(r["guide"] for r in chats),
+                "contrast": _median(r["contrast"] for r in chats),
+                "seq": _median(b["wall"] for b in seq),
+                "conc": _median(b["wall"] for b in conc),
+                "ratio": _median(a["wall"] / b["wall"] for a, b in zip(seq, conc, strict=True)),
+                "max_ttft": _median(max(r["ttft_ms"] for r in b["replies"]) for b in conc),
+                "tokens": _median(r["tokens"] for r in chats),
+            }
+            rows.append([kind, cond, f"{f['contrast']:g}", f"{f['guide_v1']:.0f} / "
+                         f"{f['guide_chat']:.0f}", f"{f['ttft']:.0f}", f"{f['rate']:.1f}",
+                         f"{f['seq']:.1f}", f"{f['conc']:.1f}", f"**{f['ratio']:.2f}x**",
+                         f"{f['max_ttft']:.0f}"])
+    lines = []
+    for kind in KINDS:
+        d, b = fig[(kind, "defaults")], fig[(kind, "contrast 0")]
+        lines.append(
+            f"- {kind}: defaults against `contrast: 0` — first token **{d['ttft'] / b['ttft']:.2f}x**"
+            f", batch-1 decode **{d['rate'] / b['rate']:.2f}x** (goal >= 0.9x), 8 one after "
+            f"another **{d['seq'] / b['seq']:.2f}x** the time, 8 at once "
+            f"**{d['conc'] / b['conc']:.2f}x**; at once / one after another "
+            f"{d['ratio']:.2f}x vs {b['ratio']:.2f}x (goal >= 3.5x)" + (
+                "; no guide by default, so both rows send the same work: they differ by this "
+                "run's noise." if d["contrast"] == 0 else "."))
+    guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0]
+    if guided:
+        lines.append(
+            "- slowest first token of the 8 at once, defaults vs `contrast: 0`: " + ", ".join(
+                f"{k} {fig[(k, 'defaults')]['max_ttft']:.0f} vs "
+                f"{fig[(k, 'contrast 0')]['max_ttft']:.0f} ms" for k in guided)
+            + f": a guided request takes two of the {settings.WORKER_BATCH_MAX} batch rows "
+            f"(its own and its guide's), so at most {settings.WORKER_BATCH_MAX // 2} guided "
+            "requests run at once and the rest of a burst waits for a slot.")
+    lines.append("- replies (greedy): " + replies_line(streams, bursts))
+    cmd = "`.venv/bin/python bench/bench_guide_cost.py" + (" --quick" if args.quick else "") + (
+        f" --reps {args.reps}" if args.reps else "") + "`"
+    body = "\n".join([
+        "## Contrastive guidance: what the guide row costs a member (issue 31)",
+        f"{cmd} — {machine()}, **loaded** by other jobs (1-min load {min(load):.1f}–"
+        f"{max(load):.1f}); model {model_name}; one `celery worker --pool threads` "
+        f"(WORKER_BATCH_MAX {settings.WORKER_BATCH_MAX}), the web under uvicorn, platform "
+        f"defaults; first turns, memory warm, {TOKENS} new tokens, greedy. Medians of "
+        f"{reps * per_rep} streams and {reps} burst rep{'s' if reps > 1 else ''} of 8 at once "
+        f"and 8 one after another per row, conditions interleaved. Guide tokens: "
+        "`/v1` `kvinject_guide_tokens` / `/api/chat` guide prefill + decode; burst max TTFT: "
+        "the slowest worker-side first token of the 8 sent at once. Batch-1 figures "
+        f"from {reps * per_rep} streams on a loaded machine are noisy; the bursts less so.",
+        "",
+        table(["memory", "condition", "contrast applied", "guide tokens /reply",
+               "/v1 b1 first token ms", "/v1 b1 decode tok/s", "8 one after another s",
+               "8 at once s", "ratio", "burst max TTFT ms"], rows),
+        "",
+        *lines,
+    ])
+    print(body)
+    print(f"\n({seconds / 60:.1f} min; servers' log: {logpath})")
+    if args.write_docs:
+        write_section("guide-cost", body)
+
+
+def replies_line(streams: dict, bursts: dict) -> str:
+    """Whether replies repeat across reps and burst modes, and differ between conditions."""
+    unstable, total = 0, 0
+    by_cell: dict = {}
+    for (cell, _together), runs in bursts.items():
+        for run in runs:
+            for q, r in zip(QUESTIONS, run["replies"], strict=True):
+                by_cell.setdefault((cell, q), set()).add(r["text"])
+    for cell, s in streams.items():
+        by_cell[(cell, "stream")] = {x["text"] for x in s}
+    for texts in by_cell.values():
+        total += 1
+        unstable += len(texts) > 1
+    asks = [*QUESTIONS, "stream"]
+    differ = {kind: sum(by_cell[((kind, "defaults"), q)] != by_cell[((kind, "contrast 0"), q)]
+                        for q in asks) for kind in KINDS}
+    return (f"{total - unstable}/{total} requests gave one reply in every rep, alone "
+            f"and at once; defaults and `contrast: 0` differ on " + ", ".join(
+                f"{n}/{len(asks)} of the {kind} member's" for kind, n in differ.items())
+            + " (guidance changes the reply where it runs).")
+
+
+if __name__ == "__main__":
+    main()
