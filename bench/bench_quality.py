@@ -44,7 +44,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import quality_report  # noqa: E402
-from memory_cases import DISTRACTORS, FILLERS, evades, recites  # noqa: E402
+from memory_cases import conversation, evades, memory_list, recites  # noqa: E402
 from quality_cases import CASES, Case  # noqa: E402
 
 QUALITY_DOC = ROOT / "docs" / "benchmarks" / "quality.md"  # every run's full tables
@@ -111,26 +111,10 @@ def worker_executor(adapter, batch: int):
         memory_recall_min_similarity=s.MEMORY_RECALL_MIN_SIMILARITY), s.CHAT_HISTORY_TOKEN_BUDGET
 
 
-def memories(case: Case, index: int, n: int) -> list[str]:
-    """The case's memory, alone or among ``n - 1`` fillers at a position varying per case."""
-    if n <= 1:
-        return [case.memory]
-    out = list(FILLERS[: n - 1])
-    out.insert((index * 7) % n, case.memory)
-    return out
-
-
-def conversation(case: Case, depth: int) -> list[dict[str, str]]:
-    msgs: list[dict[str, str]] = []
-    for user, reply in DISTRACTORS[:depth]:
-        msgs += [{"role": "user", "content": user}, {"role": "assistant", "content": reply}]
-    return msgs + [{"role": "user", "content": case.question}]
-
-
 def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int):
     from injection.base import ExecutionRequest, MemoryItem
 
-    msgs, texts = conversation(case, depth), memories(case, index, n)
+    msgs, texts = conversation(case, depth), memory_list(case, index, n)
     kw = {"max_new_tokens": MAX_NEW_TOKENS, "history_token_budget": budget,
           "reuse_conversation": False}
     mode = cond.get("mode", "platform")
