@@ -37,7 +37,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,9 +63,8 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
-from servers import celery_worker, stop  # noqa: E402
+from servers import stop, worker_and_web  # noqa: E402
 
-from gpu_worker.routing import registry  # noqa: E402
 from tenants import actions  # noqa: E402
 
 TOKENS = 64
@@ -86,28 +84,7 @@ assert len(QUESTIONS) == BURST
 def start(model: Path) -> tuple[list[subprocess.Popen], str, Path]:
     env = dict(os.environ, MODEL_PATH=str(model), TOKENIZERS_PARALLELISM="false")
     logpath = Path(os.environ["VAR_DIR"]) / "servers.log"
-    log = open(logpath, "ab")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [celery_worker("g1", env, log, pool="threads"), subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)]
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            break
-        try:
-            if "g1@bench" in registry.live_workers():
-                urllib.request.urlopen(f"{base}/healthz", timeout=2).close()
-                return procs, base, logpath
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop(procs)
-    raise SystemExit(f"servers did not start; see {logpath}")
+    return (*worker_and_web("g1", env, logpath, pool="threads", wait_s=300), logpath)
 
 
 def _post(url: str, key: str, body: dict, timeout: float = 600):

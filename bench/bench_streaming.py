@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -43,9 +42,8 @@ django.setup()
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
-from servers import celery_worker, stop  # noqa: E402
+from servers import stop, worker_and_web  # noqa: E402
 
-from gpu_worker.routing import registry  # noqa: E402
 from gpu_worker.serving import host  # noqa: E402
 from tenants import actions  # noqa: E402
 
@@ -63,28 +61,7 @@ def model_dir() -> Path:
 def start(model: Path) -> tuple[list[subprocess.Popen], str]:
     env = dict(os.environ, MODEL_PATH=str(model), OMP_NUM_THREADS="1",
                TOKENIZERS_PARALLELISM="false", CHAT_MAX_NEW_TOKENS=str(TOKENS))
-    log = open(Path(os.environ["VAR_DIR"]) / "servers.log", "ab")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    procs = [celery_worker("s1", env, log), subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
-         "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)]
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if any(p.poll() is not None for p in procs):
-            break
-        try:
-            if "s1@bench" in registry.live_workers():
-                urllib.request.urlopen(f"{base}/healthz", timeout=2).close()
-                return procs, base
-        except OSError:
-            pass
-        time.sleep(0.5)
-    stop(procs)
-    raise SystemExit(f"servers did not start; see {log.name}")
+    return worker_and_web("s1", env, Path(os.environ["VAR_DIR"]) / "servers.log")
 
 
 def via_http(base: str, key: str, stream: bool) -> tuple[float, float, int]:

@@ -1,10 +1,14 @@
-"""Processes the end-to-end benchmarks start: Celery GPU workers (and their shutdown)."""
+"""Processes the end-to-end benchmarks start: Celery GPU workers, the web (and their
+shutdown)."""
 
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 from typing import IO
 
@@ -19,6 +23,37 @@ def celery_worker(name: str, env: dict[str, str], log: IO[bytes],
         [sys.executable, "-m", "celery", "-A", "config", "worker", "-Q", "gpu", "--pool", pool,
          "--hostname", f"{name}@bench", "--without-gossip", "--without-mingle", "-l", "WARNING"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def worker_and_web(name: str, env: dict[str, str], logpath: Path, *, pool: str = "solo",
+                   wait_s: float = 180) -> tuple[list[subprocess.Popen], str]:
+    """One worker ``<name>@bench`` and the web under uvicorn on a free port, both logging to
+    ``logpath``; returns them and the web's base URL once the worker is registered and the
+    web answers ``/healthz`` (Django must be set up: the registry reads Redis)."""
+    from gpu_worker.routing import registry
+
+    log = open(logpath, "ab")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = [celery_worker(name, env, log, pool=pool), subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "config.asgi:application", "--host", "127.0.0.1",
+         "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)]
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if any(p.poll() is not None for p in procs):
+            break
+        try:
+            if f"{name}@bench" in registry.live_workers():
+                urllib.request.urlopen(f"{base}/healthz", timeout=2).close()
+                return procs, base
+        except OSError:
+            pass
+        time.sleep(0.5)
+    stop(procs)
+    raise SystemExit(f"servers did not start; see {logpath}")
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
