@@ -13,7 +13,7 @@ from injection.engine.sampling import RowSampler
 from injection.engine.stopping import GenerationWatch, admitted
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["RowJob"]
+__all__ = ["RowJob", "hand_over", "wait_for"]
 
 _FINISH = threading.Lock()  # finish() is first-wins across threads
 
@@ -105,23 +105,37 @@ class RowJob:
                error: BaseException | None = None) -> bool:
         """Hand the result to the caller; the first call wins (False: already finished,
         e.g. a watchdog failed the row before a stuck scheduler thread came back)."""
-        with _FINISH:
-            if self.done.is_set():
-                return False
-            self.output, self.error = output, error
-            self.done.set()
-        return True
+        return hand_over(self, error, output=output)
 
     def wait(self, poll: float = 0.05) -> GenerationOutput:
-        """Block until finished. Short waits, so an asynchronous exception (the soft time
-        limit) reaches this thread; the row is then abandoned and dropped at the next step."""
-        try:
-            while not self.done.wait(poll):
-                pass
-        except BaseException:
-            self.abandoned = True
-            raise
-        if self.error is not None:
-            raise self.error
+        """Block until finished; the row is abandoned (dropped at the next step) when its
+        caller stops waiting (``wait_for``)."""
+        wait_for(self, poll)
         assert self.output is not None
         return self.output
+
+
+def hand_over(job: Any, error: BaseException | None, **result: Any) -> bool:
+    """Set ``job``'s result attributes (or ``error``) and its ``done`` event, once: the first
+    call wins across threads (False: already finished)."""
+    with _FINISH:
+        if job.done.is_set():
+            return False
+        for name, value in result.items():
+            setattr(job, name, value)
+        job.error = error
+        job.done.set()
+    return True
+
+
+def wait_for(job: Any, poll: float = 0.05) -> None:
+    """Block until ``job.done``, raising its error. Short waits, so an asynchronous exception
+    (the soft time limit) reaches this thread; ``job.abandoned`` is then set."""
+    try:
+        while not job.done.wait(poll):
+            pass
+    except BaseException:
+        job.abandoned = True
+        raise
+    if job.error is not None:
+        raise job.error

@@ -36,8 +36,8 @@ from injection.kvcache.packed import PackedKV
 from injection.prompting.reminder import standing
 
 __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
-           "guide_job", "mirror", "prefill", "prefill_guide", "resolve", "split_rows",
-           "with_guides"]
+           "count_pair", "guide_job", "mirror", "prefill", "prefill_guide", "resolve",
+           "shares_forward", "split_rows", "with_guides"]
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
@@ -132,14 +132,26 @@ def prefill(adapter: Any, job: RowJob, ids: list[int], past: Any, quiet: Any, *,
     on an accelerator, and one forward's fixed cost on a CPU), ``guided`` its guide's
     ``(cache, logits)``."""
     if (job.guide is None or not whole or past is not None or job.emphasis or quiet
-            or len(job.guide.new_ids) > 2 * len(ids)):  # padding would cost more than it saves
+            or not shares_forward(job, len(ids))):
         return (*steps.prefill(adapter, job, ids, past, quiet), None)
     job.guide.gen = []
     rows, logits = steps.prefill_group(adapter, [job, job.guide])
-    job.guide_prefilled += len(job.guide.new_ids)  # padding is not the guide's
+    count_pair(job, counters)
+    return rows[0], logits[0], (rows[1], logits[1])
+
+
+def shares_forward(job: RowJob, row_ids: int) -> bool:
+    """Whether ``job``'s guide is prefilled in the same forward as the row's ``row_ids``
+    tokens: at most twice as long (the shorter is padded: more would cost what it saves)."""
+    return job.guide is not None and len(job.guide.new_ids) <= 2 * row_ids
+
+
+def count_pair(job: RowJob, counters: dict[str, int]) -> None:
+    """A guide prefilled in its row's forward: its tokens (padding is not the guide's) and
+    the pair, counted."""
+    job.guide_prefilled += len(job.guide.new_ids)
     counters["guided_rows"] += 1
     counters["guide_pairs"] += 1
-    return rows[0], logits[0], (rows[1], logits[1])
 
 
 def prefill_guide(adapter: Any, job: RowJob, resume: bool,

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import torch
 
 from injection.engine import steps
+from injection.engine.batchrow import hand_over, wait_for
 from injection.errors import InjectionError, ModelOOMError
 
 __all__ = ["FORWARD_COUNTERS", "FORWARD_KINDS", "EngineForwards", "ForwardJob"]
@@ -43,7 +44,6 @@ log = logging.getLogger("injection.engine.batch")
 FORWARD_KINDS = ("tenant", "member", "guide", "embed")
 FORWARD_COUNTERS = (*(f"forwards_{k}" for k in FORWARD_KINDS), "forward_failures",
                     "forward_ooms", "forward_oom_failures")
-_FINISH = threading.Lock()  # finish() is first-wins across threads
 
 
 class ForwardJob:
@@ -57,23 +57,10 @@ class ForwardJob:
         self.done = threading.Event()
 
     def finish(self, result: Any = None, error: BaseException | None = None) -> bool:
-        with _FINISH:
-            if self.done.is_set():
-                return False
-            self.result, self.error = result, error
-            self.done.set()
-        return True
+        return hand_over(self, error, result=result)  # the first call wins
 
     def wait(self, poll: float = 0.05) -> Any:
-        """Short waits, so an asynchronous exception (the soft time limit) gets here."""
-        try:
-            while not self.done.wait(poll):
-                pass
-        except BaseException:
-            self.abandoned = True
-            raise
-        if self.error is not None:
-            raise self.error
+        wait_for(self, poll)  # its caller stopping marks it abandoned (skipped unstarted)
         return self.result
 
 

@@ -70,10 +70,9 @@ class GroupPrefill:
         return group
 
     def _groupable(self, job: RowJob) -> bool:
-        guide = job.guide
         return (not job.abandoned and not job.solo and not job.emitted() and not job.prefilled
                 and not job.emphasis and job.chunk_cache is None
-                and (guide is None or len(guide.new_ids) <= 2 * len(job.new_ids))
+                and (job.guide is None or contrast.shares_forward(job, len(job.new_ids)))
                 and self.pacer.chunk(len(job.new_ids), decoding=bool(self._rows))
                 == len(job.new_ids))
 
@@ -150,9 +149,7 @@ class GroupPrefill:
             job.guide = None
             return
         self._rows.append(job.guide)
-        job.guide_prefilled += len(job.guide.new_ids)  # padding is not the guide's
-        self.counters["guided_rows"] += 1
-        self.counters["guide_pairs"] += 1
+        contrast.count_pair(job, self.counters)
 
     def _requeue_alone(self, group: list[RowJob]) -> None:
         with self._cond:
