@@ -144,7 +144,13 @@ def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "") -> lis
         names, every = (cell, 1) if isinstance(cell, list) else (cell["conds"], cell["every"])
         jobs += [(i, d, n, name) for i in picked[::every]
                  for name in names]  # a case's conditions together: paired
-    return sorted(jobs, key=lambda j: (j[3] == "- recall pick", j[1], j[2]))
+    return sorted(jobs, key=lambda j: (_switched(j), j[1], j[2]))
+
+
+def _switched(job: tuple) -> bool:
+    """The job's condition sets the reminder's recall pick, a module switch: it runs in a
+    phase of its own, after the others."""
+    return "recall_top" in CONDS[job[3]]
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> dict:
@@ -166,9 +172,9 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
                            "completion": res.completion_tokens, "ttft_ms": res.ttft_ms,
                            "guide": res.guide_prefill_tokens + res.guide_decode_tokens}
 
-    for phase in (False, True):  # ``recall pick`` off is a module switch: a phase of its own
-        batch = [j for j in todo if (j[3] == "- recall pick") == phase]
-        reminder.RELEVANT_TOP = 0 if phase else top
+    for phase in (False, True):  # the recall pick's switch (``_switched``) in a phase of its own
+        batch = [j for j in todo if _switched(j) == phase]
+        reminder.RELEVANT_TOP = CONDS[batch[0][3]]["recall_top"] if phase and batch else top
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for k, (key, row) in enumerate(pool.map(one, batch), 1):
                 done[key] = row

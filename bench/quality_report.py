@@ -24,8 +24,8 @@ def _cell_rows(scored, split, d, n):
 
 
 def adherence(scored, cases, cells, split: str) -> str:
-    """One table per split: family x cell rows, each condition's share [95 % CI]."""
-    cells = {k: v if isinstance(v, list) else v["conds"] for k, v in cells.items()}
+    """One table per split: family x cell rows, each condition's share [95 % CI]
+    (``cells``: (depth, memories) -> condition names)."""
     names = list(dict.fromkeys(c for names in cells.values() for c in names))
     header = ["family", "depth", "memories", *names, *[f"platform vs {v}" for v in VERSUS
                                                         if v in names]]
