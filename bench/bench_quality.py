@@ -65,7 +65,13 @@ CONDS: dict[str, dict] = {
     "guidance only": {"contrast": GUIDANCE, "reminder": False},
     "- recall pick": {"recall_top": 0},
     "+ emphasis": {"emphasis": EMPHASIS},
+    # a member whose memories overflow their cached segment: with a 64-token segment, 7 of
+    # the 20 memories are cached and the rest are recall candidates (``memory/recall.py``)
+    "platform, segment 64": {"segment_tokens": 64},
+    "- recall, segment 64": {"segment_tokens": 64, "recall_k": 0},
 }
+# the switches a condition sets outside its request, for a phase of its own (``generate``)
+SWITCHES = ("recall_top", "segment_tokens", "recall_k")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (~15-20 min on 2 cores): injected with no mechanism is the system message
@@ -144,13 +150,26 @@ def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "") -> lis
         names, every = (cell, 1) if isinstance(cell, list) else (cell["conds"], cell["every"])
         jobs += [(i, d, n, name) for i in picked[::every]
                  for name in names]  # a case's conditions together: paired
-    return sorted(jobs, key=lambda j: (_switched(j), j[1], j[2]))
+    return sorted(jobs, key=lambda j: (_phase(j), j[1], j[2]))
 
 
-def _switched(job: tuple) -> bool:
-    """The job's condition sets the reminder's recall pick, a module switch: it runs in a
-    phase of its own, after the others."""
-    return "recall_top" in CONDS[job[3]]
+def _phase(job: tuple) -> tuple:
+    """The switches the job's condition sets (the reminder's recall pick, a module switch;
+    the memory planner's segment and recall): each set runs in a phase of its own."""
+    cond = CONDS[job[3]]
+    return tuple((k, cond[k]) for k in SWITCHES if k in cond)
+
+
+def _set_switches(ex, phase: tuple, top: int, options) -> None:
+    """The phase's switches set on the module and the executor's memory planner (the
+    defaults where the phase does not set them)."""
+    from injection.prompting import reminder
+
+    sw = dict(phase)
+    reminder.RELEVANT_TOP = sw.get("recall_top", top)
+    ex.memories.options = options._replace(
+        segment_tokens=sw.get("segment_tokens", options.segment_tokens),
+        top_k=sw.get("recall_k", options.top_k))
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> dict:
@@ -163,7 +182,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
     print(f"  {len(jobs) - len(todo)} stored, {len(todo)} to generate", flush=True)
     from injection.prompting import reminder
 
-    top, t0 = reminder.RELEVANT_TOP, time.perf_counter()
+    top, options, t0 = reminder.RELEVANT_TOP, ex.memories.options, time.perf_counter()
 
     def one(job):
         i, d, n, name = job
@@ -172,9 +191,9 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
                            "completion": res.completion_tokens, "ttft_ms": res.ttft_ms,
                            "guide": res.guide_prefill_tokens + res.guide_decode_tokens}
 
-    for phase in (False, True):  # the recall pick's switch (``_switched``) in a phase of its own
-        batch = [j for j in todo if _switched(j) == phase]
-        reminder.RELEVANT_TOP = CONDS[batch[0][3]]["recall_top"] if phase and batch else top
+    for phase in sorted({_phase(j) for j in todo}):  # the switches' phases (``_phase``)
+        batch = [j for j in todo if _phase(j) == phase]
+        _set_switches(ex, phase, top, options)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for k, (key, row) in enumerate(pool.map(one, batch), 1):
                 done[key] = row
@@ -184,7 +203,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
                     print(f"  {k}/{len(batch)}, {done['_seconds']:.0f} s", flush=True)
                     if partial:
                         Path(partial).write_text(json.dumps(done))
-    reminder.RELEVANT_TOP = top
+    _set_switches(ex, (), top, options)
     return done
 
 
@@ -207,6 +226,8 @@ def main() -> None:
                     "'0x1=platform,- guidance;8x20=platform' (depth x memories = conditions)")
     ap.add_argument("--family", choices=("standing", "preference", "fact"), default="")
     ap.add_argument("--every", type=int, default=0, help="every Nth case (0: the profile's)")
+    ap.add_argument("--base", default="platform", help="the condition the others are "
+                    "paired against (default: platform, against its variants)")
     ap.add_argument("--limit", type=int, default=0, help="first N cases of each cell (0: all)")
     args = ap.parse_args()
     import torch

@@ -23,26 +23,32 @@ def _cell_rows(scored, split, d, n):
     return [r for r in scored if r[1] == d and r[2] == n and (split == "all" or r[6] == split)]
 
 
-def adherence(scored, cases, cells, split: str) -> str:
+def versus(names: list[str], base: str) -> list[str]:
+    """The conditions ``base`` is paired against: "platform" against its variants
+    (``VERSUS``), any other base against every other condition."""
+    return [v for v in VERSUS if v in names] if base == "platform" else [
+        v for v in names if v != base]
+
+
+def adherence(scored, cases, cells, split: str, base: str = "platform") -> str:
     """One table per split: family x cell rows, each condition's share [95 % CI]
-    (``cells``: (depth, memories) -> condition names)."""
+    (``cells``: (depth, memories) -> condition names), paired against ``base``."""
     names = list(dict.fromkeys(c for names in cells.values() for c in names))
-    header = ["family", "depth", "memories", *names, *[f"platform vs {v}" for v in VERSUS
-                                                        if v in names]]
+    against = versus(names, base)
+    header = ["family", "depth", "memories", *names, *[f"{base} vs {v}" for v in against]]
     rows = []
     for (d, n), conds in cells.items():
         for fam in (*FAMILIES, "all"):
             mine = [r for r in _cell_rows(scored, split, d, n)
                     if fam == "all" or cases[r[0]].family == fam]
             by = {c: sorted((r[0], r[4]) for r in mine if r[3] == c) for c in conds}
-            if not by.get("platform"):
+            if not by.get(base):
                 continue
             row = [fam, str(d), str(n)]
             row += [share(sum(ok for _, ok in by[c]), len(by[c])) if c in by else "-"
                     for c in names]
-            base = [ok for _, ok in by["platform"]]
-            row += [diff(base, [ok for _, ok in by[v]]) if v in by else "-"
-                    for v in VERSUS if v in names]
+            ours = [ok for _, ok in by[base]]
+            row += [diff(ours, [ok for _, ok in by[v]]) if v in by else "-" for v in against]
             rows.append(row)
     return table(header, rows)
 
@@ -77,6 +83,7 @@ def render(scored, cases, profile, args, secs, path, adapter) -> str:
     cells = {k: v if isinstance(v, list) else v["conds"] for k, v in profile["cells"].items()}
     names = list(dict.fromkeys(c for names in cells.values() for c in names))
     splits = ("tuning", "validation") if args.split == "both" else (args.split,)
+    base = getattr(args, "base", "platform")
     sizes = {s: sum(1 for i in {r[0] for r in scored} if cases[i].split == s) for s in splits}
     head = [
         f"Command: `.venv/bin/python bench/bench_quality.py {shlex.join(sys.argv[1:])}` "
@@ -84,12 +91,12 @@ def render(scored, cases, profile, args, secs, path, adapter) -> str:
         + ", ".join(f"{sizes[s]} {s}" for s in splits)
         + f"; greedy, max_new_tokens={args_tokens()})",
         f"Machine: {machine()}; model {path.name} ({adapter.device}, {str(adapter.dtype)[6:]})",
-        "Cells: share passing [95 % Wilson interval]; `platform vs X`: paired difference in "
-        "cases (+platform wins/-losses, exact McNemar p).",
+        f"Cells: share passing [95 % Wilson interval]; `{base} vs X`: paired difference in "
+        f"cases (+{base} wins/-losses, exact McNemar p).",
     ]
     out = ["## Quality: adherence per family, depth and mechanism", "", "  \n".join(head)]
     for s in splits:
-        out += ["", f"**{s}**", "", adherence(scored, cases, cells, s)]
+        out += ["", f"**{s}**", "", adherence(scored, cases, cells, s, base)]
     out += ["", "Fluency and forward tokens per condition (all cells, both splits):", "",
             fluency(scored, cases, names)]
     return "\n".join(out)
