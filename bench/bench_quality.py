@@ -67,8 +67,8 @@ CONDS: dict[str, dict] = {
     "+ emphasis": {"emphasis": EMPHASIS},
     # a member whose memories overflow their cached segment: with a 64-token segment, 7 of
     # the 20 memories are cached and the rest are recall candidates (``memory/recall.py``)
-    "platform, segment 64": {"segment_tokens": 64},
-    "- recall, segment 64": {"segment_tokens": 64, "recall_k": 0},
+    "platform (segment 64)": {"segment_tokens": 64},
+    "- recall (segment 64)": {"segment_tokens": 64, "recall_k": 0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k")
