@@ -14,9 +14,13 @@
   plain (pageable) tensors: the same logic, testable on CPU.
 
 Reuse is safe for device-to-host copies: they are ordered on the CUDA stream after any
-earlier asynchronous host-to-device read of the same buffer. CPU-side writes into pinned
-memory (a decoded Redis entry) keep ``Tensor.pin_memory()``, whose blocks the allocator
-guards with events.
+earlier asynchronous host-to-device read of the same buffer. A CPU-side write (a decoded
+Redis entry, a conversation link cut from its sequence) could race such a read:
+:meth:`HostPool.guard` records an event after an asynchronous read of a pooled buffer,
+and the buffer is handed out again only once the device has passed it.
+
+* :data:`KV_COPIES`: copies of cached K/V bytes on a request's way from the cache tiers to
+  the engine's batch cache (a piece's keys and values count as one copy), by site.
 """
 
 from __future__ import annotations
@@ -28,7 +32,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["HOST_POOL", "HostPool", "held_bytes", "pinned_allocator_options", "size_class"]
+__all__ = ["HOST_POOL", "KV_COPIES", "CopyCounter", "HostPool", "held_bytes",
+           "pinned_allocator_options", "size_class"]
 
 MIN_CLASS = 4096
 # torch's documented pinned-allocator options (CUDA semantics, "Memory management"):
@@ -78,15 +83,35 @@ class HostPool:
         self._buffers: dict[int, list[torch.UntypedStorage]] = {}
         self.held = 0
         self.counts = {"reused": 0, "allocated": 0, "released": 0, "overflow": 0}
+        self._events: dict[int, Any] = {}  # buffer -> the last asynchronous read's event
 
     def empty(self, shape: tuple[int, ...] | torch.Size, dtype: torch.dtype) -> torch.Tensor:
         """A contiguous host tensor of ``shape``/``dtype`` in a pooled buffer (pinned when
         the pool pins), or a plain pageable one when the pool is full."""
+        t = self.take(shape, dtype)
+        return t if t is not None else torch.empty(tuple(shape), dtype=dtype)
+
+    def take(self, shape: tuple[int, ...] | torch.Size,
+             dtype: torch.dtype) -> torch.Tensor | None:
+        """Like :meth:`empty`, but None when the pool is full (the overflow is counted)."""
         nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
         storage = self._take(size_class(nbytes))
         if storage is None:
-            return torch.empty(tuple(shape), dtype=dtype)
+            return None
         return torch.empty(0, dtype=dtype).set_(storage, 0, tuple(shape))
+
+    def guard(self, t: torch.Tensor) -> None:
+        """``t`` was just read asynchronously on the current CUDA stream (a non-blocking
+        host-to-device copy): if it lives in a pooled buffer, that buffer is not handed out
+        for a CPU-side write before the device has passed this point."""
+        if not (self.pin and t.is_cpu and t.is_pinned()):
+            return
+        ptr = t.untyped_storage().data_ptr()
+        with self._lock:
+            if any(s.data_ptr() == ptr for bufs in self._buffers.values() for s in bufs):
+                event = torch.cuda.Event()
+                event.record()
+                self._events[ptr] = event
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -99,7 +124,7 @@ class HostPool:
     def _take(self, cls: int) -> torch.UntypedStorage | None:
         with self._lock:
             for s in self._buffers.get(cls, ()):
-                if _use_count(s) == 1:  # only the pool refers to it
+                if _use_count(s) == 1 and self._passed(s):  # only the pool refers to it
                     self.counts["reused"] += 1
                     return s
             if self.held + cls > self.max_bytes:
@@ -113,13 +138,21 @@ class HostPool:
             self.counts["allocated"] += 1
             return s
 
+    def _passed(self, s: torch.UntypedStorage) -> bool:
+        """Whether the device has finished the last asynchronous read of ``s``."""
+        event = self._events.get(s.data_ptr())
+        if event is None or event.query():
+            self._events.pop(s.data_ptr(), None)
+            return True
+        return False
+
     def _release(self, need: int) -> int:
         """Drop free buffers, largest classes first, until ``need`` bytes."""
         freed = 0
         for cls in sorted(self._buffers, reverse=True):
             keep = []
             for s in self._buffers[cls]:
-                if _use_count(s) == 1 and freed < need:
+                if _use_count(s) == 1 and freed < need and self._passed(s):
                     freed += cls
                     self.counts["released"] += 1
                 else:
@@ -129,4 +162,33 @@ class HostPool:
         return freed
 
 
+class CopyCounter:
+    """Copies (and bytes) of cached K/V, per site (``assemble``, ``l2_to_pool``, ...); a
+    piece's keys and values together are one copy. Process-wide: a benchmark reads the
+    difference around one request (``bench/bench_hot_copies.py``)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._sites: dict[str, list[int]] = {}
+
+    def add(self, site: str, nbytes: int, copies: int = 1) -> None:
+        with self._lock:
+            row = self._sites.setdefault(site, [0, 0])
+            row[0] += int(copies)
+            row[1] += int(nbytes)
+
+    def snapshot(self) -> dict[str, tuple[int, int]]:
+        """``{site: (copies, bytes)}`` so far."""
+        with self._lock:
+            return {k: (c, b) for k, (c, b) in self._sites.items()}
+
+    def since(self, before: dict[str, tuple[int, int]]) -> dict[str, tuple[int, int]]:
+        """What was added after ``before`` (a :meth:`snapshot`), sites with copies only."""
+        now = self.snapshot()
+        out = {k: (c - before.get(k, (0, 0))[0], b - before.get(k, (0, 0))[1])
+               for k, (c, b) in now.items()}
+        return {k: v for k, v in out.items() if v[0]}
+
+
 HOST_POOL = HostPool()
+KV_COPIES = CopyCounter()

@@ -25,6 +25,7 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from injection.devices import to_host
+from injection.hostmem import KV_COPIES
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["BatchCache", "SlabLayer"]
@@ -94,6 +95,7 @@ class BatchCache:
         """Append a prefilled batch-1 cache as the last row (padding whichever is shorter)."""
         n, width, rows = row_cache.get_seq_length(), self.width, self.rows
         new = [(x.keys, x.values) for x in row_cache.layers]
+        KV_COPIES.add("batch_join", 2 * sum(k.numel() * k.element_size() for k, _ in new))
         with torch.no_grad():
             if self.cache is not None and n <= width and rows < self._slots():
                 for layer, (k, v) in zip(self.cache.layers, new, strict=True):

@@ -208,7 +208,7 @@ class InjectionExecutor:
         chain = self.chain.get(req.tenant, req.user, plan.segment, plan.split,
                                plan.member_alpha, defer=plan.defer)
         fetch_ms = (time.perf_counter() - t0) * 1000.0
-        assert chain.kv is None or chain.kv.keys.is_cpu, "cached K/V must live on CPU"
+        assert chain.kv is None or chain.kv.is_cpu, "cached K/V must live on CPU"
         prefix = join(chain.kv, plan.link.cached)  # a conversation hit continues its link
         guide = build_guide(plan.guide, self.chain, req.tenant, prefix, chain.lead,
                             plan.link.done)

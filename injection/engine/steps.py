@@ -15,7 +15,7 @@ from transformers import DynamicCache
 from injection.base import GenerationOutput
 from injection.devices import KVTimer
 from injection.engine import emphasis
-from injection.engine.batchcache import BatchCache
+from injection.engine.batchcache import BatchCache, SlabLayer
 from injection.engine.batchrow import RowJob
 from injection.kvcache.packed import PackedKV
 
@@ -32,7 +32,7 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
     with torch.inference_mode():
         with KVTimer(adapter.device) as timer:
             cache = past if past is not None else (
-                adapter.build_cache(job.prefix, job.alpha) if job.prefix is not None
+                row_cache(adapter, job) if job.prefix is not None
                 else DynamicCache(config=adapter._cache_config))
         tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
         bias = emphasis.prefill_bias(job.emphasis, job.emphasis_spans,
@@ -45,6 +45,15 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
     if past is None:
         job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
     return out.past_key_values, logits
+
+
+def row_cache(adapter: Any, job: RowJob) -> DynamicCache:
+    """The row's prefix K/V on the model's device, each cached piece copied once into
+    layers with room for everything the row prefills (``SlabLayer``: the forward writes
+    its tokens in place, so the prefix is not copied again)."""
+    room = len(job.new_ids) + len(job.gen)  # a resumed row prefills its tokens too
+    return adapter.build_cache(job.prefix, job.alpha, room=room,
+                               layer=lambda k, v, n: SlabLayer(k, v, 1, n))
 
 
 def prefill_group(adapter: Any, jobs: list[RowJob]) -> tuple[list[DynamicCache], torch.Tensor]:

@@ -17,6 +17,7 @@ from injection.engine.planning.plan import LinkPlan, Spans, TurnPlan
 from injection.kvcache.conversation import ConversationStore, common_prefix, messages_hash
 from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
+from injection.kvcache.pieces import KVPieces, own
 from injection.prompting.emphasis_spans import reply_spans
 from injection.prompting.opening import next_opening
 
@@ -47,12 +48,13 @@ def opening_pays(engine: Any) -> bool:
     return engine is not None and torch.device(device or "cpu").type == "cpu"
 
 
-def join(head: PackedKV | None, tail: PackedKV | None) -> PackedKV | None:
-    """The injected chain followed by the conversation's link (one PackedKV)."""
+def join(head: PackedKV | KVPieces | None,
+         tail: PackedKV | KVPieces | None) -> KVPieces | PackedKV | None:
+    """The injected chain followed by the conversation's link: their pieces, not a copy
+    (``kvcache.pieces``: each piece is copied once, into the row's cache)."""
     if head is None or tail is None:
         return head if tail is None else tail
-    return PackedKV(torch.cat([head.keys, tail.keys], 2), torch.cat([head.values, tail.values], 2),
-                    (*head.token_ids, *tail.token_ids))
+    return KVPieces([head, tail])
 
 
 class TurnGenerator:
@@ -147,7 +149,7 @@ class TurnGenerator:
         nxt = plan.key if req.conversation_id else self._key(
             req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
             chash, alpha, plan.emphasis)
-        link = PackedKV(seq.keys[:, :, head:], seq.values[:, :, head:], seq.token_ids[head:])
+        link = own(seq, head)  # contiguous (pool memory with CUDA) once: reads are views
         self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
         if opening is not None and self.prefill_opening and self.engine is not None and not (
                 plan.emphasis or plan.prompt_ids is None):
@@ -180,7 +182,7 @@ class TurnGenerator:
             kv = self.engine.run(seq, 1.0, ids, 1, keep_kv=True).sequence_kv
             if kv is None or kv.num_tokens != seq.num_tokens + len(ids):
                 return
-            link = PackedKV(kv.keys[:, :, head:], kv.values[:, :, head:], kv.token_ids[head:])
+            link = own(kv, head)
             self.store.extend(key, seq.token_ids[head:], link)
         except Exception as exc:
             self.store.metrics.incr("conv_opening_errors")

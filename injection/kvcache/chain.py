@@ -8,8 +8,9 @@ and the tenant is in every key (``CacheKey.tenant``), so identical instructions 
 tenants never share an entry. The tenant segment is filed under the reserved user
 ``TENANT_USER``: evicting a member leaves it, evicting the tenant drops it.
 
-Assembled for a request, the chain is one PackedKV ready to inject at alpha 1: the
-tenant's values as computed, the member's values scaled by alpha (keys never).
+Assembled for a request, the chain is its cached pieces ready to inject at alpha 1
+(``pieces.KVPieces``: each copied once, into the row's cache): the tenant's values as
+computed, the member's values scaled by alpha on the way (keys never).
 A model or template without a token-exact split injects the whole turn as one segment
 (the member's, keyed as before), scaled as a whole.
 """
@@ -20,11 +21,10 @@ import hashlib
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import torch
-
 from injection.base import CacheKey, PreferenceModel, SegmentSplit, Tier
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.kvcache.packed import PackedKV
+from injection.kvcache.pieces import KVPieces, Piece
 
 __all__ = ["KINDS", "TENANT_USER", "ChainKV", "SegmentChain", "kind_of", "kind_stats",
            "segment_split", "tenant_key"]
@@ -36,7 +36,7 @@ _ORDER = {Tier.L1: 0, Tier.L2: 1, Tier.COMPUTE: 2}
 class ChainKV(NamedTuple):
     """An assembled chain: inject ``kv`` at alpha 1 (the member part is already scaled)."""
 
-    kv: PackedKV | None  # None only for a deferred chain without a cached head
+    kv: KVPieces | None  # None only for a deferred chain without a cached head
     tier: Tier  # the coldest tier of the chain (compute if any segment was computed)
     cached_tokens: int  # tokens of segments served from L1/L2
     tiers: dict[str, str]  # per segment kind: l1 | l2 | compute
@@ -188,16 +188,12 @@ def member_hash(parent: CacheKey, member_text: str) -> str:
 
 
 def _assemble(parts: list[tuple[str, PackedKV, Tier]], alpha: float) -> ChainKV:
-    """One PackedKV of the chain; only the last (member) segment's values are scaled."""
-    *head, (_, last, _) = parts
-    scaled = last.values if alpha == 1.0 else last.scaled_values(alpha)
-    if head:
-        keys = torch.cat([kv.keys for _, kv, _ in head] + [last.keys], dim=2)
-        values = torch.cat([kv.values for _, kv, _ in head] + [scaled], dim=2)
-        ids = [t for _, kv, _ in parts for t in kv.token_ids]
-        kv = PackedKV(keys, values, ids)
-    else:
-        kv = PackedKV(last.keys, scaled, last.token_ids)
+    """The chain as its cached pieces (never concatenated here: ``pieces.KVPieces``, each
+    copied once into the row's cache); only the last (member) segment's values are
+    scaled, on the way."""
+    *_, (_, last, _) = parts
+    kv = KVPieces([*(Piece(p, p.num_tokens) for _, p, _ in parts[:-1]),
+                   Piece(last, last.num_tokens, alpha)])
     cached = sum(p.num_tokens for _, p, t in parts if t in (Tier.L1, Tier.L2))
     tier = max((t for _, _, t in parts), key=_ORDER.__getitem__)
     return ChainKV(kv, tier, cached, {k: t.value for k, _, t in parts},

@@ -35,6 +35,7 @@ from typing import Any
 
 from injection.base import CacheKey, KVStore
 from injection.kvcache.packed import PackedKV
+from injection.kvcache.pieces import KVPieces, Piece, pooled
 from injection.metrics import Metrics
 
 __all__ = ["ConversationStore", "common_prefix", "link_digest", "messages_hash"]
@@ -89,9 +90,10 @@ class ConversationStore:
         return CacheKey(tenant, user, hashlib.sha256("|".join(parts).encode()).hexdigest(),
                         fingerprint)
 
-    def lookup(self, key: CacheKey, prompt_ids: list[int]) -> PackedKV | None:
+    def lookup(self, key: CacheKey, prompt_ids: list[int]) -> PackedKV | KVPieces | None:
         """The stored link cut to its common prefix with ``prompt_ids`` (the tokens after
-        the injected turn), leaving at least one token to prefill; None: a miss."""
+        the injected turn), leaving at least one token to prefill; None: a miss. A cut
+        link is a piece of the stored one (a view: copied once, into the row's cache)."""
         stored = self._get(key)
         n = common_prefix(stored.token_ids, prompt_ids) if stored is not None else 0
         n = min(n, len(prompt_ids) - 1)
@@ -102,7 +104,7 @@ class ConversationStore:
         self.metrics.incr("conv_tokens_reused", n)
         if n == stored.num_tokens:
             return stored
-        return PackedKV(stored.keys[:, :, :n], stored.values[:, :, :n], stored.token_ids[:n])
+        return KVPieces([Piece(stored, n)])
 
     # -- storage --------------------------------------------------------------------------
     def keep(self, key: CacheKey, kv: PackedKV, *, replaces: CacheKey | None = None) -> bool:
@@ -177,7 +179,7 @@ class ConversationStore:
             if kv is not None and kv.keys.is_cpu and kv.values.is_cpu:
                 # not promoted to L1 from L2: the turn replaces the link when it finishes
                 self.metrics.incr(f"conversation_{name}_hits")
-                return kv
+                return pooled(kv) if name == "l2" else kv
             if store is not None:
                 self.metrics.incr(f"conversation_{name}_misses")
         return None

@@ -14,6 +14,7 @@ from typing import Any
 
 from injection.base import CacheKey, KVStore, PreferenceModel, Tier, content_hash, run_here
 from injection.kvcache.packed import PackedKV
+from injection.kvcache.pieces import pooled
 from injection.kvcache.singleflight import SingleFlight
 from injection.metrics import Metrics
 
@@ -77,7 +78,7 @@ class PreferenceKVSource:
             return kv, Tier.L1
         kv = self._get(self.l2, "l2", key, kind=kind)
         if kv is not None:
-            kv = kv.pin_memory()  # decoded pageable -> pinned once (no-op without CUDA)
+            kv = pooled(kv)  # decoded -> pinned pool memory once (no copy without CUDA)
             self._put(self.l1, "l1", key, kv)
             return kv, Tier.L2
         return None

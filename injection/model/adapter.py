@@ -15,17 +15,21 @@ from __future__ import annotations
 
 import copy
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteriaList
+from transformers.cache_utils import DynamicLayer
 
 from injection.base import GenerationOutput, PreferenceModel, SegmentSplit
 from injection.devices import KVTimer, to_host
 from injection.engine.stopping import GenerationWatch, admitted
 from injection.errors import ContextLengthExceeded, InvalidRequest, ModelLoadError
+from injection.hostmem import KV_COPIES
 from injection.kvcache.packed import PackedKV
+from injection.kvcache.pieces import KVPieces
 from injection.model.dtypes import resolve_dtype
 from injection.model.fingerprint import model_fingerprint
 from injection.prompting.template import ChatRenderer, PromptParts
@@ -190,22 +194,32 @@ class ModelAdapter(PreferenceModel):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     # -- injection ---------------------------------------------------------------------
-    def build_cache(self, injected: PackedKV, alpha: float) -> DynamicCache:
+    def build_cache(self, injected: PackedKV | KVPieces, alpha: float, *, room: int = 0,
+                    layer: Callable[..., Any] | None = None) -> DynamicCache:
         """A fresh DynamicCache holding ``injected`` on this device, values scaled by alpha.
 
-        Exactly two host-to-device copies (``PackedKV.to``); keys unscaled. The
-        cache never holds the cached PackedKV's storage (on CPU ``to()`` is a
-        no-op): ``update`` concatenates into new tensors, which is checked, not
-        assumed; values are scaled into a new tensor only when ``alpha != 1`` (at 1
-        they were cloned first, a copy ``update`` makes anyway).
+        Each cached piece is copied once, straight into one buffer on this device with
+        ``room`` spare columns (``KVPieces.fill``: a non-blocking transfer, never the
+        caller's storage); keys unscaled, values scaled in place when ``alpha != 1``.
+        ``layer(k, v, n)`` makes a layer over one layer's ``[1, H, T + room, D]`` buffers
+        holding ``n`` tokens (the engine's in-place ``SlabLayer``; default a plain layer).
         """
         self._check_compatible(injected)
-        on_device = injected.to(self.device, non_blocking=True)
-        values = on_device.values if alpha == 1.0 else on_device.scaled_values(alpha)
+        pieces = KVPieces.of(injected)
+        n = pieces.num_tokens
+        keys, values = pieces.empty(self.device, room)
+        pieces.fill(keys, values)
+        if alpha != 1.0:
+            values[:, :, :n].mul_(alpha)
         cache = DynamicCache(config=self._cache_config)
-        for i in range(on_device.num_layers):
-            cache.update(on_device.keys[i].unsqueeze(0), values[i].unsqueeze(0), i)
-        _unalias(cache, injected)
+        if self._cache_config is None:  # plain layers: over the buffers, no copy
+            make = layer or _plain_layer
+            cache.layers = [make(keys[i].unsqueeze(0), values[i].unsqueeze(0), n)
+                            for i in range(self.num_layers)]
+            return cache
+        for i in range(self.num_layers):  # layers of their own kinds copy what they keep
+            cache.update(keys[i, None, :, :n], values[i, None, :, :n], i)
+            KV_COPIES.add("cache_update", pieces.nbytes // self.num_layers)
         return cache
 
     def _run_generate(
@@ -272,12 +286,9 @@ def _layer_kinds(cfg: Any) -> set[str]:
     return {"sliding_attention" if getattr(cfg, "sliding_window", None) else "full_attention"}
 
 
-def _unalias(cache: DynamicCache, source: PackedKV) -> None:
-    """Give a layer its own tensors should ``update`` ever keep the caller's storage."""
-    keys = source.keys.untyped_storage().data_ptr()
-    values = source.values.untyped_storage().data_ptr()
-    for layer in cache.layers:
-        if layer.keys.untyped_storage().data_ptr() == keys:
-            layer.keys = layer.keys.clone()
-        if layer.values.untyped_storage().data_ptr() == values:
-            layer.values = layer.values.clone()
+def _plain_layer(keys: torch.Tensor, values: torch.Tensor, n: int) -> DynamicLayer:
+    """A plain layer holding the first ``n`` tokens of ``keys``/``values`` (views)."""
+    layer = DynamicLayer()
+    layer.lazy_initialization(keys, values)
+    layer.keys, layer.values = keys[:, :, :n], values[:, :, :n]
+    return layer
