@@ -94,8 +94,7 @@ def main() -> None:
 
     def recall_step() -> None:
         qn[0] += 1  # a new message each time (its embedding is not cached)
-        planner.recall(ExecutionRequest("t", "u", [{"role": "user", "content": f"{msgs[0]['content']} #{qn[0]}"}]),
-                       list(mems[1:]))
+        planner.recall("t", list(mems[1:]), f"{msgs[0]['content']} #{qn[0]}")
 
     step = timed(adapter, recall_step, args.reps)
     print(f"baseline prefill of the message's chat prompt ({prompt_ids.shape[1]} tokens): "

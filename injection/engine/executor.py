@@ -133,7 +133,7 @@ class InjectionExecutor:
         context = compose_context(instructions, mem.text)
         if not context:
             return Tier.NONE
-        parts, split = layout(self.adapter, mem, instructions, context, hello)
+        parts, split = layout(self.adapter, instructions, context, hello)
         if not parts.segment:
             return Tier.NONE
         if split is None and not mem.text.strip():

@@ -1,4 +1,4 @@
-"""A member's memories laid out in the system turn: the cached segment, then the recalled.
+"""A member's memories laid out: the cached segment in the system turn, the rest recalled.
 
 The member part of the system turn is rendered from the member's memories (their
 ``preference_text`` is then ignored):
@@ -10,16 +10,12 @@ The member part of the system turn is rendered from the member's memories (their
 Pinned memories always go in the member's cached segment, then the others in order
 while the segment's token budget allows (the first memory goes in even when it alone
 exceeds the budget: a member's segment is never empty). The rest are recall
-candidates: the planner (``recall.py``) picks the most relevant to the latest user
-message, and they are rendered after the segment's memories, still inside the system
-turn, but *not cached*: :meth:`MemoryPlan.cut` ends the injected segment right after the
-segment's memories and moves the recalled lines and the end of the turn to the start of
-the prompt, which is prefilled with the conversation. The cut is verified token-exactly
-(``encode(segment) + encode(prompt) == encode(whole)``); where it does not hold, the
-recalled lines stay in the segment (cached by content: still exact, just not shared).
-
-A member with candidates always gets the cut (also when nothing is recalled), so their
-cached segment is one entry whatever is recalled.
+candidates: the planner (``recall.py``) picks those most relevant to each user message
+and they are re-stated before that message, with the memory reminder
+(``prompting/reminder.py``, ``recall``), not in the system turn. A pick is a pure
+function of the message, so it stays the same in every later turn's history: the
+system turn is one cached segment whatever is recalled, and the conversation's cached
+K/V stays a prefix of the next turn when the next message recalls other memories.
 """
 
 from __future__ import annotations
@@ -28,13 +24,10 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from injection.base import MemoryItem
-from injection.prompting.emphasis_spans import find_spans
-from injection.prompting.template import PromptParts, compose_context
 
 __all__ = ["BULLET", "MemoryPlan", "render", "split_budget"]
 
 BULLET = "- "
-Spans = tuple[tuple[int, int], ...]
 
 
 def _line(item: MemoryItem) -> str:
@@ -70,23 +63,22 @@ def split_budget(memories: Sequence[MemoryItem], budget: int,
 
 
 class MemoryPlan:
-    """One request's member text: what is cached, what is recalled, what was used.
+    """One request's member text: what is cached, what may be recalled, what was used.
 
     ``text`` is the member part of the system turn (what ``preference_text`` was);
     without memories it is the request's ``preference_text`` and nothing else changes.
+    ``recalled``: the candidates recalled for the latest message (``memories_used``);
+    ``recall(message)``: the candidates' texts recalled for any user message (None: no
+    candidates, or recall is off), re-stated before it (``prompting/reminder.py``).
     """
 
     def __init__(self, preference_text: str, *, segment: Sequence[MemoryItem] = (),
                  candidates: Sequence[MemoryItem] = (), recalled: Sequence[MemoryItem] = (),
-                 instructions: str = "") -> None:
+                 recall: Callable[[str], list[str]] | None = None) -> None:
         self.segment, self.candidates = tuple(segment), tuple(candidates)
-        self.recalled, self.instructions = tuple(recalled), instructions
-        many = len(self.segment) + len(self.candidates) > 1
-        self.many = many
-        self.segment_text = render(self.segment, many=many) if self.segment else preference_text
-        self.recalled_text = ("\n" + render(self.recalled, many=True)) if self.recalled else ""
-        self.text = self.segment_text + self.recalled_text
-        self.tail_cut = False  # the recalled lines follow the cached segment (``cut``)
+        self.recalled, self.recall = tuple(recalled), recall
+        self.many = len(self.segment) + len(self.candidates) > 1
+        self.text = render(self.segment, many=self.many) if self.segment else preference_text
 
     @property
     def has_memories(self) -> bool:
@@ -99,9 +91,7 @@ class MemoryPlan:
     def emphasis_texts(self) -> list[str] | None:
         """The member texts inside the injected segment, in rendered order (None: no
         memories, the emphasis falls back to the request's preference)."""
-        if not self.has_memories:
-            return None
-        return self.texts(self.segment + (() if self.tail_cut else self.recalled))
+        return self.texts(self.segment) if self.has_memories else None
 
     def used(self) -> list[dict[str, str]]:
         """``[{"id", "how"}]`` in rendered order (``ExecutionResult.extra``)."""
@@ -110,35 +100,3 @@ class MemoryPlan:
 
     def extra(self) -> dict[str, Any]:
         return {"memories_used": self.used()} if self.has_memories else {}
-
-    def cut(self, adapter: Any, parts: PromptParts | None,
-            context: str) -> tuple[PromptParts | None, str]:
-        """``(parts, head_context)``: the injected segment ended after the segment's
-        memories (the recalled lines and the end of the turn open the prompt), verified
-        token-exactly; unchanged (and ``context``) when there is nothing to cut or the
-        cut does not reproduce the whole prompt's tokens."""
-        renderer = getattr(adapter, "renderer", None)
-        if not (self.candidates and parts is not None and parts.segment and renderer):
-            return parts, context
-        head_context = compose_context(self.instructions, self.segment_text)
-        start = parts.segment.find(context)
-        if start < 0 or not context.startswith(head_context):
-            return parts, context
-        pos = start + len(head_context)
-        segment, prompt = parts.segment[:pos], parts.segment[pos:] + parts.prompt
-        if not renderer.reproduces(segment, prompt, parts.segment + parts.prompt):
-            return parts, context
-        self.tail_cut = True
-        return PromptParts(segment, prompt, parts.mode), head_context
-
-    def recalled_spans(self, adapter: Any, prompt: str, head: int) -> Spans:
-        """Absolute key spans of the recalled memories' tokens: they open ``prompt``, which
-        follows the ``head`` injected tokens (empty unless the tail was cut)."""
-        renderer = getattr(adapter, "renderer", None)
-        if not (self.tail_cut and self.recalled and renderer is not None):
-            return ()
-        enc = renderer.tokenizer(prompt, add_special_tokens=False, return_offsets_mapping=True)
-        if list(enc["input_ids"]) != renderer.encode(prompt, first=False):
-            return ()
-        found = find_spans(prompt, enc["offset_mapping"], self.texts(self.recalled))
-        return tuple((head + lo, head + hi) for lo, hi in found)

@@ -1,12 +1,13 @@
-"""The planner's memory step: budget the member's segment, recall the rest, once.
+"""The planner's memory step: budget the member's segment, recall the rest per message.
 
 Runs before generation, in the executor's planning (one step, never a loop): the
 member's memories are split by the segment's token budget (``plan.split_budget``); when
-some are left over, the latest user message and the candidates are embedded
-(``embed.py``, cached per tenant) and the ``top_k`` most similar with a cosine of at
-least ``min_similarity`` are recalled, rendered in the member's own order (a stable
-order keeps the prompt, and so the conversation's cached K/V, the same while the same
-memories are recalled).
+some are left over, each user message and the candidates are embedded (``embed.py``,
+cached per tenant) and the ``top_k`` most similar with a cosine of at least
+``min_similarity`` are recalled for that message, in the member's own order, and
+re-stated before it (``prompting/reminder.py``). A pick depends on its message alone,
+so an earlier turn renders the same in every later prompt and the conversation's cached
+K/V stays its prefix.
 """
 
 from __future__ import annotations
@@ -63,21 +64,26 @@ class MemoryPlanner:
         """The request's member text (``on`` False: no recall, nothing is injected)."""
         memories = [m for m in req.memories if m.text.strip()]
         if not memories:
-            return MemoryPlan(req.preference_text, instructions=req.instructions)
+            return MemoryPlan(req.preference_text)
         segment, candidates = split_budget(memories, self.options.segment_tokens,
                                            self.adapter.count_tokens)
-        recalled = self.recall(req, candidates) if on and candidates else []
-        return MemoryPlan("", segment=segment, candidates=candidates, recalled=recalled,
-                          instructions=req.instructions)
-
-    def recall(self, req: ExecutionRequest, candidates: list[MemoryItem]) -> list[MemoryItem]:
-        """The candidates most relevant to the latest user message, in their own order."""
-        if self.options.top_k < 1:
-            return []
-        t0 = time.perf_counter()
+        if not (on and candidates and self.options.top_k >= 1):
+            return MemoryPlan("", segment=segment, candidates=candidates)
         candidates = candidates[:MAX_CANDIDATES]
-        query = str(list(req.messages)[-1].get("content", ""))
-        picked = self._top(req.tenant, [m.text for m in candidates], query, self.options.top_k)
+        recalled = self.recall(req.tenant, candidates,
+                               str(list(req.messages)[-1].get("content", "")))
+        texts = [m.text for m in candidates]
+
+        def recall(message: str) -> list[str]:  # a user message's pick, its texts
+            return [texts[i] for i in self._top(req.tenant, texts, message, self.options.top_k)]
+        return MemoryPlan("", segment=segment, candidates=candidates, recalled=recalled,
+                          recall=recall)
+
+    def recall(self, tenant: str, candidates: list[MemoryItem], message: str
+               ) -> list[MemoryItem]:
+        """The candidates most relevant to ``message``, in their own order (counted)."""
+        t0 = time.perf_counter()
+        picked = self._top(tenant, [m.text for m in candidates], message, self.options.top_k)
         if self.metrics is not None:
             self.metrics.incr("memory_recalls")
             self.metrics.incr("memories_recalled", len(picked))

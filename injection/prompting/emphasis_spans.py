@@ -12,7 +12,7 @@ start of the sequence): the segment starts the sequence.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from injection.base import ExecutionRequest, SegmentSplit
@@ -34,22 +34,17 @@ def member_texts(req: ExecutionRequest) -> list[str]:
 
 def emphasis_for(adapter: Any, req: ExecutionRequest, segment: str,
                  split: SegmentSplit | None, *, on: bool,
-                 texts: Sequence[str] | None = None,
-                 after: Callable[[int], Spans] | None = None) -> tuple[float, Spans]:
+                 texts: Sequence[str] | None = None) -> tuple[float, Spans]:
     """The effective emphasis of ``req`` and the absolute key spans it applies to; (0, ())
     when off, when ``on`` is False (nothing personal injected, no batch engine) or when no
     member token is found. ``texts``: the member texts in ``segment`` in rendered order
-    (``MemoryPlan.emphasis_texts``; None: ``member_texts(req)``). ``after(n)``: spans past
-    the segment's ``n`` tokens (recalled memories, ``MemoryPlan.recalled_spans``), counted
-    in the normalisation too."""
+    (``MemoryPlan.emphasis_texts``; None: ``member_texts(req)``)."""
     value = _emphasis.resolve(adapter, req.emphasis) if on else 0.0
     if not value:
         return 0.0, ()
     try:
         spans = text_spans(adapter.renderer, segment, split, req.instructions,
                            member_texts(req) if texts is None else texts)
-        if after is not None and spans:
-            spans += tuple(after(len(adapter.renderer.encode(segment, first=True))))
     except Exception:  # noqa: BLE001 - a tokenizer quirk costs the emphasis, never the reply
         spans = ()
     value = normalised(value, spans)

@@ -11,6 +11,11 @@ A member with several memories is reminded of their standing instructions (``sta
 message (the planner's embedding, ``memory/recall.py``), not of the first memories that fit:
 measured with 20 memories, the relevant one drowned among the others.
 
+A member whose memories overflow their cached segment has the candidates recalled for a
+message (``memory/recall.py``) re-stated before it too, with the others picked, or alone
+where the reminder is off (``recall``): never in the system turn, where a change in what
+is recalled would re-prefill the whole history after it.
+
 The reminders are a pure function of the messages, so they stay in the rendered history
 once placed: turn k renders the same reminders before turns 1..k-1 as turn k-1 did, so
 the conversation's cached K/V (``kvcache/conversation.py``) stays a prefix of the next
@@ -154,27 +159,43 @@ class Reminder:
 
     @classmethod
     def for_request(cls, req: Any, renderer: Any, personal: bool,
-                    relevant: Callable[[list[str], str, int], list[str]] | None = None
-                    ) -> Reminder:
+                    relevant: Callable[[list[str], str, int], list[str]] | None = None,
+                    recall: Callable[[str], list[str]] | None = None) -> Reminder:
         """The request's reminder: off unless the memory is applied and the request (or
         the default) asks for it. ``relevant(memories, message, top)``: with several
-        memories, each reminder re-states those most relevant to its message."""
+        memories, each reminder re-states those most relevant to its message.
+        ``recall(message)``: the candidates beyond the cached segment recalled for a
+        message, re-stated before it (with the reminder off too)."""
         on = DEFAULT_ON if getattr(req, "reminder", None) is None else bool(req.reminder)
-        if not (on and personal):
+        if not personal or not (on or recall):
             return cls()
         memories = [m.text for m in getattr(req, "memories", ())] or [req.preference_text]
-        count = _counter(renderer)
+        count, role = _counter(renderer), ROLE or _role(renderer)
+        if not on:  # recall alone: each user message opens with what it recalls
+            return cls(reminder_text(memories, count), after=0, role=role, pick=recall,
+                       count=count)
         pick, after = None, DEFAULT_AFTER
         if len(memories) > 1 and MANY_AFTER is not None:
             after = MANY_AFTER
-        if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
-            rest = [m for m in memories if not standing(m)]
+        if recall is not None or (relevant is not None and RELEVANT_TOP > 0
+                                  and len(memories) > 1):
+            pick = _picker(memories, relevant, recall)
+        return cls(reminder_text(memories, count), after=after, role=role, pick=pick,
+                   count=count)
 
-            def pick(content: str) -> list[str]:  # once per message (``text_for``)
-                chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
-                return [m for m in memories if standing(m) or m in chosen]
-        return cls(reminder_text(memories, count), after=after,
-                   role=ROLE or _role(renderer), pick=pick, count=count)
+
+def _picker(memories: list[str], relevant: Callable[[list[str], str, int], list[str]] | None,
+            recall: Callable[[str], list[str]] | None) -> Callable[[str], list[str]]:
+    """A message's pick, in the member's order: the standing instructions, the others most
+    relevant to it (``RELEVANT_TOP``) and the candidates it recalls."""
+    rest = [m for m in memories if not standing(m)]
+    top = RELEVANT_TOP if relevant is not None else 0
+
+    def pick(content: str) -> list[str]:  # once per message (``text_for``)
+        chosen = set(relevant(rest, content, top) if rest and top > 0 else ())
+        chosen |= set(recall(content) if recall is not None else ())
+        return [m for m in memories if standing(m) or m in chosen]
+    return pick
 
 
 def user_turns(messages: Sequence[Message]) -> int:

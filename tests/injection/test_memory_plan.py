@@ -1,5 +1,6 @@
-"""Memories in the engine on the demo model: the segment's budget, rendering, the cut after
-the cached memories (token-exact), memories_used, and the embedding cache's tenant keys."""
+"""Memories in the engine on the demo model: the segment's budget, rendering, recalled
+memories re-stated before their message, memories_used, and the embedding cache's tenant
+keys."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def test_rendering_one_memory_is_its_text_several_are_lines():
     plan = MemoryPlan("", segment=MEMS[:1])
     assert plan.text == "I am a vegetarian." and plan.used() == [{"id": "0", "how": "segment"}]
     plan = MemoryPlan("", segment=MEMS[:2], candidates=MEMS[2:], recalled=MEMS[3:4])
-    assert plan.text == "- I am a vegetarian.\n- I live in Oslo and love skiing.\n- I am allergic to peanuts."
+    assert plan.text == "- I am a vegetarian.\n- I live in Oslo and love skiing."  # cached
     assert [u["how"] for u in plan.used()] == ["segment", "segment", "recalled"]
     assert MemoryPlan("my preference").text == "my preference"  # no memories: as before
 
@@ -59,61 +60,51 @@ def two_lines(adapter) -> int:
     return sum(adapter.count_tokens("- " + m.text) + 1 for m in MEMS[:2])
 
 
-def reference(adapter, context: str, n: int) -> list[int]:
-    ids = adapter.renderer.encode(adapter.plain_prompt(context, MSGS), first=True)
+def reference(adapter, context: str, msgs: list[dict[str, str]], n: int) -> list[int]:
+    ids = adapter.renderer.encode(adapter.plain_prompt(context, msgs), first=True)
     out = adapter.model.generate(input_ids=torch.tensor([ids]), max_new_tokens=n,
                                  do_sample=False)
     return out[0, len(ids):].tolist()
 
 
 @pytest.mark.parametrize("batch_max", [0, 2])
-def test_recalled_memories_follow_the_cached_segment_and_the_reply_is_the_plain_prompts(
+def test_recalled_memories_open_their_message_and_the_reply_is_the_plain_prompts(
         adapter, batch_max):
     ex = build_executor(adapter, batch_max=batch_max, metrics=Metrics(),
                         memory_segment_tokens=two_lines(adapter), memory_recall_top_k=2,
                         memory_recall_min_similarity=-1.0)
-    # the reminders (several memories: from the first turn) are tests/injection/
-    # test_reminder.py's; here the prompt is the plain system message's
+    # the reminder off: the recalled memories alone open the message (with the reminder,
+    # they join its pick: tests/injection/test_reminder.py)
     req = ExecutionRequest("t1", "u1", MSGS, "ignored preference", instructions=INSTR,
                            memories=MEMS, max_new_tokens=8, reminder=False)
     plan = ex.memories.plan(req)
     assert [m.id for m in plan.segment] == ["0", "1"] and len(plan.recalled) == 2
     out = ex.execute(req)
     again = ex.execute(req)
-    system = INSTR + "\n\n" + plan.text
-    assert "ignored preference" not in system
+    system = INSTR + "\n\n" + plan.text  # the segment's memories only: all of it cached
+    assert "ignored preference" not in system and plan.text.count("\n- ") == 1
     assert out.extra["memories_used"] == plan.used()
-    # only the segment's memories are cached: the recalled lines are prefilled as prompt
-    head = adapter.renderer.encode(adapter.split_prompt(
-        INSTR + "\n\n" + plan.segment_text, MSGS).segment, first=True)
-    whole = adapter.renderer.encode(adapter.split_prompt(system, MSGS).segment, first=True)
-    assert out.kv_tokens < len(whole) and whole[:out.kv_tokens] == head[:out.kv_tokens]
+    recalled = " ".join(m.text for m in plan.recalled)
+    msgs = [{"role": "user", "content": f"({recalled})\n\n{MSGS[0]['content']}"}]
+    whole = adapter.renderer.encode(adapter.split_prompt(system, msgs).segment, first=True)
+    assert out.kv_tokens == len(whole)
     assert out.prompt_tokens == len(adapter.renderer.encode(
-        adapter.plain_prompt(system, MSGS), first=True))
+        adapter.plain_prompt(system, msgs), first=True))
     assert again.tier.value == "l1"
     if batch_max:
         assert again.extra["segments"] == {"tenant": "l1", "member": "l1"}
-    want = adapter.tokenizer.decode(reference(adapter, system, 8), skip_special_tokens=True)
+    want = adapter.tokenizer.decode(reference(adapter, system, msgs, 8),
+                                    skip_special_tokens=True)
     assert out.text == again.text == strip_control_chars(want)[0]
-
-
-def test_recalled_spans_cover_the_recalled_text_tokens(adapter):
-    ex = build_executor(adapter, metrics=Metrics(), memory_segment_tokens=two_lines(adapter),
-                        memory_recall_top_k=2, memory_recall_min_similarity=-1.0)
-    req = ExecutionRequest("t1", "u1", MSGS, instructions=INSTR, memories=MEMS)
-    plan = ex.memories.plan(req)
-    context = INSTR + "\n\n" + plan.text
-    parts, head_ctx = plan.cut(adapter, adapter.split_prompt(context, MSGS), context)
-    assert plan.tail_cut and head_ctx == INSTR + "\n\n" + plan.segment_text
-    seg_ids = adapter.renderer.encode(parts.segment, first=True)
-    ids = seg_ids + adapter.renderer.encode(parts.prompt, first=False)
-    spans = plan.recalled_spans(adapter, parts.prompt, len(seg_ids))
-    assert len(spans) == len(plan.recalled)
-    for (s, e), m in zip(spans, plan.recalled, strict=True):
-        assert s >= len(seg_ids)
-        assert adapter.tokenizer.decode(ids[s:e]).strip() == m.text
-    # the recalled memories are not part of the segment's emphasis texts once cut
-    assert plan.emphasis_texts() == plan.texts(plan.segment)
+    # recall off: the message as sent, the same cached segment
+    off = ExecutionRequest("t1", "u1", MSGS, instructions=INSTR, memories=MEMS,
+                           max_new_tokens=8, reminder=False)
+    ex.memories.options = ex.memories.options._replace(top_k=0)
+    plain = ex.execute(off)
+    want = adapter.tokenizer.decode(reference(adapter, system, MSGS, 8),
+                                    skip_special_tokens=True)
+    assert plain.text == strip_control_chars(want)[0] and plain.tier.value == "l1"
+    assert [m["how"] for m in plain.extra["memories_used"]] == ["segment", "segment"]
 
 
 def test_no_memories_and_the_preference_work_as_before(adapter):
@@ -206,26 +197,6 @@ def test_warm_caches_the_segment_a_request_with_memories_uses(adapter):
                                       max_new_tokens=4))
     assert out.tier.value == "l1" and out.extra["memories_used"][2]["how"] == "recalled"
     assert ex.warm("t1", "u1", "", INSTR, memories=MEMS).value == "l1"
-
-
-def test_emphasis_spans_include_the_recalled_memories(adapter):
-    from injection.prompting.emphasis_spans import emphasis_for
-
-    ex = build_executor(adapter, metrics=Metrics(), memory_segment_tokens=two_lines(adapter),
-                        memory_recall_top_k=2, memory_recall_min_similarity=-1.0)
-    req = ExecutionRequest("t1", "u1", MSGS, instructions=INSTR, memories=MEMS, emphasis=1.0)
-    plan = ex.memories.plan(req)
-    context = INSTR + "\n\n" + plan.text
-    parts, head_ctx = plan.cut(adapter, adapter.split_prompt(context, MSGS), context)
-    split = adapter.split_segment(parts.segment, head_ctx, INSTR)
-    _, alone = emphasis_for(adapter, req, parts.segment, split, on=True,
-                            texts=plan.emphasis_texts())
-    value, spans = emphasis_for(adapter, req, parts.segment, split, on=True,
-                                texts=plan.emphasis_texts(),
-                                after=lambda n: plan.recalled_spans(adapter, parts.prompt, n))
-    recalled = plan.recalled_spans(adapter, parts.prompt, len(split.tenant_ids + split.member_ids))
-    assert value > 0 and len(alone) == 2 and len(recalled) == 2  # two lines each
-    assert spans == alone + recalled and recalled[0][0] >= alone[-1][1]
 
 
 def test_invalidating_a_tenant_drops_its_memories_embeddings(adapter):

@@ -1,6 +1,6 @@
 """Memories on the prepared default model (SmolLM2-135M-Instruct): one memory is the
-preference string token for token; recalled memories after the cached segment give the
-reply of the same text as one plain system message; recall picks the relevant memory."""
+preference string token for token; recalled memories re-stated before the message give the
+reply of the same plain prompt; recall picks the relevant memory."""
 
 from __future__ import annotations
 
@@ -56,13 +56,15 @@ def test_recalled_memories_reply_equals_the_plain_system_message(smollm, batch_m
     plan = ex.memories.plan(req)
     assert [m.id for m in plan.segment] == ["m0", "m1"]
     assert "m2" in [m.id for m in plan.recalled]  # the dog
-    system = INSTR + "\n\n" + plan.text
+    system = INSTR + "\n\n" + plan.text  # the segment's memories: all of it cached
+    recalled = " ".join(m.text for m in plan.recalled)
+    sent = ask(f"({recalled})\n\n{msgs[0]['content']}")  # what the message recalls, before it
     out = ex.execute(req)
-    ref = smollm.generate(smollm.plain_prompt(system, msgs), None, 1.0, 24)
+    ref = smollm.generate(smollm.plain_prompt(system, sent), None, 1.0, 24)
     assert out.text == ref.text and out.completion_tokens == len(ref.token_ids), (out.text, ref.text)
     assert out.extra["memories_used"] == plan.used()
-    head = len(smollm.renderer.encode(smollm.split_prompt(system, msgs).segment, first=True))
-    assert out.kv_tokens < head  # the recalled lines were prefilled, not cached
+    head = len(smollm.renderer.encode(smollm.split_prompt(system, sent).segment, first=True))
+    assert out.kv_tokens == head  # the system turn is the cached segment, all of it
 
 
 def recall_scores(smollm, memories, queries, **opts) -> int:

@@ -77,7 +77,7 @@ def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str
         # test failed with it: tests/injection/test_memory_instructions.py)
         early = turns_before(messages) < MANY_GUIDED_BEFORE
         use = mem.many and early and not req.instructions and prompt_ids is not None
-        return _reminded(adapter, strength, context, mem, [*messages[:-1], dict(
+        return _reminded(adapter, strength, context, [*messages[:-1], dict(
             req.messages[-1])], prompt_ids, done) if use else None
     if mem.many:
         return None
@@ -104,12 +104,12 @@ def _unreminded(adapter: Any, strength: float, req: ExecutionRequest,
     return GuidePlan(strength, "none", tuple(encode(prompt, first=True)))
 
 
-def _reminded(adapter: Any, strength: float, context: str, mem: Any,
+def _reminded(adapter: Any, strength: float, context: str,
               messages: list[dict[str, str]], prompt_ids: list[int],
               done: int) -> GuidePlan | None:
     """The same turn without its last reminder (``messages``), after the row's own prefix
     (the chain and the conversation's cached link, ``done`` tokens of ``prompt_ids``)."""
-    parts, _ = mem.cut(adapter, adapter.split_prompt(context, messages), context)
+    parts = adapter.split_prompt(context, messages)
     ids = adapter.renderer.encode(parts.prompt, first=False)
     if ids[:done] != prompt_ids[:done] or ids == prompt_ids:
         return None

@@ -8,9 +8,9 @@ and what the steps before it decided:
    and the reminder (``prompting/reminder.py``);
 2. ``fit_messages``: the history that fits the context and its cap, reminded
    (``prompting/history.py``);
-3. ``layout``: the injected segment and the prompt after it, the recalled memories cut
-   behind the cached segment (``MemoryPlan.cut``), the tenant/member split; or, where
-   nothing is injected, the plain prompt;
+3. ``layout``: the injected segment and the prompt after it, the tenant/member split;
+   or, where nothing is injected, the plain prompt (memories recalled beyond the
+   segment are re-stated before their messages by step 1's reminder);
 4. emphasis spans (``prompting/emphasis_spans.py``);
 5. the conversation's link (``TurnGenerator.plan``): the one step that reads a cache. Its
    *result* (the link found, so how many prompt tokens are cached) is in the plan, and
@@ -70,14 +70,13 @@ def fit_messages(adapter: Any, req: ExecutionRequest, context: str,
         size_count=lambda msgs: count(context, remind.apply(msgs, deep=True))))
 
 
-def layout(adapter: Any, mem: Any, instructions: str, context: str,
-           messages: list[dict[str, str]]) -> tuple[PromptParts | None, SegmentSplit | None]:
+def layout(adapter: Any, instructions: str, context: str, messages: list[dict[str, str]]
+           ) -> tuple[PromptParts | None, SegmentSplit | None]:
     """The system turn of ``context`` as the injected segment and the prompt after it
-    (None: no context), the recalled memories moved behind the cached segment, and the
-    segment's tenant/member split (None: one segment, or nothing injected)."""
+    (None: no context), and the segment's tenant/member split (None: one segment, or
+    nothing injected)."""
     parts = adapter.split_prompt(context, messages) if context else None
-    parts, head_ctx = mem.cut(adapter, parts, context)  # recalled: after the cache
-    split = segment_split(adapter, parts.segment, head_ctx, instructions) if (
+    split = segment_split(adapter, parts.segment, context, instructions) if (
         parts is not None and parts.segment) else None
     return parts, split
 
@@ -105,8 +104,7 @@ class TurnPlanner:
     def plan(self, req: ExecutionRequest) -> TurnPlan:
         system = self.system_turn(req)
         messages = fit_messages(self.adapter, req, system.context, system.reminder)
-        parts, split = layout(self.adapter, system.memory, req.instructions, system.context,
-                              messages)
+        parts, split = layout(self.adapter, req.instructions, system.context, messages)
         if not system.personal and split is None:
             prompt = self.adapter.plain_prompt(system.context, messages)
             return self._plain(req, system, messages, PromptParts("", prompt, "none"))
@@ -122,7 +120,8 @@ class TurnPlanner:
         personal = personal and alpha > self.min_alpha
         context = compose_context(req.instructions, mem.text if personal else "")
         remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
-                                      partial(self.memories.relevant, req.tenant))  # + recall
+                                      partial(self.memories.relevant, req.tenant),
+                                      mem.recall)  # recalled: before their messages
         return SystemTurn(alpha, mem, personal, context, remind)
 
     def _plain(self, req: ExecutionRequest, system: SystemTurn,
@@ -141,8 +140,7 @@ class TurnPlanner:
         member_alpha = system.alpha if personal else 1.0
         chash = content_hash(parts.segment)
         emph, spans = emphasis_for(self.adapter, req, parts.segment, split,
-                                   on=personal and self.batching, texts=mem.emphasis_texts(),
-                                   after=partial(mem.recalled_spans, self.adapter, parts.prompt))
+                                   on=personal and self.batching, texts=mem.emphasis_texts())
         link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
                                emphasis=emph)  # the cache lookup: its result decides below
         # one-pass miss: a missing member segment is computed in this turn's own prefill
