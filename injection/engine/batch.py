@@ -5,7 +5,7 @@ iteration admits waiting rows (each prefilled alone on its own injected K/V, the
 into the left-padded batch cache, ``batchcache``), runs one decoding step for every row,
 and lets finished rows leave. A row's greedy output equals the row run alone. Per row:
 sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). Admission
-is bounded by ``max_batch`` and a K/V byte budget. Failures stay contained (``faults``);
+is bounded by ``max_batch`` requests (a guide row is none) and a K/V budget over all rows. Failures stay contained (``faults``);
 a watchdog (``watchdog``) reads the scheduler's heartbeat. transformers' own continuous
 batching takes no per-request ``past_key_values``: the injected prefix cannot ride on it.
 Forwards of no row (segments, embeddings, guide heads) run here too (``forwards``).
@@ -57,7 +57,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
 
     Args:
         adapter: the loaded model (plain full-attention cache layers).
-        max_batch: rows decoded together at most.
+        max_batch: requests decoded together at most (each guided one's guide row besides:
+            up to twice as many rows, all within ``kv_budget_bytes``).
         kv_budget_bytes: bound on the batch's padded K/V (0: none; one row always fits).
         join_wait_ms: when idle, wait this long for more rows before the first prefill.
         clock: monotonic seconds for the scheduler's heartbeat (``watchdog.py``).
@@ -77,7 +78,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
                  group_prefill: int = 1) -> None:
         if max_batch < 1:
             raise ValueError("max_batch must be >= 1")
-        self.adapter, self.max_batch, self._oom_cap = adapter, int(max_batch), int(max_batch)
+        self.adapter, self.max_batch = adapter, int(max_batch)
+        self.max_rows = self._oom_cap = 2 * self.max_batch  # each request and its guide
         self.kv_budget_bytes, self.join_wait = int(kv_budget_bytes), join_wait_ms / 1000.0
         self.bytes_per_token, self._eos = steps.bytes_per_token(adapter), adapter._eos_ids()
         # the generation config's processors, applied like generate() does (``sampling``)
@@ -85,7 +87,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         self._waiting: deque[RowJob] = deque()
         self._forwards, self._forwarding = deque(), []  # forwards of no row (``forwards``)
         self._rows: list[RowJob] = []
-        self._batch = BatchCache(spare=preallocate, max_slots=self.max_batch)
+        self._batch = BatchCache(spare=preallocate, max_slots=self.max_rows)
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         self._closed, self._stop_error = False, EngineUnavailable("the batch engine stopped")
@@ -134,7 +136,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
-            busy = len(self._rows) + len(self._waiting) + (self._chunking is not None)
+            busy = (sum(not r.is_guide for r in self._rows) + len(self._waiting)
+                    + (self._chunking is not None))  # requests: a guide takes no slot
             return {**self.counters, "max_batch": self.max_batch, "active": len(self._rows),
                     "waiting": len(self._waiting), "free_slots": max(0, self.max_batch - busy)}
 

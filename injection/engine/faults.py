@@ -52,6 +52,7 @@ class EngineFaults:
     _grouped: list[RowJob]  # a group being prefilled (``grouping``)
     _thread: threading.Thread | None
     max_batch: int
+    max_rows: int
     counters: dict[str, int]
     clock: Callable[[], float]
     beat_at: float
@@ -89,7 +90,7 @@ class EngineFaults:
         self._batch.keep(keep)
         self._rows = [self._rows[i] for i in keep]
         if not self._rows:
-            self._oom_cap = self.max_batch  # a drained batch may grow again
+            self._oom_cap = self.max_rows  # a drained batch may grow again
 
     def _row_failed(self, job: RowJob, exc: BaseException, where: str) -> None:
         log.warning("batch row failed in its %s (%s); its neighbours go on", where,
@@ -160,7 +161,7 @@ class EngineFaults:
         rows += [job for job in self._grouped if job not in rows]  # popped, not joined
         self._grouped = []
         self._batch = self._batch.fresh()
-        self._oom_cap = self.max_batch
+        self._oom_cap = self.max_rows
         with self._cond:
             if waiting:
                 rows += list(self._waiting)

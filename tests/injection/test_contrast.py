@@ -148,6 +148,29 @@ def test_a_guided_row_beside_other_rows(adapter):
     assert eng.counters["peak_batch"] >= 3
 
 
+def test_a_guide_takes_no_request_slot(adapter):
+    """``max_batch`` counts requests: two guided requests decode together at max_batch 2
+    (four rows, each with its guide), the third waits for a request slot; each reply is the
+    formula's reference. Before, a guide took a slot: one guided request at a time."""
+    asks = ["Plan my weekend.", "Name a good book.", "What should I cook tonight?"]
+    ids = [_ids(adapter, MEMORY, [{"role": "user", "content": q}]) for q in asks]
+    without = [_ids(adapter, "", [{"role": "user", "content": q}]) for q in asks]
+    ref: dict = {}
+    eng = ref["eng"] = BatchEngine(_with_model(adapter, _Faulty(
+        adapter.model, _gate_until_queued(ref, 2))), max_batch=2)
+    try:
+        outs = _in_threads([
+            lambda k=k: eng.run(None, 1.0, ids[k], 12, guide=Guide(1.0, None, without[k]))
+            for k in range(3)])
+        stats = eng.stats()
+    finally:
+        eng.close()
+    assert eng.counters["peak_batch"] == 4 and eng.counters["guided_rows"] == 3
+    assert stats["free_slots"] == 2 and stats["max_batch"] == 2
+    for k in range(3):
+        assert outs[k].token_ids == reference(adapter, ids[k], without[k], 12, 1.0)
+
+
 def test_guided_rows_waiting_together_are_prefilled_in_one_forward_with_their_guides(adapter):
     """A burst of guided first turns (and a plain one) queued behind a running row: one
     group forward prefills every row and its guide; each guided reply is the formula's

@@ -2,7 +2,8 @@
 ``BatchEngine``, ``batch.py``; the forward itself is ``steps.prefill_group``).
 
 A group is the first waiting row and those right behind it, up to ``group_prefill`` rows,
-while the batch has room (``max_batch``, the OOM cap, the K/V budget). A row joins a group
+while the batch has room (``max_batch`` requests, a guide not counted; every row, guides
+included, within the OOM cap and the K/V budget). A row joins a group
 only if it needs nothing the single path gives it: no attention emphasis, no chunking
 (its new tokens fit one chunk), not a row resumed after an OOM. A guided row
 (``guidance/contrast.py``) comes with its guide, prefilled in the same forward right after
@@ -48,8 +49,10 @@ class GroupPrefill:
     def _next_admissible(self) -> RowJob | None:
         """The next waiting row if the batch has room for it (and its guide)."""
         job = self._waiting[0] if self._waiting else None
-        rows = len(self._rows) + 1 + (job is not None and job.guide is not None)
-        if job is None or (self._rows and rows > min(self.max_batch, self._oom_cap)):
+        if job is None:
+            return None
+        rows = len(self._rows) + _width(job)
+        if self._rows and not self._fits(_requests(self._rows) + 1, rows):
             return None
         if self._rows and self.kv_budget_bytes:
             widest = max(job.reserve_tokens(), *(r.reserve_tokens() for r in self._rows))
@@ -78,12 +81,17 @@ class GroupPrefill:
 
     def _room(self, group: list[RowJob]) -> bool:
         rows = len(self._rows) + sum(_width(j) for j in [*group, self._waiting[0]])
-        if rows > min(self.max_batch, self._oom_cap):
+        if not self._fits(_requests(self._rows) + len(group) + 1, rows):
             return False
         if not self.kv_budget_bytes:
             return True
         widest = max(r.reserve_tokens() for r in [*self._rows, *group, self._waiting[0]])
         return rows * widest * self.bytes_per_token <= self.kv_budget_bytes
+
+    def _fits(self, requests: int, rows: int) -> bool:
+        """``requests`` within ``max_batch`` (a guide is no request) and ``rows``, guides
+        included, within the OOM cap (the K/V budget counts every row: callers)."""
+        return requests <= self.max_batch and rows <= self._oom_cap
 
     def _admit_group(self, group: list[RowJob]) -> None:
         """Prefill ``group`` in one forward; every row joins the batch with its first token."""
@@ -156,6 +164,11 @@ class GroupPrefill:
             for job in reversed(group):
                 job.solo = True
                 self._waiting.appendleft(job)
+
+
+def _requests(rows: list[RowJob]) -> int:
+    """The rows that choose tokens (guides do not)."""
+    return sum(not r.is_guide for r in rows)
 
 
 def _width(job: RowJob) -> int:
