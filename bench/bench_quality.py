@@ -69,9 +69,12 @@ CONDS: dict[str, dict] = {
     # the 20 memories are cached and the rest are recall candidates (``memory/recall.py``)
     "platform (segment 64)": {"segment_tokens": 64},
     "- recall (segment 64)": {"segment_tokens": 64, "recall_k": 0},
+    # the guide only for the first reply tokens (``contrast.GUIDE_TOKENS``), then the row alone
+    "guide 8 tokens": {"guide_tokens": 8},
+    "guide 16 tokens": {"guide_tokens": 16},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
-SWITCHES = ("recall_top", "segment_tokens", "recall_k")
+SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (~15-20 min on 2 cores): injected with no mechanism is the system message
@@ -160,16 +163,25 @@ def _phase(job: tuple) -> tuple:
     return tuple((k, cond[k]) for k in SWITCHES if k in cond)
 
 
-def _set_switches(ex, phase: tuple, top: int, options) -> None:
-    """The phase's switches set on the module and the executor's memory planner (the
-    defaults where the phase does not set them)."""
+def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
+    """The phase's switches set on the modules and the executor's memory planner;
+    ``defaults`` (``_defaults``) where the phase does not set them."""
+    from injection.engine.guidance import contrast
     from injection.prompting import reminder
 
-    sw = dict(phase)
+    sw, (top, options, guide) = dict(phase), defaults
     reminder.RELEVANT_TOP = sw.get("recall_top", top)
+    contrast.GUIDE_TOKENS = sw.get("guide_tokens", guide)
     ex.memories.options = options._replace(
         segment_tokens=sw.get("segment_tokens", options.segment_tokens),
         top_k=sw.get("recall_k", options.top_k))
+
+
+def _defaults(ex) -> tuple:
+    from injection.engine.guidance import contrast
+    from injection.prompting import reminder
+
+    return reminder.RELEVANT_TOP, ex.memories.options, contrast.GUIDE_TOKENS
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> dict:
@@ -180,9 +192,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
     done.setdefault("_seconds", 0.0)  # generation time, over the runs of a partial file
     todo = [j for j in jobs if _key(j) not in done]
     print(f"  {len(jobs) - len(todo)} stored, {len(todo)} to generate", flush=True)
-    from injection.prompting import reminder
-
-    top, options, t0 = reminder.RELEVANT_TOP, ex.memories.options, time.perf_counter()
+    defaults, t0 = _defaults(ex), time.perf_counter()
 
     def one(job):
         i, d, n, name = job
@@ -193,7 +203,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
 
     for phase in sorted({_phase(j) for j in todo}):  # the switches' phases (``_phase``)
         batch = [j for j in todo if _phase(j) == phase]
-        _set_switches(ex, phase, top, options)
+        _set_switches(ex, phase, defaults)
         with ThreadPoolExecutor(max_workers=workers) as pool:
             for k, (key, row) in enumerate(pool.map(one, batch), 1):
                 done[key] = row
@@ -203,7 +213,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
                     print(f"  {k}/{len(batch)}, {done['_seconds']:.0f} s", flush=True)
                     if partial:
                         Path(partial).write_text(json.dumps(done))
-    _set_switches(ex, (), top, options)
+    _set_switches(ex, (), defaults)
     return done
 
 

@@ -50,6 +50,7 @@ class RowJob:
     guide_strength: float = 0.0
     is_guide: bool = False
     guide_prefilled: int = 0  # tokens the guide row has prefilled (``contrast.prefill*``)
+    guide_until: int = 0  # the guide leaves after this many reply tokens (0: with the row)
     started: float = field(default_factory=time.perf_counter)
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --

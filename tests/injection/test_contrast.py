@@ -39,8 +39,10 @@ def client_text(adapter, ids: list[int]) -> str:
     return text.strip()
 
 
-def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[int]:
-    """The formula, one token at a time: both sequences fed the chosen token."""
+def reference(adapter, with_ids, without_ids, n: int, strength: float,
+              until: int = 0) -> list[int]:
+    """The formula, one token at a time: both sequences fed the chosen token (``until``:
+    the row alone after that many tokens)."""
     model, eos, out, dev = adapter.model, adapter._eos_ids(), [], adapter.device
     with torch.inference_mode():
         caches = [DynamicCache(config=adapter._cache_config) for _ in range(2)]
@@ -48,7 +50,9 @@ def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[i
                         use_cache=True).logits[0, -1] for ids, c in zip(
                             (with_ids, without_ids), caches, strict=True)]
         for _ in range(n):
-            token = int(combine(logits[0], logits[1], strength).argmax())
+            guided = not until or len(out) < until
+            token = int((combine(logits[0], logits[1], strength) if guided
+                         else logits[0]).argmax())
             out.append(token)
             if token in eos:
                 break
@@ -90,6 +94,30 @@ def test_a_guided_row_equals_the_step_by_step_reference(adapter, strength, chunk
     assert eng.counters["guided_rows"] == 1
     assert eng.counters["guide_pairs"] == (chunk > len(with_ids))
     assert (eng.counters["prefill_chunks"] > 0) == (chunk < len(with_ids))
+
+
+def test_a_guide_for_the_first_tokens_leaves_and_the_row_goes_on_alone(adapter, monkeypatch):
+    """``GUIDE_TOKENS`` 4: the reply is the formula's for 4 tokens, then the row's own;
+    the guide was fed 3 of them and left the batch; a row beside it is unaffected."""
+    from injection.engine.guidance import contrast
+
+    monkeypatch.setattr(contrast, "GUIDE_TOKENS", 4)
+    with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
+    other = _ids(adapter, MEMORY, [{"role": "user", "content": "Plan my weekend."}])
+    eng = BatchEngine(adapter, max_batch=4)
+    try:
+        alone = eng.run(None, 1.0, other, 16)
+        outs = _in_threads([
+            lambda: eng.run(None, 1.0, with_ids, 16, guide=Guide(1.0, None, without_ids)),
+            lambda: eng.run(None, 1.0, other, 16)])
+        assert eng.stats()["active"] == 0
+    finally:
+        eng.close()
+    want = reference(adapter, with_ids, without_ids, 16, 1.0, until=4)
+    assert outs[0].token_ids == want and len(want) > 4
+    assert want[:4] == reference(adapter, with_ids, without_ids, 4, 1.0)
+    assert want != reference(adapter, with_ids, without_ids, 16, 1.0)  # guided throughout
+    assert outs[0].guide_decode_tokens == 3 and outs[1].token_ids == alone.token_ids
 
 
 def test_off_is_todays_output(adapter):

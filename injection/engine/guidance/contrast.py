@@ -41,6 +41,8 @@ __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", 
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
+# a guided row's guide leaves after this many reply tokens (None: it guides the whole reply)
+GUIDE_TOKENS: int | None = None
 # Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
 # depth"): ``emphasis.model_key`` -> strength. A model not listed (the random demo model
 # included) is off.
@@ -74,9 +76,11 @@ def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = ())
 
 
 def attach(job: RowJob, guide: Guide | None, max_batch: int) -> None:
-    """Give ``job`` its guide row (none at strength 0, or without room for two rows)."""
+    """Give ``job`` its guide row (none at strength 0, or without room for two rows), for
+    its first ``GUIDE_TOKENS`` reply tokens."""
     if guide is not None and guide.strength > 0 and max_batch >= 2:
         job.guide, job.guide_strength = guide_job(job, guide), guide.strength
+        job.guide_until = int(GUIDE_TOKENS or 0)
 
 
 def guide_job(main: RowJob, guide: Guide) -> RowJob:
@@ -113,9 +117,15 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
 
 
 def mirror(job: RowJob, token: int) -> None:
-    """The guide goes on with the row's token."""
-    if job.guide is not None:
-        job.guide.gen.append(token)
+    """The guide goes on with the row's token; after the row's ``guide_until`` tokens it
+    is done (it leaves the batch with the step's finished rows) and the row goes on alone."""
+    guide = job.guide
+    if guide is None:
+        return
+    guide.gen.append(token)
+    if job.guide_until and len(job.gen) >= job.guide_until:
+        job.guide = None
+        guide.finish()
 
 
 def with_guides(rows: list[Any]) -> list[Any]:
