@@ -37,7 +37,7 @@ test-fast: install
 # cuda (no database or Redis needed; TEST_PY=python3 where torch is installed system-wide)
 TEST_PY ?= $(BIN)/python
 ENGINE_TESTS := devices hostmem packed adapter batch batch_faults chunked_prefill group_prefill \
-	contrast contrast_many emphasis conversation sliding_window logitprocs stopping memory_plan \
+	contrast contrast_many conversation sliding_window logitprocs stopping memory_plan \
 	history
 test-gpu:
 	@$(TEST_PY) -c 'import torch; assert torch.cuda.is_available(), "test-gpu needs CUDA"'

@@ -106,7 +106,6 @@ def warm_member(self, member_id: int) -> dict[str, Any]:
 def playground_reply(self, member_id: int, message: str, variant: str,
                      preference_text: str | None = None, alpha: float | None = None,
                      max_new_tokens: int | None = None, stream: bool = False,
-                     emphasis: float | None = None,
                      contrast: float | None = None) -> dict[str, Any]:
     """One admin-playground reply (personalised or plain); stores nothing, logs no text.
     ``stream``: publish the pieces on the task id's stream (gpu_worker.channels.streams)."""
@@ -114,7 +113,7 @@ def playground_reply(self, member_id: int, message: str, variant: str,
         host.sync_key_generation()
         out = playground.reply(member_id, message, variant, preference_text, alpha,
                                max_new_tokens, stream_id=self.request.id if stream else None,
-                               emphasis=emphasis, contrast=contrast)
+                               contrast=contrast)
     log.info("playground member=%s variant=%s tier=%s tokens=%s+%s", member_id, variant,
              out["tier"], out["prompt_tokens"], out["completion_tokens"])
     return out

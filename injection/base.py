@@ -130,10 +130,6 @@ class ExecutionRequest:
     # the member's memories (ordered, enabled only); when non-empty they render the
     # member part of the system turn and ``preference_text`` is ignored
     memories: tuple[MemoryItem, ...] = ()
-    # additive attention-logit bias (nats) of every query towards the member's memory
-    # text tokens, every layer and head (injection/engine/emphasis.py); 0 = off, exactly
-    # today's output; None = the model's default (``emphasis.default_emphasis``)
-    emphasis: float | None = None
     # re-state the member's memories before each user turn once the conversation is deep
     # (injection/prompting/reminder.py); None = the measured default
     reminder: bool | None = None
@@ -170,7 +166,6 @@ class ExecutionResult:
     # prompt tokens (of ``prompt_tokens``, which counts the injected turn too) whose K/V
     # was served from a cache (L1/L2 segments, the conversation's), not recomputed
     cached_tokens: int = 0
-    emphasis_effective: float = 0.0  # the attention emphasis applied (nats; 0: off)
     contrast_effective: float = 0.0  # the strength applied (0: no guide row)
     # the guide row's work, never part of prompt_tokens / completion_tokens (the reply's):
     # tokens it prefilled (computed, not cached) and decoding steps it ran beside the reply

@@ -25,14 +25,11 @@ VARIANTS = ("personalised", "plain")
 
 
 def _send(member_id: int, message: str, variant: str, preference_text: str | None,
-          alpha: float | None, task_id: str | None = None, emphasis: float | None = None,
-          contrast: float | None = None):
+          alpha: float | None, task_id: str | None = None, contrast: float | None = None):
     from config.celery import app
 
     kwargs = {"preference_text": preference_text, "alpha": alpha, "stream": bool(task_id)}
-    if emphasis is not None:  # sent only when set (None: the tenant's, else the model's)
-        kwargs["emphasis"] = emphasis
-    if contrast is not None:
+    if contrast is not None:  # sent only when set (None: the tenant's, else the model's)
         kwargs["contrast"] = contrast
     return app.send_task(PLAYGROUND_TASK, args=(member_id, message, variant), kwargs=kwargs,
                          task_id=task_id)
@@ -58,27 +55,25 @@ def _wait(async_result, timeout: float, forget: bool = True) -> dict[str, Any]:
 
 def compare(member_id: int, message: str, *, preference_text: str | None = None,
             alpha: float | None = None, timeout: float | None = None,
-            emphasis: float | None = None, contrast: float | None = None) -> dict[str, dict]:
+            contrast: float | None = None) -> dict[str, dict]:
     """Both replies for ``member_id``: ``{"personalised": {...}, "plain": {...}}``; a failed
     side carries ``{"error": "..."}``. ``preference_text``: an unsaved edit (never cached)."""
     timeout = settings.CHAT_RESULT_TIMEOUT if timeout is None else timeout
     try:
-        pending = {v: _send(member_id, message, v, preference_text, alpha, emphasis=emphasis,
-                            contrast=contrast) for v in VARIANTS}
+        pending = {v: _send(member_id, message, v, preference_text, alpha, contrast=contrast)
+                   for v in VARIANTS}
     except Exception as exc:  # broker down
         raise WorkerUnavailable("The task queue is unavailable.", retry_after=5) from exc
     return {variant: _wait(result, timeout) for variant, result in pending.items()}
 
 
 def start(member_id: int, message: str, *, preference_text: str | None = None,
-          alpha: float | None = None, emphasis: float | None = None,
-          contrast: float | None = None) -> dict[str, str]:
+          alpha: float | None = None, contrast: float | None = None) -> dict[str, str]:
     """Enqueue both replies streaming; returns ``{variant: task id}`` (random ids)."""
     ids = {variant: uuid.uuid4().hex for variant in VARIANTS}
     try:
         for variant, task_id in ids.items():
-            _send(member_id, message, variant, preference_text, alpha, task_id, emphasis,
-                  contrast)
+            _send(member_id, message, variant, preference_text, alpha, task_id, contrast)
     except Exception as exc:  # broker down
         raise WorkerUnavailable("The task queue is unavailable.", retry_after=5) from exc
     return ids

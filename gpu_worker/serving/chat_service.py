@@ -79,10 +79,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     alpha = params.get("alpha")
     if alpha is None:
         alpha = pref.alpha if pref else DEFAULT_ALPHA
-    emphasis = params.get("emphasis")  # the request's, else the tenant's, else the model's
-    if emphasis is None:
-        emphasis = getattr(member.tenant, "memory_emphasis", None)
-    contrast = params.get("contrast")  # the same order
+    contrast = params.get("contrast")  # the request's, else the tenant's, else the model's
     if contrast is None:
         contrast = getattr(member.tenant, "memory_contrast", None)
     reminder = params.get("reminder")  # the same order (None: the engine's default, on)
@@ -98,7 +95,6 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         injection_enabled=bool(memories) or bool(pref and pref.enabled),
         memories=memories,
         alpha=float(alpha),
-        emphasis=None if emphasis is None else float(emphasis),
         contrast=None if contrast is None else float(contrast),
         reminder=None if reminder is None else bool(reminder),
         max_new_tokens=max_new,

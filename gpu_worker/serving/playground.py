@@ -45,10 +45,9 @@ def _memories(member: Member, variant: str, preference_text: str | None
 def _request(member: Member, message: str, variant: str, preference_text: str | None,
              alpha: float | None, max_new_tokens: int,
              memories: tuple[MemoryItem, ...] = (),
-             emphasis: float | None = None, contrast: float | None = None) -> ExecutionRequest:
+             contrast: float | None = None) -> ExecutionRequest:
     messages = [{"role": "user", "content": message}]
-    params = {"max_new_tokens": max_new_tokens, "alpha": alpha, "emphasis": emphasis,
-              "contrast": contrast}
+    params = {"max_new_tokens": max_new_tokens, "alpha": alpha, "contrast": contrast}
     if variant == "plain":  # no tenant instructions, no preference: the bare model
         return ExecutionRequest(tenant=str(member.tenant_id), user=None, messages=messages,
                                 injection_enabled=False, max_new_tokens=max_new_tokens)
@@ -60,7 +59,6 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
         preference_text=preference_text, instructions=member.tenant.instructions,
         injection_enabled=True, memories=memories,
         alpha=float(alpha if alpha is not None else pref.alpha if pref else DEFAULT_ALPHA),
-        emphasis=emphasis if emphasis is not None else member.tenant.memory_emphasis,
         contrast=contrast if contrast is not None else member.tenant.memory_contrast,
         reminder=member.tenant.memory_reminder,
         max_new_tokens=max_new_tokens)
@@ -68,8 +66,7 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
 
 def reply(member_id: int, message: str, variant: str, preference_text: str | None = None,
           alpha: float | None = None, max_new_tokens: int | None = None,
-          stream_id: str | None = None, emphasis: float | None = None,
-          contrast: float | None = None) -> dict[str, Any]:
+          stream_id: str | None = None, contrast: float | None = None) -> dict[str, Any]:
     if variant not in VARIANTS:
         raise InvalidInput(f"variant must be one of {', '.join(VARIANTS)}")
     started = time.monotonic()
@@ -78,7 +75,7 @@ def reply(member_id: int, message: str, variant: str, preference_text: str | Non
     # a one-off reply: its sequence K/V is never kept as a conversation entry
     memories = _memories(member, variant, preference_text)
     req = dataclasses.replace(_request(member, message, variant, preference_text, alpha, tokens,
-                                       memories, emphasis, contrast), reuse_conversation=False)
+                                       memories, contrast), reuse_conversation=False)
     pub = streams.publisher(stream_id) if stream_id else None
     if pub is not None:
         req = dataclasses.replace(req, on_text=pub.piece, cancelled=pub.cancelled)
@@ -100,7 +97,6 @@ def reply(member_id: int, message: str, variant: str, preference_text: str | Non
         "inference_ms": round(result.inference_latency_ms, 1),
         "ttft_ms": round(result.ttft_ms, 1), "finish_reason": result.finish_reason,
         "alpha_effective": result.alpha_effective, "injection_mode": result.injection_mode,
-        "emphasis_effective": result.emphasis_effective,
         "contrast_effective": result.contrast_effective,
         "unsaved_preference": preference_text is not None and variant == "personalised",
         "memories_used": memories_used(result, memories),

@@ -28,7 +28,6 @@ from injection.base import GenerationOutput
 from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
-from injection.engine.emphasis import Spans
 from injection.engine.faults import COUNTERS, EngineFaults
 from injection.engine.guidance import contrast
 from injection.engine.prefill.forwards import FORWARD_COUNTERS, EngineForwards
@@ -107,12 +106,9 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
 
     def run(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
             max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
-            emphasis: float = 0.0, emphasis_spans: Spans = (), quiet_spans: Spans = (),
             capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
             guide: contrast.Guide | None = None, **sampling: Any) -> GenerationOutput:
         """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``;
-        ``emphasis`` nats towards the absolute key positions ``emphasis_spans``, except
-        from the model's own tokens (``quiet_spans``: earlier replies; see emphasis.py);
         ``capture`` gets the K/V of the first ``capture_tokens`` of ``new_ids`` once the
         prefill is done (the one-pass miss; ``faults.capture_segment``); ``guide``: the
         conversation without the memories, contrasted (``contrast.py``; needs 2 rows)."""
@@ -123,9 +119,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
                      int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
-                     emphasis=float(emphasis), emphasis_spans=tuple(emphasis_spans),
-                     quiet_spans=tuple(quiet_spans), capture=capture,
-                     capture_tokens=int(capture_tokens))
+                     capture=capture, capture_tokens=int(capture_tokens))
         contrast.attach(job, guide, self.max_batch)
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
         return self.submit(job).wait()
@@ -228,7 +222,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         size = self.pacer.chunk(len(ids) - done, decoding=bool(self._rows))
         t0 = self.clock()
         past, logits, guided = contrast.prefill(  # a guided row: with its guide, if it can
-            self.adapter, job, ids[done:done + size], job.chunk_cache, job.quiet(resume),
+            self.adapter, job, ids[done:done + size], job.chunk_cache,
             whole=not resume and done + size == len(ids), counters=self.counters)
         self.pacer.prefilled(size, self.clock() - t0)
         if done + size < len(ids):

@@ -34,12 +34,6 @@ class RowJob:
     sampling: dict[str, Any]
     watch_opts: dict[str, Any]
     keep_kv: bool = False
-    # attention emphasis (``emphasis.py``): nats added towards these absolute key spans
-    emphasis: float = 0.0
-    emphasis_spans: tuple[tuple[int, int], ...] = ()
-    # absolute positions of tokens the model wrote (earlier replies in the prompt): their
-    # queries attend with ``emphasis.GENERATED_SCALE`` of it, as its decoding steps do
-    quiet_spans: tuple[tuple[int, int], ...] = ()
     # the one-pass miss: the first ``capture_tokens`` of ``new_ids`` are a cache segment
     # missing from every tier; its K/V, sliced from this row's prefill, goes to ``capture``
     capture: Callable[[PackedKV], None] | None = None
@@ -91,13 +85,6 @@ class RowJob:
         """The tokens a prefill runs after the prefix: the new ids, and when a row put back
         after an OOM resumes, the tokens it generated except the last (the next step's)."""
         return self.new_ids + self.gen[:-1] if resume else self.new_ids
-
-    def quiet(self, resume: bool) -> tuple[tuple[int, int], ...]:
-        """``quiet_spans``, and when resuming, the generated tokens it prefills again."""
-        if not (resume and self.emphasis):
-            return self.quiet_spans
-        start = len(self.input_ids)
-        return (*self.quiet_spans, (start, start + len(self.gen) - 1))
 
     def reserve_tokens(self) -> int:
         return len(self.input_ids) + self.max_new_tokens

@@ -63,7 +63,7 @@ class InjectionExecutor:
         conversation_max_bytes: with an engine, keep each conversation's sequence K/V up
             to this size in L1 for its next turn (0: no conversation reuse).
         one_pass: with an engine, a missing member segment is prefilled by the request
-            itself before its prompt (alpha 1, no emphasis); False computes it apart.
+            itself before its prompt (alpha 1); False computes it apart.
         guide_keeps_instructions: the one-memory contrast guide keeps the tenant's
             instructions (``engine/guidance/plan.py``; off: measured, they keep precedence).
     """

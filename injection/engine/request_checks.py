@@ -6,7 +6,6 @@ import math
 from typing import Any
 
 from injection.base import ExecutionRequest
-from injection.engine.emphasis import MAX_EMPHASIS
 from injection.engine.guidance.contrast import MAX_CONTRAST
 from injection.errors import InvalidRequest
 from injection.prompting.markup import MarkupStream
@@ -58,7 +57,6 @@ def validate(req: ExecutionRequest) -> None:
         raise InvalidRequest("the conversation must end with a non-empty user message")
     if not math.isfinite(req.alpha) or req.alpha < 0:
         raise InvalidRequest(f"alpha must be a finite number >= 0, got {req.alpha}")
-    _in_range("emphasis", req.emphasis, MAX_EMPHASIS)
     _in_range("contrast", req.contrast, MAX_CONTRAST)
     if req.max_new_tokens < 1:
         raise InvalidRequest("max_new_tokens must be >= 1")

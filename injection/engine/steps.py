@@ -14,17 +14,15 @@ from transformers import DynamicCache
 
 from injection.base import GenerationOutput
 from injection.devices import KVTimer
-from injection.engine import emphasis
 from injection.engine.batchcache import BatchCache, SlabLayer
 from injection.engine.batchrow import RowJob
 from injection.kvcache.packed import PackedKV
 
 
 def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
-            past: Any = None, quiet: tuple[tuple[int, int], ...] = ()) -> tuple[Any, torch.Tensor]:
+            past: Any = None) -> tuple[Any, torch.Tensor]:
     """The row's new tokens (or ``ids``) on its own (alpha-scaled) prefix K/V, batch 1;
-    ``past``: the row's cache so far (a chunked prefill's next chunk continues it);
-    ``quiet``: absolute positions of tokens the model wrote (``emphasis.prefill_bias``).
+    ``past``: the row's cache so far (a chunked prefill's next chunk continues it).
 
     Returns the row's cache and the logits of its last position; records the K/V
     transfer time and bytes on the job (when it builds the cache).
@@ -35,12 +33,8 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
                 row_cache(adapter, job) if job.prefix is not None
                 else DynamicCache(config=adapter._cache_config))
         tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
-        bias = emphasis.prefill_bias(job.emphasis, job.emphasis_spans,
-                                     cache.get_seq_length() + tokens.shape[1],
-                                     adapter.device, adapter.dtype, tokens.shape[1], quiet)
-        extra = {} if bias is None else {"position_bias": bias}  # none: today's call
         out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
-                            logits_to_keep=1, **extra)
+                            logits_to_keep=1)
         logits = out.logits[0, -1]
     if past is None:
         job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
@@ -122,12 +116,10 @@ def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> torch.Tensor:
     """One decoding step for every row: the rows' next-token logits ``[B, V]``."""
     mask, positions, cache_position = batch.step_inputs(adapter.device)
     last = torch.tensor([[r.gen[-1]] for r in rows], device=adapter.device)
-    bias = emphasis.decode_bias(rows, batch.pads, batch.width, adapter.device, adapter.dtype)
-    extra = {} if bias is None else {"position_bias": bias}  # none: today's call
     with torch.inference_mode():
         out = adapter.model(input_ids=last, attention_mask=mask, position_ids=positions,
                             cache_position=cache_position, past_key_values=batch.cache,
-                            use_cache=True, **extra)
+                            use_cache=True)
         return out.logits[:, -1]
 
 

@@ -13,12 +13,11 @@ from typing import Any
 import torch
 
 from injection.base import CacheKey, ExecutionRequest
-from injection.engine.planning.plan import LinkPlan, Spans, TurnPlan
+from injection.engine.planning.plan import LinkPlan, TurnPlan
 from injection.kvcache.conversation import ConversationStore, common_prefix, messages_hash
 from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
 from injection.kvcache.pieces import KVPieces, own
-from injection.prompting.emphasis_spans import reply_spans
 from injection.prompting.opening import next_opening
 
 __all__ = ["TurnGenerator", "join", "opening_pays"]
@@ -67,20 +66,18 @@ class TurnGenerator:
         self.prefill_opening = opening_pays(engine)  # build_executor may say otherwise
 
     def plan(self, req: ExecutionRequest, messages: list[dict[str, str]], prompt: str,
-             chash: str, alpha: float, *, injected: bool, emphasis: float = 0.0) -> LinkPlan:
-        """Encode the turn once and look its conversation up (``cached``: a hit). K/V
-        computed under an emphasis is reused only under the same emphasis."""
+             chash: str, alpha: float, *, injected: bool) -> LinkPlan:
+        """Encode the turn once and look its conversation up (``cached``: a hit)."""
         if self.engine is None:
-            return LinkPlan(None, prompt, None, None)  # emphasis needs the batch engine
+            return LinkPlan(None, prompt, None, None)  # one adapter.generate: no link
         prompt_ids = self.adapter.renderer.encode(prompt, first=not injected)
-        replies = tuple(m["content"] for m in messages if m["role"] == "assistant")
         user = user_or_none(req.user)
         if not (self.store.enabled and req.reuse_conversation and user):
-            return LinkPlan(None, prompt, prompt_ids, None, emphasis=emphasis, replies=replies)
+            return LinkPlan(None, prompt, prompt_ids, None)
         # /v1: the hash chain of the messages as sent (not of the window that fits), so
         # a trimmed history still finds, and then replaces, its conversation's link
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
-                        else messages_hash(list(req.messages)[:-1]), chash, alpha, emphasis)
+                        else messages_hash(list(req.messages)[:-1]), chash, alpha)
         cached = self.store.lookup(key, prompt_ids)
         # admission: a turn with history is a conversation going on; one-shots are not kept,
         # nor a /v1 history seen before (a fixed few-shot prefix: its links are never read)
@@ -89,16 +86,15 @@ class TurnGenerator:
             and (bool(req.conversation_id) or self.store.first_sighting(key)))
         if not admitted:
             self.store.metrics.incr("conv_not_admitted")
-        return LinkPlan(key, prompt, prompt_ids, cached, admitted, emphasis, replies)
+        return LinkPlan(key, prompt, prompt_ids, cached, admitted)
 
     def run(self, plan: TurnPlan, prefix: PackedKV | None, lead: tuple[int, ...] = (),
             capture: Any = None, guide: Any = None) -> Any:
         """Generate after ``prefix`` (the injected chain, with the conversation's link
-        joined on a hit; values already scaled) at alpha 1; the link's emphasis towards
-        the absolute key ``plan.spans`` (engine only). ``lead``: a deferred segment's ids,
-        prefilled before the prompt, their K/V handed to ``capture`` (engine only);
+        joined on a hit; values already scaled) at alpha 1. ``lead``: a deferred segment's
+        ids, prefilled before the prompt, their K/V handed to ``capture`` (engine only);
         ``guide``: contrastive guidance (``contrast.Guide``, engine only)."""
-        link, spans = plan.link, plan.spans
+        link = plan.link
         if self.engine is None:
             assert not lead, "a deferred segment needs the batch engine"
             return self.adapter.generate(link.prompt, prefix, 1.0, plan.max_new_tokens,
@@ -108,19 +104,8 @@ class TurnGenerator:
         return self.engine.run(prefix, 1.0, [*lead, *link.prompt_ids[done:]],
                                plan.max_new_tokens, keep_kv=link.admitted,
                                prompt_ids=link.prompt_ids,
-                               emphasis=link.emphasis if spans else 0.0, emphasis_spans=spans,
-                               quiet_spans=self._quiet(link, prefix, done, len(lead), spans),
                                capture=capture if lead else None, capture_tokens=len(lead),
                                guide=guide, **plan.sampling)
-
-    def _quiet(self, plan: LinkPlan, prefix: PackedKV | None, done: int, lead: int,
-               spans: Spans) -> Spans:
-        """Absolute positions of the earlier replies still to prefill (emphasis only)."""
-        if not (spans and plan.emphasis and plan.replies):
-            return ()
-        base = (prefix.num_tokens if prefix is not None else 0) - done + lead
-        found = reply_spans(self.adapter.renderer, plan.prompt, plan.prompt_ids, plan.replies)
-        return tuple((base + s, base + e) for s, e in found if e > done)
 
     def keep(self, plan: TurnPlan, req: ExecutionRequest, reply: str, out: Any,
              head: int) -> None:
@@ -148,11 +133,11 @@ class TurnGenerator:
         user = user_or_none(req.user)
         nxt = plan.key if req.conversation_id else self._key(
             req, user, messages_hash([*req.messages, {"role": "assistant", "content": reply}]),
-            chash, alpha, plan.emphasis)
+            chash, alpha)
         link = own(seq, head)  # contiguous (pool memory with CUDA) once: reads are views
         self.store.keep(nxt, link, replaces=plan.key)  # the link this turn continued
-        if opening is not None and self.prefill_opening and self.engine is not None and not (
-                plan.emphasis or plan.prompt_ids is None):
+        if (opening is not None and self.prefill_opening and self.engine is not None
+                and plan.prompt_ids is not None):
             self._submit(nxt, plan.prompt, seq, head, opening)
 
     # -- the next turn's opening, prefilled ahead ---------------------------------------
@@ -217,6 +202,5 @@ class TurnGenerator:
             self._openings.shutdown(wait=True, cancel_futures=True)
 
     def _key(self, req: ExecutionRequest, user: str, ident: str, chash: str,
-             alpha: float, emphasis: float = 0.0) -> CacheKey:
-        return self.store.key(req.tenant, user, ident, chash, alpha, self.adapter.fingerprint,
-                              emphasis=emphasis)
+                alpha: float) -> CacheKey:
+        return self.store.key(req.tenant, user, ident, chash, alpha, self.adapter.fingerprint)

@@ -8,8 +8,8 @@ the tenant and member segments before it are cached on their own. An entry is ke
 * the conversation's identity: the caller's id (``/api/chat``: the stored conversation)
   or the hash chain of the messages before the new one (``/v1``: the next turn looks up
   the hash of this turn's messages + the reply), hashed with
-* the injected turn's hash, alpha and attention emphasis (a changed preference,
-  instructions, alpha or emphasis misses).
+* the injected turn's hash and alpha (a changed preference, instructions or alpha
+  misses).
 
 The next turn's tokens are compared with the stored ones: the longest common prefix is
 reused and only the rest is prefilled, so a trimmed history or a re-tokenised reply
@@ -83,10 +83,8 @@ class ConversationStore:
         return self.l1 is not None and self.max_bytes > 0
 
     def key(self, tenant: str, user: str, ident: str, segment_hash: str, alpha: float,
-            fingerprint: str, *, emphasis: float = 0.0) -> CacheKey:
+            fingerprint: str) -> CacheKey:
         parts = ["conv", ident, segment_hash, f"{float(alpha):.6f}"]
-        if emphasis:  # K/V computed under attention emphasis (0: the key as before)
-            parts.append(f"emph={float(emphasis):.6f}")
         return CacheKey(tenant, user, hashlib.sha256("|".join(parts).encode()).hexdigest(),
                         fingerprint)
 

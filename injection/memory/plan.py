@@ -84,15 +84,6 @@ class MemoryPlan:
     def has_memories(self) -> bool:
         return bool(self.segment)
 
-    def texts(self, items: Sequence[MemoryItem]) -> list[str]:
-        """The rendered texts of ``items`` as they appear in the system turn."""
-        return [(_line(m) if self.many else m.text.strip()) for m in items]
-
-    def emphasis_texts(self) -> list[str] | None:
-        """The member texts inside the injected segment, in rendered order (None: no
-        memories, the emphasis falls back to the request's preference)."""
-        return self.texts(self.segment) if self.has_memories else None
-
     def used(self) -> list[dict[str, str]]:
         """``[{"id", "how"}]`` in rendered order (``ExecutionResult.extra``)."""
         return ([{"id": m.id, "how": "segment"} for m in self.segment]

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["model_fingerprint", "weights_digest", "tokenizer_digest"]
+__all__ = ["model_fingerprint", "model_key", "weights_digest", "tokenizer_digest"]
 
 SAMPLES_PER_TENSOR = 4096
 _VOLATILE_CONFIG_KEYS = {"_name_or_path", "transformers_version", "dtype", "torch_dtype"}
@@ -30,6 +30,27 @@ def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> str:
     h.update(tokenizer_digest(tokenizer).encode())
     h.update(str(dtype).encode())
     return h.hexdigest()
+
+
+def model_key(adapter: Any) -> str:
+    """The model's identity for per-model measured defaults (``guidance/contrast.py``):
+    config + tokenizer and chat template, independent of dtype and device (the
+    fingerprint is not: it includes the dtype and the weights). Cached on the adapter."""
+    cached = getattr(adapter, "_model_key", None)
+    if cached is not None:
+        return cached
+    key = ""
+    model, tok = getattr(adapter, "model", None), getattr(adapter, "tokenizer", None)
+    if model is not None and tok is not None and hasattr(model, "config"):
+        cfg = {k: v for k, v in model.config.to_dict().items()
+               if k not in _VOLATILE_CONFIG_KEYS and not k.startswith("_")}
+        blob = json.dumps(cfg, sort_keys=True, default=str) + tokenizer_digest(tok)
+        key = hashlib.sha256(blob.encode()).hexdigest()[:16]
+    try:
+        adapter._model_key = key
+    except AttributeError:
+        pass
+    return key
 
 
 def weights_digest(model: Any) -> str:

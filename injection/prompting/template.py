@@ -5,9 +5,8 @@ the chat template's rendering of ``[{"role": "system", "content": context}]``. T
 prompt continues where that turn ends (history, the new user turn, the generation
 prompt), so at alpha 1 injected generation equals plain generation of the same
 conversation with the context as its system message, token for token, as long as nothing
-else changes the turn: no attention emphasis (``engine/emphasis.py``), no contrastive
-guide (``engine/guidance``) and no memory reminder in the messages
-(``prompting/reminder.py``, on by default deep in a conversation).
+else changes the turn: no contrastive guide (``engine/guidance``) and no memory
+reminder in the messages (``prompting/reminder.py``, on by default deep in a conversation).
 
 The split is found by rendering, never by hard-coded markers, and is verified:
 ``encode(segment) + encode(rest) == encode(full)`` or it is not used. Fallbacks, in

@@ -32,7 +32,7 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
 
 
 TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens",
-                 "memory_emphasis", "memory_contrast", "memory_reminder",
+                 "memory_contrast", "memory_reminder",
                  "memory_writes_enabled")
 
 
@@ -52,7 +52,6 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
         raise InvalidInput(f"Cannot change {', '.join(sorted(unknown))} of a tenant.")
     if "name" in changes and not (changes["name"] or "").strip():
         raise InvalidInput("A tenant needs a name.")
-    _strength_in_range(changes, "memory_emphasis", 8)
     _strength_in_range(changes, "memory_contrast", 4)
     if changes.get("memory_reminder") not in (None, True, False):
         raise InvalidInput("memory_reminder must be true, false or empty (the platform's "

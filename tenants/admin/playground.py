@@ -44,9 +44,6 @@ class PlaygroundForm(forms.Form):
                   "an edited text is computed for this page only, never cached or stored.")
     alpha = forms.FloatField(required=False, min_value=0.0, max_value=1.0,
                              help_text="Strength, 0 to 1 (empty: the member's own).")
-    emphasis = forms.FloatField(required=False, min_value=0.0, max_value=8.0,
-                                help_text="Attention emphasis on the memories, 0 to 8 nats "
-                                          "(0: off; empty: the tenant's, else the model's).")
     contrast = forms.FloatField(required=False, min_value=0.0, max_value=4.0,
                                 help_text="Contrastive guidance by the memories, 0 to 4 "
                                           "(0: off; empty: the tenant's, else the model's).")
@@ -106,8 +103,7 @@ def _run(request, data: dict) -> dict:
     text, alpha = _override(member, data["preference"], data["alpha"])
     try:
         results = playground.compare(member.pk, data["message"], preference_text=text,
-                                     alpha=alpha, emphasis=data.get("emphasis"),
-                                     contrast=data.get("contrast"))
+                                     alpha=alpha, contrast=data.get("contrast"))
     except PlatformError as exc:
         return {"error": exc.message}
     saved = actions.do_record_playground(member, message=data["message"], results=results,
@@ -129,7 +125,7 @@ def playground_start(request):
     text, alpha = _override(member, data["preference"], data["alpha"])
     try:
         tasks = playground.start(member.pk, data["message"], preference_text=text, alpha=alpha,
-                                 emphasis=data.get("emphasis"), contrast=data.get("contrast"))
+                                 contrast=data.get("contrast"))
     except PlatformError as exc:
         return JsonResponse({"error": exc.message}, status=exc.status)
     run = uuid.uuid4().hex

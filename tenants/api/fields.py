@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 
 from django.core.validators import RegexValidator
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 from rest_framework.fields import empty
 
@@ -73,3 +74,34 @@ class StrictDateField(serializers.DateField):
         return super().to_internal_value(data)
 
 
+
+
+@extend_schema_field({"type": "number", "minimum": 0, "maximum": 0, "nullable": True,
+                      "deprecated": True})
+class RemovedFloatField(serializers.Field):
+    """A number field of a mechanism the platform removed: absent, null or 0 (what an old
+    client sends to mean "off") is accepted and does nothing (the value is ``None``); any
+    other value is a 400 naming the field. ``what``: the mechanism, as the error names it;
+    ``strings``: a number sent as a string counts as that number (``/v1``'s fields)."""
+
+    default_error_messages = {
+        "removed": "{what} was removed from the platform: omit this field (null and 0 are "
+                   "accepted and do nothing).",
+    }
+
+    def __init__(self, what: str, *, strings: bool = False, **kw):
+        self.what, self.strings = what, strings
+        super().__init__(required=False, allow_null=True, **kw)
+
+    def to_internal_value(self, data):
+        if self.strings and isinstance(data, str):
+            try:
+                data = float(data)
+            except ValueError:
+                self.fail("removed", what=self.what)
+        if isinstance(data, bool) or not isinstance(data, (int, float)) or data != 0:
+            self.fail("removed", what=self.what)
+        return None
+
+    def to_representation(self, value):
+        return value

@@ -10,6 +10,7 @@ from tenants.actions import INSTRUCTIONS_MAX_CHARS, PREFERENCE_MAX_CHARS
 from tenants.api.fields import (
     NO_NUL,
     NOT_BLANK_NO_NUL,
+    RemovedFloatField,
     StrictBooleanField,
     StrictCharField,
     StrictFloatField,
@@ -38,11 +39,10 @@ class ChatRequestSerializer(StrictSerializer):
         required=False, min_value=0.0, max_value=1.0,
         help_text="Injection strength override (values only); capped by the engine's KV_ALPHA_CAP.",
     )
-    emphasis = StrictFloatField(
-        required=False, min_value=0.0, max_value=8.0,
-        help_text="Attention emphasis on your memories (nats added to the attention logits "
-                  "towards their tokens; 0 = off). Default: the tenant's setting, else the "
-                  "model's.",
+    emphasis = RemovedFloatField(
+        "Attention emphasis",
+        help_text="Removed (attention emphasis never improved replies on the benchmarks): "
+                  "null or 0 is accepted and does nothing, any other value is a 400.",
     )
     contrast = StrictFloatField(
         required=False, min_value=0.0, max_value=4.0,
@@ -117,9 +117,6 @@ class CacheInfoSerializer(serializers.Serializer):
         help_text="Earlier messages of the conversation that fitted the model's context.")
     fingerprint = serializers.CharField(help_text="Model identity the K/V belongs to.")
     alpha_effective = serializers.FloatField()
-    emphasis_effective = serializers.FloatField(
-        required=False, help_text="Attention emphasis applied to the memories' tokens (nats; "
-                                  "0: off).")
     contrast_effective = serializers.FloatField(
         required=False, help_text="Contrastive guidance strength applied (0: off; from the "
                                   "third turn of a conversation on, turns are not guided).")

@@ -111,7 +111,6 @@ class ChatView(MemberView):
             "top_p": data.get("top_p", 1.0),
             "alpha": data.get("alpha"),
             # only when sent: the idempotency hash of requests without it stays as it was
-            **({"emphasis": data["emphasis"]} if data.get("emphasis") is not None else {}),
             **({"contrast": data["contrast"]} if data.get("contrast") is not None else {}),
             **({"reminder": data["reminder"]} if "reminder" in data else {}),
         }

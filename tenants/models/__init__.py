@@ -38,12 +38,6 @@ class Tenant(models.Model):
         null=True, blank=True, validators=[MinValueValidator(1)],
         help_text="Most tokens one reply may have (empty: the server's limit, "
                   "CHAT_MAX_NEW_TOKENS, which also bounds this value).")
-    # Memories (issue 22): attention emphasis towards the member's memory tokens (empty:
-    # the model's default) and whether "remember that ..." in a chat stores a memory.
-    memory_emphasis = models.FloatField(
-        null=True, blank=True, validators=[MinValueValidator(0.0), MaxValueValidator(8.0)],
-        help_text="How strongly replies attend to members' memories, 0 (off) to 8; empty: "
-                  "the model's default.")
     # contrastive guidance by the member's memories (injection/engine/guidance/contrast.py;
     # empty: the model's default)
     memory_contrast = models.FloatField(
@@ -150,7 +144,7 @@ class Preference(models.Model):
         help_text="How strongly the preference shapes replies, 0 to 1. The preference is "
                   "injected as the model's system turn with its attention values scaled by "
                   "alpha: 1.0 reproduces exactly what the model does with the preference in "
-                  "its prompt (and measured best) where the tenant's emphasis, contrast and "
+                  "its prompt (and measured best) where the tenant's contrast and "
                   "memory reminder are off (the reminder and, on some models, contrast are on "
                   "by default); lower values weaken it gradually, and at "
                   "0.1 or below nothing is injected. The platform's cap (KV_ALPHA_CAP) bounds "

@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from tenants.api.fields import RemovedFloatField
 from tenants.api.serializers import PK_MAX
 from tenants.errors import ModelNotFound
 from tenants.v1 import options
@@ -73,10 +74,10 @@ class StreamOptionsSerializer(StrictSerializer):
 class ExtensionSerializer(StrictSerializer):
     alpha = serializers.FloatField(required=False, min_value=0.0, max_value=1.0,
                                    help_text="Injection strength override (values only).")
-    emphasis = serializers.FloatField(
-        required=False, min_value=0.0, max_value=8.0,
-        help_text="Attention emphasis on the member's memories (nats; 0 = off; default: the "
-                  "tenant's setting, else the model's).")
+    emphasis = RemovedFloatField(
+        "Attention emphasis", strings=True,
+        help_text="Removed (attention emphasis never improved replies on the benchmarks): "
+                  "null or 0 is accepted and does nothing, any other value is a 400.")
     contrast = serializers.FloatField(
         required=False, min_value=0.0, max_value=4.0,
         help_text="Contrastive guidance by the member's memories (0 = off; default: the "
@@ -221,7 +222,6 @@ def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
         "stop": data.get("stop") or [],
         "alpha": ext.get("alpha"),
         # only when sent: the idempotency hash of requests without it stays as it was
-        **({"emphasis": ext["emphasis"]} if ext.get("emphasis") is not None else {}),
         **({"contrast": ext["contrast"]} if ext.get("contrast") is not None else {}),
         **({"reminder": ext["reminder"]} if "reminder" in ext else {}),
         "user": data.get("user") or None,

@@ -11,7 +11,7 @@ import pytest
 from tenants import actions
 from tenants.errors import InvalidInput
 from tenants.models import ChatExchange, Tenant
-from tests.e2e.test_emphasis_e2e import alice, post  # noqa: F401 - the fixture
+from tests.e2e.chat_http import alice, post  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

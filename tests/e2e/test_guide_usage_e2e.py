@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import UsageDay
-from tests.e2e.test_emphasis_e2e import alice, post  # noqa: F401 - the fixture
+from tests.e2e.chat_http import alice, post  # noqa: F401 - the fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -2,7 +2,7 @@
 
 The ``adapter`` the engine tests share runs on ``KVI_TEST_DEVICE`` (default ``cpu``):
 ``make test-gpu`` runs the engine's tests again with ``KVI_TEST_DEVICE=cuda``, so the
-batch engine, contrast, emphasis, chunked and grouped prefill and the conversation store
+batch engine, contrast, chunked and grouped prefill and the conversation store
 are checked on CUDA against the same references (computed on the same device).
 """
 

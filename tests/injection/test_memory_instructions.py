@@ -1,9 +1,7 @@
-"""Tenant instructions keep precedence with many memories (issue 22), and the emphasis
-default and its length normalisation (injection/engine/emphasis.py, prompting/emphasis_spans)."""
+"""Tenant instructions keep precedence with many memories (issue 22)."""
 
 from __future__ import annotations
 
-import math
 import re
 
 import pytest
@@ -11,9 +9,7 @@ import pytest
 from injection import InjectionExecutor, TenantLRU, load_adapter
 from injection.base import ExecutionRequest, MemoryItem
 from injection.engine.batch import BatchEngine
-from injection.engine.emphasis import default_emphasis
 from injection.metrics import Metrics
-from injection.prompting.emphasis_spans import REF_TOKENS, normalised
 
 FRENCH = {"le", "la", "les", "est", "et", "je", "vous", "une", "un", "pour", "avec", "des",
           "bonjour", "merci", "que", "pas", "du", "suis", "de"}
@@ -33,20 +29,6 @@ def french(text: str) -> bool:
     return len(words) >= 3 and sum(w in FRENCH for w in words) / len(words) >= 0.2
 
 
-def test_emphasis_keeps_full_strength_for_one_memory_and_shares_it_among_many():
-    assert normalised(3.0, ((5, 5 + REF_TOKENS),)) == 3.0
-    many = ((5, 5 + 8 * REF_TOKENS),)
-    assert normalised(3.0, many) == pytest.approx(3.0 - math.log(8))
-    # the emphasised keys' total extra weight stays that of one memory's
-    assert 8 * REF_TOKENS * math.exp(normalised(3.0, many)) == pytest.approx(
-        REF_TOKENS * math.exp(3.0))
-    assert normalised(1.0, ((0, 100 * REF_TOKENS),)) == 0.0
-
-
-def test_the_random_demo_model_has_no_emphasis_default(adapter):
-    assert default_emphasis(adapter) == 0.0
-
-
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_tenant_instruction_still_holds_with_twenty_memories(real_model_path):
@@ -60,11 +42,10 @@ def test_tenant_instruction_still_holds_with_twenty_memories(real_model_path):
             mems = tuple(MemoryItem(str(i), t) for i, t in enumerate(MEMORIES[:n]))
             res = ex.execute(ExecutionRequest("acme", "ann", msgs, memories=mems,
                                               instructions="Always answer in French.",
-                                              emphasis=3.0, max_new_tokens=24))
+                                              max_new_tokens=24))
             replies[n] = res
     finally:
         ex.close()
     assert french(replies[0].text), replies[0].text
     assert french(replies[20].text), replies[20].text  # the memories did not override it
     assert len(replies[20].extra["memories_used"]) == 20
-    assert 0 < replies[20].emphasis_effective < 3.0  # shared out over 20 memories

@@ -49,10 +49,10 @@ def test_recalled_memories_reply_equals_the_plain_system_message(smollm, batch_m
     ex = build_executor(smollm, batch_max=batch_max, metrics=Metrics(),
                         memory_segment_tokens=budget, memory_recall_top_k=2)
     msgs = ask("My pet gets anxious during fireworks. What can I do for him?")
-    # emphasis, contrast and reminder off: the reply is the plain system message's exactly
-    # (tests/injection/test_emphasis*.py, test_contrast*.py, test_reminder.py cover them)
+    # contrast and reminder off: the reply is the plain system message's exactly
+    # (tests/injection/test_contrast*.py, test_reminder.py cover them)
     req = ExecutionRequest("t", "u", msgs, instructions=INSTR, memories=MEMS, max_new_tokens=24,
-                           emphasis=0.0, contrast=0.0, reminder=False)
+                           contrast=0.0, reminder=False)
     plan = ex.memories.plan(req)
     assert [m.id for m in plan.segment] == ["m0", "m1"]
     assert "m2" in [m.id for m in plan.recalled]  # the dog

@@ -105,12 +105,10 @@ def test_a_whole_turn_without_a_tenant_split_is_one_pass_too(adapter, engine):
     assert cold.kv_bytes_cpu == warm.kv_bytes_cpu
 
 
-def test_scaled_or_emphasised_members_are_computed_apart(adapter, engine):
+def test_scaled_members_are_computed_apart(adapter, engine):
     ex = make(adapter, engine)
     half = ask(ex, alpha=0.5)  # values scaled before the prompt reads them: two passes
     assert half.tier is Tier.COMPUTE and ex.metrics.get("computes_one_pass") == 0
-    emph = ask(ex, "u2", emphasis=1.0)  # the segment must not be computed under the bias
-    assert emph.tier is Tier.COMPUTE and ex.metrics.get("computes_one_pass") == 0
     assert engine.counters["segment_captures"] == 0
 
 

@@ -80,7 +80,7 @@ def test_a_member_turn_injects_the_system_turn_the_plain_prompt_would_render(tex
     assert (plan.alpha, plan.member_alpha, plan.chash) == (0.7, 0.7, content_hash(plan.segment))
     assert plan.context == context and list(plan.messages) == ASK
     assert plan.link.key is None and not plan.defer  # no engine: no link, no one-pass
-    assert (plan.emphasis, plan.spans, plan.guide) == (0.0, (), None)
+    assert plan.guide is None
     with pytest.raises(AttributeError):
         plan.segment = ""  # a value: the run step cannot change what was planned
 

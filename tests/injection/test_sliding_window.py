@@ -106,7 +106,7 @@ def test_injected_segments_longer_than_the_window_reproduce_the_system_message(w
         for user, q in zip(("a", "b", "a"), QUESTIONS, strict=True):
             res = ex.execute(ExecutionRequest("t", user, [{"role": "user", "content": q}],
                                               LONG_PREF, instructions=instr, max_new_tokens=20,
-                                              emphasis=0.0, reminder=False))
+                                              reminder=False))
             assert res.kv_tokens > WINDOW and "tenant" in res.extra["segments"]
             want = native(windowed, instr + "\n\n" + LONG_PREF, q, 20)
             assert res.completion_tokens == len(want)

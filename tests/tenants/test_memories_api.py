@@ -174,4 +174,4 @@ def test_chat_memory_writes_when_enabled(acme):
 
 
 def test_tenant_field_defaults(acme):
-    assert acme.tenant.memory_writes_enabled is False and acme.tenant.memory_emphasis is None
+    assert acme.tenant.memory_writes_enabled is False

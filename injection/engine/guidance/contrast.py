@@ -31,8 +31,8 @@ import torch
 
 from injection.engine import steps
 from injection.engine.batchrow import RowJob
-from injection.engine.emphasis import model_key
 from injection.kvcache.packed import PackedKV
+from injection.model.fingerprint import model_key
 from injection.prompting.reminder import standing
 
 __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
@@ -44,7 +44,7 @@ MAX_CONTRAST = 4.0  # requests and tenants are validated against it
 # a guided row's guide leaves after this many reply tokens (None: it guides the whole reply)
 GUIDE_TOKENS: int | None = None
 # Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
-# depth"): ``emphasis.model_key`` -> strength. A model not listed (the random demo model
+# depth"): ``fingerprint.model_key`` -> strength. A model not listed (the random demo model
 # included) is off.
 # SmolLM2-135M-Instruct ("b7753234439613b9"), chosen on the tuning cases at depth 0 (system
 # message 10/20; strength 0.5: 13, 1: 14, 2: 13), then held-out 13/20 against 8/20, no
@@ -133,17 +133,17 @@ def with_guides(rows: list[Any]) -> list[Any]:
     return [*rows, *(r.guide for r in rows if r.guide is not None and r.guide not in rows)]
 
 
-def prefill(adapter: Any, job: RowJob, ids: list[int], past: Any, quiet: Any, *, whole: bool,
+def prefill(adapter: Any, job: RowJob, ids: list[int], past: Any, *, whole: bool,
             counters: dict[str, int]) -> tuple[Any, torch.Tensor, Any]:
     """``steps.prefill`` of the row's ``ids``, and ``guided`` None; a guided row whose
-    prefill is this one whole chunk (no emphasis, not resumed, its guide at most twice as
+    prefill is this one whole chunk (not resumed, its guide at most twice as
     long: the shorter row is padded to the longer) runs with its guide in one
     forward (``steps.prefill_group``: both first tokens for about the cost of one row's
     on an accelerator, and one forward's fixed cost on a CPU), ``guided`` its guide's
     ``(cache, logits)``."""
-    if (job.guide is None or not whole or past is not None or job.emphasis or quiet
+    if (job.guide is None or not whole or past is not None
             or not shares_forward(job, len(ids))):
-        return (*steps.prefill(adapter, job, ids, past, quiet), None)
+        return (*steps.prefill(adapter, job, ids, past), None)
     job.guide.gen = []
     rows, logits = steps.prefill_group(adapter, [job, job.guide])
     count_pair(job, counters)

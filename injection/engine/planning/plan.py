@@ -2,8 +2,7 @@
 
 ``TurnPlan`` is everything ``InjectionExecutor`` runs: the injected segment and where its
 K/V comes from (the tenant/member chain ``split``, the member's ``memory`` plan), the
-rendered prompt, the reminder and the fitted messages, the attention emphasis, the
-conversation's link (``LinkPlan``), whether a missing member segment is prefilled by the
+rendered prompt, the reminder and the fitted messages, the conversation's link (``LinkPlan``), whether a missing member segment is prefilled by the
 turn itself (``defer``) and the contrastive guide to build (``GuidePlan``). Only the
 run step touches K/V: it fetches or computes the segments, builds the guide's K/V head,
 generates and keeps the turn's link (``engine/executor.py``).
@@ -16,9 +15,8 @@ from typing import Any, NamedTuple
 from injection.base import CacheKey, SegmentSplit
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["GuidePlan", "LinkPlan", "Spans", "TurnPlan"]
+__all__ = ["GuidePlan", "LinkPlan", "TurnPlan"]
 
-Spans = tuple[tuple[int, int], ...]
 Message = dict[str, str]
 
 
@@ -31,8 +29,6 @@ class LinkPlan(NamedTuple):
     prompt_ids: list[int] | None  # the tokens after the injected turn, encoded once
     cached: PackedKV | None  # the conversation's link to continue (None: a miss)
     admitted: bool = False  # the turn's link is stored (see ConversationStore)
-    emphasis: float = 0.0  # the turn's attention emphasis (its link is keyed by it)
-    replies: tuple[str, ...] = ()  # earlier assistant messages (the model's own words)
 
     @property
     def done(self) -> int:
@@ -76,8 +72,6 @@ class TurnPlan(NamedTuple):
     messages: tuple[Message, ...]  # the history that fits, reminders placed
     prompt: str  # the text after the segment (the whole prompt when nothing is injected)
     # how it runs
-    emphasis: float  # the attention emphasis applied (0: off)
-    spans: Spans  # the absolute key positions it applies to
     link: LinkPlan  # the conversation's link to continue and keep
     defer: bool  # a missing member segment is prefilled by the turn itself (one pass)
     guide: GuidePlan | None  # the contrastive guide to build (None: no guide row)

@@ -11,12 +11,11 @@ and what the steps before it decided:
 3. ``layout``: the injected segment and the prompt after it, the tenant/member split;
    or, where nothing is injected, the plain prompt (memories recalled beyond the
    segment are re-stated before their messages by step 1's reminder);
-4. emphasis spans (``prompting/emphasis_spans.py``);
-5. the conversation's link (``TurnGenerator.plan``): the one step that reads a cache. Its
+4. the conversation's link (``TurnGenerator.plan``): the one step that reads a cache. Its
    *result* (the link found, so how many prompt tokens are cached) is in the plan, and
    the steps after it decide on it: whether a missing member segment is prefilled by the
    turn itself (``defer``) and whether a reminded turn's guide continues the row's prefix;
-6. the guide (``engine/guidance/plan.py``): which variant and its input ids. Its K/V head
+5. the guide (``engine/guidance/plan.py``): which variant and its input ids. Its K/V head
    (the tenant's segment, the template's system turn, or the row's own prefix) is built
    in the run step (``build_guide``), as are the segments (``SegmentChain.get``).
 
@@ -38,7 +37,6 @@ from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
-from injection.prompting.emphasis_spans import emphasis_for
 from injection.prompting.history import fit_history
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import PromptParts, compose_context
@@ -87,7 +85,7 @@ class TurnPlanner:
     Args:
         alpha_cap, min_alpha: the effective alpha is ``min(request.alpha, alpha_cap)``;
             at or below ``min_alpha`` nothing of the member is injected.
-        batching: generation runs as a batch engine row (emphasis and guides need it).
+        batching: generation runs as a batch engine row (guides need it).
         one_pass: a missing member segment is prefilled by the turn itself.
         guide_keeps_instructions: the one-memory guide keeps the tenant's instructions
             (``guidance/plan.py``; measured by bench/bench_tenant_precedence.py).
@@ -130,8 +128,8 @@ class TurnPlanner:
         continued)."""
         link = self.turns.plan(req, messages, parts.prompt, "", 0.0, injected=False)
         return TurnPlan(system.personal, 0.0, 0.0, system.memory, system.context, "", None,
-                        "", parts.mode, system.reminder, tuple(messages), parts.prompt, 0.0,
-                        (), link, False, None, sampling_options(req), req.max_new_tokens)
+                        "", parts.mode, system.reminder, tuple(messages), parts.prompt,
+                        link, False, None, sampling_options(req), req.max_new_tokens)
 
     def _injected(self, req: ExecutionRequest, system: SystemTurn,
                   messages: list[dict[str, str]], parts: PromptParts,
@@ -139,17 +137,14 @@ class TurnPlanner:
         mem, personal = system.memory, system.personal
         member_alpha = system.alpha if personal else 1.0
         chash = content_hash(parts.segment)
-        emph, spans = emphasis_for(self.adapter, req, parts.segment, split,
-                                   on=personal and self.batching, texts=mem.emphasis_texts())
-        link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha, injected=True,
-                               emphasis=emph)  # the cache lookup: its result decides below
+        link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha,
+                               injected=True)  # the cache lookup: its result decides below
         # one-pass miss: a missing member segment is computed in this turn's own prefill
-        defer = self.one_pass and link.cached is None and member_alpha == 1.0 and not emph
+        defer = self.one_pass and link.cached is None and member_alpha == 1.0
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            on=personal and self.batching, context=system.context,
                            prompt_ids=link.prompt_ids, done=link.done,
                            keep_instructions=self.guide_keeps_instructions)
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
-                        system.reminder, tuple(messages), parts.prompt, emph, spans, link,
-                        defer, guide, sampling_options(req), req.max_new_tokens)
+                        system.reminder, tuple(messages), parts.prompt, link, defer, guide, sampling_options(req), req.max_new_tokens)

@@ -4,7 +4,7 @@
 A group is the first waiting row and those right behind it, up to ``group_prefill`` rows,
 while the batch has room (``max_batch`` requests, a guide not counted; every row, guides
 included, within the OOM cap and the K/V budget). A row joins a group
-only if it needs nothing the single path gives it: no attention emphasis, no chunking
+only if it needs nothing the single path gives it: no chunking
 (its new tokens fit one chunk), not a row resumed after an OOM. A guided row
 (``guidance/contrast.py``) comes with its guide, prefilled in the same forward right after
 it (a guide at most twice as long as its row: padding would cost more), so a burst of
@@ -74,7 +74,7 @@ class GroupPrefill:
 
     def _groupable(self, job: RowJob) -> bool:
         return (not job.abandoned and not job.solo and not job.emitted() and not job.prefilled
-                and not job.emphasis and job.chunk_cache is None
+                and job.chunk_cache is None
                 and (job.guide is None or contrast.shares_forward(job, len(job.new_ids)))
                 and self.pacer.chunk(len(job.new_ids), decoding=bool(self._rows))
                 == len(job.new_ids))
