@@ -11,8 +11,6 @@ condition, in one run:
 * ``platform``: the memory stored and injected (the member segment), each mechanism off;
 * ``+ reminder``: memories re-stated before each user turn past a depth
   (injection/prompting/reminder.py);
-* ``+ emphasis E``: attention-logit bias towards the memory tokens (``ExecutionRequest.
-  emphasis``; listed with ``--emphasis``);
 * ``+ contrast S``: contrastive guidance (``ExecutionRequest.contrast``: the reply's
   distribution against the same conversation without the memories; on turns without a
   reminder; listed with ``--contrast``);
@@ -24,7 +22,7 @@ Adherence = replies passing their check *and* not reciting the memory
 (``memory_cases.evades``: declining or apologising for a mistake nobody made, "as an AI
 ..."). "recites" / "evades": the share of replies failed for each. Fluency: empty replies and replies repeating a 4-gram of
 words. Time to first token (one ``max_new_tokens=1`` request, segments already
-in L1, median over cases, interleaved): 20 vs 1 memory, reminder on vs off, emphasis on
+in L1, median over cases, interleaved): 20 vs 1 memory, reminder on vs off, contrast on
 vs off, at the deepest depth measured.
 
 Run: ``.venv/bin/python bench/bench_memory_depth.py [--write-docs]``; subsets with
@@ -80,36 +78,27 @@ def model_path() -> Path:
     return prepare_model(ROOT / "var" / "models" / "smollm2-135m-instruct")
 
 
-def conditions(emphases: list[float], reminder: bool, many: str,
-               contrasts: tuple[float, ...] = ()) -> dict[str, dict]:
+def conditions(reminder: bool, many: str, contrasts: tuple[float, ...] = ()) -> dict[str, dict]:
     """Name -> options. ``many``: the mechanisms of the "20 memories" condition."""
     out: dict[str, dict] = {
         "no memory": {"mode": "none"},
         "system message": {"mode": "system"},
-        "platform": {"mode": "platform", "reminder": False, "emphasis": 0.0, "contrast": 0.0},
+        "platform": {"mode": "platform", "reminder": False, "contrast": 0.0},
     }
     if reminder:
-        out["platform + reminder"] = {"mode": "platform", "reminder": True, "emphasis": 0.0,
-                                      "contrast": 0.0}
+        out["platform + reminder"] = {"mode": "platform", "reminder": True, "contrast": 0.0}
     for c in contrasts:
         out[f"platform + contrast {c:g}"] = {"mode": "platform", "reminder": False,
-                                             "emphasis": 0.0, "contrast": c}
+                                             "contrast": c}
         if reminder:
             out[f"platform + reminder + contrast {c:g}"] = {
-                "mode": "platform", "reminder": True, "emphasis": 0.0, "contrast": c}
-    for e in emphases:
-        out[f"platform + emphasis {e:g}"] = {"mode": "platform", "reminder": False, "emphasis": e}
-        if reminder:
-            out[f"platform + reminder + emphasis {e:g}"] = {
-                "mode": "platform", "reminder": True, "emphasis": e}
+                "mode": "platform", "reminder": True, "contrast": c}
     if many:
         rem = "reminder" in many
-        emph = next((float(p.split("=")[1]) for p in many.split(",") if p.startswith("e=")), 0.0)
         con = next((float(p.split("=")[1]) for p in many.split(",") if p.startswith("c=")), 0.0)
         label = "platform, 20 memories" + (" + reminder" if rem else "") + (
-            f" + emphasis {emph:g}" if emph else "") + (f" + contrast {con:g}" if con else "")
-        out[label] = {"mode": "platform", "n": 20, "reminder": rem, "emphasis": emph,
-                      "contrast": con}
+            f" + contrast {con:g}" if con else "")
+        out[label] = {"mode": "platform", "n": 20, "reminder": rem, "contrast": con}
     return out
 
 
@@ -136,7 +125,7 @@ class Runner:
             kw["preference_text"] = "\n".join(texts)
             if len(texts) > 1:  # one memory: preference_text, exactly as today
                 kw["memories"] = tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(texts))
-            for name in ("reminder", "emphasis", "contrast"):
+            for name in ("reminder", "contrast"):
                 if name in FIELDS:
                     kw[name] = cond.get(name)
                 elif cond.get(name):
@@ -309,12 +298,11 @@ def main() -> None:
     ap.add_argument("--cases", type=int, default=0, help="first N cases of each set (0: all)")
     ap.add_argument("--sets", default="tuning,held-out")
     ap.add_argument("--depths", default="0,4,8,16")
-    ap.add_argument("--emphasis", default="", help="emphasis strengths to run, e.g. 1.6,2.2")
     ap.add_argument("--contrast", default="", help="contrast strengths to run, e.g. 0.5,1")
     ap.add_argument("--no-reminder", action="store_true", help="leave the reminder out")
     ap.add_argument("--many", default="reminder",
                     help="mechanisms of the 20-memories condition: '', 'reminder', "
-                         "'reminder,e=1.6', ... ('none': leave the condition out)")
+                         "'reminder,c=1', ... ('none': leave the condition out)")
     ap.add_argument("--only", default="", help="condition names to run, separated by ;")
     ap.add_argument("--workers", type=int, default=8)
     ap.add_argument("--partial", default="", help="JSON file of the replies so far")
@@ -334,9 +322,6 @@ def main() -> None:
     ap.add_argument("--reminder-top", type=int, default=None,
                     help="override reminder.RELEVANT_TOP (0: the first memories, not the "
                          "ones relevant to the message)")
-    ap.add_argument("--emphasis-decode", type=float, default=None,
-                    help="override: share of the emphasis the model's own tokens get "
-                         "(emphasis.GENERATED_SCALE; 0: what people wrote only)")
     ap.add_argument("--embed-layer", type=int, default=None,
                     help="override: the decoder layer whose output the recall and reminder "
                          "embedding pools (memory/embed.py)")
@@ -359,14 +344,9 @@ def main() -> None:
         reminder.RELEVANT_TOP = args.reminder_top
     if args.reminder_many_after is not None:
         reminder.MANY_AFTER = args.reminder_many_after
-    if args.emphasis_decode is not None:
-        from injection.engine import emphasis
-
-        emphasis.GENERATED_SCALE = args.emphasis_decode
     path = model_path()
     adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
-    emphases = [float(x) for x in args.emphasis.split(",") if x]
-    conds = conditions(emphases, not args.no_reminder, "" if args.many == "none" else
+    conds = conditions(not args.no_reminder, "" if args.many == "none" else
                        (args.many or "plain"),
                        tuple(float(x) for x in args.contrast.split(",") if x))
     if args.only:
@@ -414,13 +394,10 @@ def ttft_section(runner: Runner, conds, sets, depths, args) -> list[str]:
     if "platform" not in conds or args.ttft_reps <= 0:
         return []
     deep = max(depths) if args.ttft_depth is None else args.ttft_depth
-    base = {"mode": "platform", "reminder": False, "emphasis": 0.0, "contrast": 0.0}
+    base = {"mode": "platform", "reminder": False, "contrast": 0.0}
     pairs = [("platform", base)]
     if "reminder" in FIELDS:
         pairs.append(("+ reminder", {**base, "reminder": True}))
-    if any("emphasis" in k for k in conds):
-        e = next(v["emphasis"] for k, v in conds.items() if "emphasis" in k and v["emphasis"])
-        pairs.append((f"+ emphasis {e:g}", {**base, "emphasis": e}))
     if any("contrast" in k for k in conds):
         strengths = [v["contrast"] for k, v in conds.items() if "contrast" in k and v["contrast"]]
         c = 1.0 if 1.0 in strengths else strengths[0]  # the cost does not depend on it

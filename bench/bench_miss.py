@@ -77,7 +77,7 @@ def miss_ttft(adapter, instructions: str) -> dict[str, float]:
     try:
         for r in range(REPEATS + 1):
             pref = PREFS[r % len(PREFS)]
-            base = ExecutionRequest("b", "u", Q, pref, max_new_tokens=1, emphasis=0.0,
+            base = ExecutionRequest("b", "u", Q, pref, max_new_tokens=1,
                                     instructions=instructions, reminder=False)
             context = "\n\n".join(p for p in (instructions, pref) if p)
             plain = dataclasses.replace(base, preference_text="", instructions="",

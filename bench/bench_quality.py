@@ -10,7 +10,7 @@ preferences, facts about the member; a fixed tuning/validation split), each aske
 * ``platform``: the memories stored and injected, every mechanism at its default;
 * ``- guidance`` (contrast 0), ``+ guidance`` (contrast 1), ``- reminder``, ``- both``,
   ``guidance only`` (no reminder, contrast 1), ``- recall pick`` (the reminder re-states
-  the first memories, not those relevant to the message), ``+ emphasis``.
+  the first memories, not those relevant to the message).
 
 Requests go through the worker's executor (``injection.build_executor`` with the worker's
 settings: batch engine, one-pass segments, conversation reuse, memory recall) exactly as
@@ -52,7 +52,6 @@ QUALITY_HEAD = ("# Quality runs (bench/bench_quality.py)\n\nEach run's full tabl
                 "`--write-docs SLUG`; docs/BENCHMARKS.md (quality) summarises them.\n")
 MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", "64"))
 TENANT = "bench-quality"
-EMPHASIS = 3.0
 GUIDANCE = 1.0  # the strength measured for SmolLM2 (engine/guidance/contrast.py)
 CONDS: dict[str, dict] = {
     "no memory": {"mode": "none"},
@@ -64,7 +63,6 @@ CONDS: dict[str, dict] = {
     "+ guidance": {"contrast": GUIDANCE},
     "guidance only": {"contrast": GUIDANCE, "reminder": False},
     "- recall pick": {"recall_top": 0},
-    "+ emphasis": {"emphasis": EMPHASIS},
     # a member whose memories overflow their cached segment: with a 64-token segment, 7 of
     # the 20 memories are cached and the rest are recall candidates (``memory/recall.py``)
     "platform (segment 64)": {"segment_tokens": 64},
@@ -131,7 +129,7 @@ def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int)
         msgs = [{"role": "system", "content": "\n".join(texts)}, *msgs]
     if mode != "platform":
         return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=False, **kw)
-    for name in ("contrast", "reminder", "emphasis"):
+    for name in ("contrast", "reminder"):
         kw[name] = cond.get(name)
     return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=True,
                             memories=tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(texts)),

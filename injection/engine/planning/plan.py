@@ -2,8 +2,9 @@
 
 ``TurnPlan`` is everything ``InjectionExecutor`` runs: the injected segment and where its
 K/V comes from (the tenant/member chain ``split``, the member's ``memory`` plan), the
-rendered prompt, the reminder and the fitted messages, the conversation's link (``LinkPlan``), whether a missing member segment is prefilled by the
-turn itself (``defer``) and the contrastive guide to build (``GuidePlan``). Only the
+rendered prompt, the reminder and the fitted messages, the conversation's link
+(``LinkPlan``), whether a missing member segment is prefilled by the turn itself
+(``defer``) and the contrastive guide to build (``GuidePlan``). Only the
 run step touches K/V: it fetches or computes the segments, builds the guide's K/V head,
 generates and keeps the turn's link (``engine/executor.py``).
 """

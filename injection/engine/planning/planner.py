@@ -147,4 +147,5 @@ class TurnPlanner:
                            keep_instructions=self.guide_keeps_instructions)
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
-                        system.reminder, tuple(messages), parts.prompt, link, defer, guide, sampling_options(req), req.max_new_tokens)
+                        system.reminder, tuple(messages), parts.prompt, link, defer, guide,
+                        sampling_options(req), req.max_new_tokens)
