@@ -157,7 +157,7 @@ def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "") -> lis
 def _phase(job: tuple) -> tuple:
     """The switches the job's condition sets (the reminder's recall pick, a module switch;
     the memory planner's segment and recall): each set runs in a phase of its own."""
-    cond = CONDS[job[3]]
+    cond = CONDS.get(job[3], {})  # an imported condition (``imported``) sets nothing
     return tuple((k, cond[k]) for k in SWITCHES if k in cond)
 
 
@@ -182,13 +182,19 @@ def _defaults(ex) -> tuple:
     return reminder.RELEVANT_TOP, ex.memories.options, contrast.GUIDE_TOKENS
 
 
-def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> dict:
-    """Every job's reply and figures, ``workers`` at a time; those in ``partial`` reused."""
+def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
+             extra: dict | None = None) -> dict:
+    """Every job's reply and figures, ``workers`` at a time; those in ``partial`` (and the
+    imported ``extra``) reused."""
     done: dict[str, dict] = {}
     if partial and Path(partial).exists():
         done = json.loads(Path(partial).read_text())
+    done.update(extra or {})
     done.setdefault("_seconds", 0.0)  # generation time, over the runs of a partial file
     todo = [j for j in jobs if _key(j) not in done]
+    missing = sorted({j[3] for j in todo if j[3] not in CONDS})
+    if missing:
+        raise SystemExit(f"imported conditions without every reply (--import): {missing}")
     print(f"  {len(jobs) - len(todo)} stored, {len(todo)} to generate", flush=True)
     defaults, t0 = _defaults(ex), time.perf_counter()
 
@@ -215,6 +221,19 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str) -> 
     return done
 
 
+def imported(spec: str) -> dict[str, dict]:
+    """``FILE:FROM=TO``: the replies of condition FROM in another run's partial FILE (e.g.
+    another commit's), as condition TO, to be paired with this run's (name TO in --cells)."""
+    path, _, names = spec.rpartition(":")
+    src, _, dst = names.partition("=")
+    rows = json.loads(Path(path).read_text())
+    out = {k.rsplit("|", 1)[0] + "|" + dst: v for k, v in rows.items()
+           if not k.startswith("_") and k.rsplit("|", 1)[1] == src}
+    if not out or dst in CONDS:
+        raise SystemExit(f"--import {spec}: no replies of {src!r}, or {dst!r} is a condition")
+    return out
+
+
 def _key(job: tuple) -> str:
     i, d, n, name = job
     return f"{i}|{d}|{n}|{name}"
@@ -236,6 +255,9 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=0, help="every Nth case (0: the profile's)")
     ap.add_argument("--base", default="platform", help="the condition the others are "
                     "paired against (default: platform, against its variants)")
+    ap.add_argument("--import", dest="imports", action="append", default=[],
+                    metavar="FILE:FROM=TO", help="pair with condition FROM of another run's "
+                    "partial FILE (another commit's), named TO in --cells")
     ap.add_argument("--limit", type=int, default=0, help="first N cases of each cell (0: all)")
     args = ap.parse_args()
     import torch
@@ -256,7 +278,8 @@ def main() -> None:
     profile["every"] = args.every or profile["every"]
     jobs = jobs_for(profile, args.split, args.limit, args.family)
     print(f"{len(jobs)} replies, profile {args.profile}, split {args.split}", flush=True)
-    rows = generate(ex, budget, jobs, args.workers, args.partial)
+    rows = generate(ex, budget, jobs, args.workers, args.partial,
+                    {k: v for spec in args.imports for k, v in imported(spec).items()})
     secs = rows.pop("_seconds", 0.0)
     ex.close()
     scored = [(*j, adheres(CASES[j[0]], rows[_key(j)]["text"]), rows[_key(j)]) for j in jobs]
