@@ -272,9 +272,8 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
             "- slowest first token of the 8 at once, defaults vs `contrast: 0`: " + ", ".join(
                 f"{k} {fig[(k, 'defaults')]['max_ttft']:.0f} vs "
                 f"{fig[(k, 'contrast 0')]['max_ttft']:.0f} ms" for k in guided)
-            + f": a guided request takes two of the {settings.WORKER_BATCH_MAX} batch rows "
-            f"(its own and its guide's), so at most {settings.WORKER_BATCH_MAX // 2} guided "
-            "requests run at once and the rest of a burst waits for a slot.")
+            + f": a guided request takes two batch rows (its own and its guide's) and one of "
+            f"the {settings.WORKER_BATCH_MAX} request slots, so all 8 run at once.")
     lines.append("- replies (greedy): " + replies_line(streams, bursts))
     cmd = "`.venv/bin/python bench/bench_guide_cost.py" + (" --quick" if args.quick else "") + (
         f" --reps {args.reps}" if args.reps else "") + "`"
