@@ -11,10 +11,13 @@ A member with several memories is reminded of their standing instructions (``sta
 message (the planner's embedding, ``memory/recall.py``), not of the first memories that fit:
 measured with 20 memories, the relevant one drowned among the others.
 
-A member whose memories overflow their cached segment has the candidates recalled for a
-message (``memory/recall.py``) re-stated before it too, with the others picked, or alone
-where the reminder is off (``recall``): never in the system turn, where a change in what
-is recalled would re-prefill the whole history after it.
+A member whose memories overflow their cached segment: the reminder's own pick draws
+from all their memories, so it re-states those past the segment too; where the reminder
+is off, each message opens with the candidates recalled for it (``memory/recall.py``,
+``recall``) alone. Never in the system turn, where a change in what is recalled would
+re-prefill the whole history after it. (Measured with 20 memories over a 64-token
+segment: recall's top 3 added to the reminder's pick gained nothing, +1/-2 tuning and
+-3/-1 validation: bench_quality, "recall-placement".)
 
 The reminders are a pure function of the messages, so they stay in the rendered history
 once placed: turn k renders the same reminders before turns 1..k-1 as turn k-1 did, so
@@ -122,8 +125,9 @@ class Reminder:
 
     def __init__(self, text: str = "", *, after: int = DEFAULT_AFTER, role: str = "user",
                  pick: Callable[[str], list[str]] | None = None,
-                 count: Callable[[str], int] | None = None) -> None:
+                 count: Callable[[str], int] | None = None, recall_only: bool = False) -> None:
         self.text, self.after, self.role = text, int(after), role
+        self.recall_only = recall_only  # the reminder is off: ``pick`` is recall's alone
         self.pick, self.count = pick, count  # ``pick``: the memories relevant to a message
         self._texts: dict[str, str] = {}  # per message: fitting the history renders often
 
@@ -148,6 +152,11 @@ class Reminder:
         return bool(self.text) and turns_before(messages) >= self.after and bool(
             self.text_for(str(messages[-1]["content"])))
 
+    def shown(self, messages: Sequence[Message], texts: Sequence[str]) -> list[int]:
+        """Indices of ``texts`` (memories) re-stated before the last user message."""
+        last = self.text_for(str(messages[-1]["content"])) if self.reminds_last(messages) else ""
+        return [i for i, t in enumerate(texts) if t.strip() and t.strip() in last]
+
     def apply(self, messages: Sequence[Message], *, deep: bool = False) -> list[Message]:
         """``messages`` reminded; ``deep``: as if each user message had ``after`` others
         before it (how a turn renders deep in a conversation: its size for the history's
@@ -165,7 +174,8 @@ class Reminder:
         the default) asks for it. ``relevant(memories, message, top)``: with several
         memories, each reminder re-states those most relevant to its message.
         ``recall(message)``: the candidates beyond the cached segment recalled for a
-        message, re-stated before it (with the reminder off too)."""
+        message, re-stated before it where the reminder is off (on, its own pick
+        covers them)."""
         on = DEFAULT_ON if getattr(req, "reminder", None) is None else bool(req.reminder)
         if not personal or not (on or recall):
             return cls()
@@ -173,27 +183,24 @@ class Reminder:
         count, role = _counter(renderer), ROLE or _role(renderer)
         if not on:  # recall alone: each user message opens with what it recalls
             return cls(reminder_text(memories, count), after=0, role=role, pick=recall,
-                       count=count)
+                       count=count, recall_only=True)
         pick, after = None, DEFAULT_AFTER
         if len(memories) > 1 and MANY_AFTER is not None:
             after = MANY_AFTER
-        if recall is not None or (relevant is not None and RELEVANT_TOP > 0
-                                  and len(memories) > 1):
-            pick = _picker(memories, relevant, recall)
+        if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
+            pick = _picker(memories, relevant)
         return cls(reminder_text(memories, count), after=after, role=role, pick=pick,
                    count=count)
 
 
-def _picker(memories: list[str], relevant: Callable[[list[str], str, int], list[str]] | None,
-            recall: Callable[[str], list[str]] | None) -> Callable[[str], list[str]]:
-    """A message's pick, in the member's order: the standing instructions, the others most
-    relevant to it (``RELEVANT_TOP``) and the candidates it recalls."""
+def _picker(memories: list[str], relevant: Callable[[list[str], str, int], list[str]]
+            ) -> Callable[[str], list[str]]:
+    """A message's pick, in the member's order: the standing instructions and the others
+    most relevant to it (``RELEVANT_TOP``)."""
     rest = [m for m in memories if not standing(m)]
-    top = RELEVANT_TOP if relevant is not None else 0
 
     def pick(content: str) -> list[str]:  # once per message (``text_for``)
-        chosen = set(relevant(rest, content, top) if rest and top > 0 else ())
-        chosen |= set(recall(content) if recall is not None else ())
+        chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
         return [m for m in memories if standing(m) or m in chosen]
     return pick
 

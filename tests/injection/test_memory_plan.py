@@ -194,7 +194,7 @@ def test_warm_caches_the_segment_a_request_with_memories_uses(adapter):
                         memory_recall_min_similarity=-1.0)
     assert ex.warm("t1", "u1", "stale preference", INSTR, memories=MEMS).value == "compute"
     out = ex.execute(ExecutionRequest("t1", "u1", MSGS, instructions=INSTR, memories=MEMS,
-                                      max_new_tokens=4))
+                                      max_new_tokens=4, reminder=False))  # recall alone
     assert out.tier.value == "l1" and out.extra["memories_used"][2]["how"] == "recalled"
     assert ex.warm("t1", "u1", "", INSTR, memories=MEMS).value == "l1"
 
@@ -212,3 +212,24 @@ def test_invalidating_a_tenant_drops_its_memories_embeddings(adapter):
         assert ex.memories.stats()["per_tenant"] == {"stays": 2}
     finally:
         ex.close()
+
+
+def test_with_the_reminder_on_recall_adds_nothing_to_its_pick(adapter):
+    """The reminder's own pick draws from every memory, so recall's top k are not added
+    (measured to gain nothing: bench_quality, recall-placement): the same prompt and reply
+    as with recall off, and ``recalled`` lists the candidates the reminder re-stated."""
+    outs = []
+    for k in (2, 0):
+        ex = build_executor(adapter, batch_max=2, metrics=Metrics(),
+                            memory_segment_tokens=two_lines(adapter), memory_recall_top_k=k,
+                            memory_recall_min_similarity=-1.0)
+        try:
+            outs.append(ex.execute(ExecutionRequest("t1", "u1", MSGS, instructions=INSTR,
+                                                    memories=MEMS, max_new_tokens=8)))
+        finally:
+            ex.close()
+    on, off = outs
+    assert (on.prompt_tokens, on.text) == (off.prompt_tokens, off.text)
+    assert on.extra["memories_used"] == off.extra["memories_used"]
+    recalled = {m["id"] for m in on.extra["memories_used"] if m["how"] == "recalled"}
+    assert recalled <= {"2", "3", "4"}

@@ -120,6 +120,9 @@ class TurnPlanner:
         remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
                                       partial(self.memories.relevant, req.tenant),
                                       mem.recall)  # recalled: before their messages
+        if mem.candidates and remind.text:  # recalled: those re-stated before the message
+            shown = remind.shown(req.messages, [m.text for m in mem.candidates])
+            mem.recalled = tuple(mem.candidates[i] for i in shown)
         return SystemTurn(alpha, mem, personal, context, remind)
 
     def _plain(self, req: ExecutionRequest, system: SystemTurn,
