@@ -84,9 +84,12 @@ class Tally:
                 self.failed.append(detail[:120])
 
 
+EXTRA: dict = {}  # more request fields (``--contrast``: ``{"kvinject": {"contrast": x}}``)
+
+
 def one_stream(base: str, key: str, question: str, tokens: int) -> tuple[str, str]:
     body = {"model": "kvinject", "stream": True, "max_tokens": tokens, "temperature": 0,
-            "messages": [{"role": "user", "content": question}]}
+            "messages": [{"role": "user", "content": question}], **EXTRA}
     req = urllib.request.Request(f"{base}/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Authorization": f"Bearer {key}",
                                           "Content-Type": "application/json"})
@@ -202,8 +205,12 @@ def main() -> None:
     ap.add_argument("--members", type=int, default=16)
     ap.add_argument("--seconds", type=float, default=300.0)
     ap.add_argument("--tokens", type=int, default=16)
+    ap.add_argument("--contrast", type=float, default=None,
+                    help="send kvinject.contrast (default: the platform decides)")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
+    if args.contrast is not None:
+        EXTRA["kvinject"] = {"contrast": args.contrast}
     lines = report(args, run(args))
     print("\n".join(lines))
     if args.write_docs:
@@ -211,7 +218,9 @@ def main() -> None:
 
         write_section("soak", "## Soak (`bench/soak.py` against `make demo`)\n\n"
                       f"`.venv/bin/python bench/soak.py --members {args.members} --seconds "
-                      f"{args.seconds:g} --tokens {args.tokens}`\n\n```\n" + "\n".join(lines)
+                      f"{args.seconds:g} --tokens {args.tokens}"
+                      + ("" if args.contrast is None else f" --contrast {args.contrast:g}")
+                      + "`\n\n```\n" + "\n".join(lines)
                       + "\n```\n")
 
 
