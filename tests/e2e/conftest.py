@@ -180,3 +180,13 @@ def asgi_server(worker_base_env, tmp_path_factory):
     server.wait_ready()
     yield server
     server.stop()
+
+
+@pytest.fixture
+def alice():
+    """Tenant "acme", member "alice" with a preference, and her API token."""
+    from tenants import actions
+
+    tenant = actions.do_create_tenant("acme", "Acme")
+    member = actions.do_add_member(tenant, "alice", preference="I am vegetarian, no spicy food.")
+    return member, actions.do_create_api_token(member)

@@ -2,36 +2,17 @@
 
 from __future__ import annotations
 
-import json
-import urllib.error
-import urllib.request
-
 import pytest
 
 from tenants import actions
 from tenants.models import AuditEvent, AuditLog, Message
+from tests.e2e.chat_http import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def post_chat(base: str, key: str | None, body) -> tuple[int, dict]:
-    data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    req = urllib.request.Request(f"{base}/api/chat", data=data, method="POST")
-    req.add_header("Content-Type", "application/json")
-    if key:
-        req.add_header("Authorization", f"Token {key}")
-    try:
-        with urllib.request.urlopen(req, timeout=180) as resp:
-            return resp.status, json.loads(resp.read())
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read())
-
-
-@pytest.fixture
-def alice():
-    tenant = actions.do_create_tenant("acme", "Acme")
-    member = actions.do_add_member(tenant, "alice", preference="I am vegetarian, no spicy food.")
-    return member, actions.do_create_api_token(member)
+    return post(base, "/api/chat", key, body)
 
 
 def test_chat_round_trip_through_real_worker(live_server, gpu_worker, alice):

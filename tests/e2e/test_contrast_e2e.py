@@ -11,12 +11,12 @@ import pytest
 from tenants import actions
 from tenants.errors import InvalidInput
 from tenants.models import ChatExchange, Tenant
-from tests.e2e.chat_http import alice, post  # noqa: F401 - the fixture
+from tests.e2e.chat_http import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
-def test_contrast_out_of_range_is_a_400_naming_the_field(live_server, alice):  # noqa: F811
+def test_contrast_out_of_range_is_a_400_naming_the_field(live_server, alice):
     member, key = alice
     for value, text in ((-0.5, -0.5), (4.5, 4.5), ("1", "x")):
         status, body = post(live_server.url, "/api/chat", key,
@@ -32,7 +32,7 @@ def test_contrast_out_of_range_is_a_400_naming_the_field(live_server, alice):  #
         actions.do_update_tenant(member.tenant, memory_contrast=5.0)
 
 
-def test_request_then_tenant_then_model_default(live_server, gpu_worker, alice,  # noqa: F811
+def test_request_then_tenant_then_model_default(live_server, gpu_worker, alice,
                                                 settings, demo_model_path):
     settings.MODEL_PATH = str(demo_model_path)
     member, key = alice
@@ -56,7 +56,7 @@ def test_request_then_tenant_then_model_default(live_server, gpu_worker, alice, 
 
 
 def test_several_memories_are_guided_on_first_turns_unless_the_tenant_has_instructions(
-        live_server, gpu_worker, alice, settings, demo_model_path):  # noqa: F811
+        live_server, gpu_worker, alice, settings, demo_model_path):
     """Memories from Postgres, instructions from the tenant: a member with several memories
     is guided on a conversation's first turns (against the turn without its reminder),
     never deeper, and never where the tenant has instructions (they keep precedence)."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import ChatExchange
-from tests.e2e.chat_http import alice, post  # noqa: F401 - the fixture
+from tests.e2e.chat_http import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -20,7 +20,7 @@ def v1_body(extension: dict, **extra) -> dict:
             "kvinject": extension, **extra}
 
 
-def test_any_other_value_is_a_400_naming_the_field(live_server, alice):  # noqa: F811
+def test_any_other_value_is_a_400_naming_the_field(live_server, alice):
     _, key = alice
     for value in (2.5, 0.001, -0.5, 8, "0", "x", True, [0], {"e": 0}):
         status, body = post(live_server.url, "/api/chat", key,
@@ -36,7 +36,7 @@ def test_any_other_value_is_a_400_naming_the_field(live_server, alice):  # noqa:
 
 
 def test_absent_null_or_zero_is_accepted_and_changes_nothing(
-        live_server, gpu_worker, alice, settings, demo_model_path):  # noqa: F811
+        live_server, gpu_worker, alice, settings, demo_model_path):
     settings.MODEL_PATH = str(demo_model_path)
     _, key = alice
     ask = {"message": "What should I cook?", "max_new_tokens": 6}

@@ -8,13 +8,13 @@ from __future__ import annotations
 import pytest
 
 from tenants.models import UsageDay
-from tests.e2e.chat_http import alice, post  # noqa: F401 - the fixture
+from tests.e2e.chat_http import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_guided_reply_reports_its_guide_rows_tokens(
-        live_server, gpu_worker, alice, settings, demo_model_path):  # noqa: F811
+        live_server, gpu_worker, alice, settings, demo_model_path):
     settings.MODEL_PATH = str(demo_model_path)
     member, key = alice
     ask = {"message": "What should I cook?", "max_new_tokens": 6}

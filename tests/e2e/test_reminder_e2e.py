@@ -11,7 +11,7 @@ import pytest
 from tenants import actions
 from tenants.errors import InvalidInput
 from tenants.models import ChatExchange, Tenant
-from tests.e2e.chat_http import alice, post  # noqa: F401 - the fixture
+from tests.e2e.chat_http import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -21,7 +21,7 @@ DEEP = [m for k in range(3) for m in ({"role": "user", "content": f"Question {k}
 DEEP.append({"role": "user", "content": "What should I cook?"})
 
 
-def test_a_bad_reminder_is_a_400_naming_the_field(live_server, alice):  # noqa: F811
+def test_a_bad_reminder_is_a_400_naming_the_field(live_server, alice):
     member, key = alice
     for value in ("yes", 1, None):
         status, body = post(live_server.url, "/api/chat", key,
@@ -44,7 +44,7 @@ def _v1(base: str, key: str, **ext) -> int:
     return body["usage"]["prompt_tokens"]
 
 
-def test_request_then_tenant_then_default(live_server, gpu_worker, alice,  # noqa: F811
+def test_request_then_tenant_then_default(live_server, gpu_worker, alice,
                                           settings, demo_model_path):
     settings.MODEL_PATH = str(demo_model_path)
     member, key = alice
@@ -72,7 +72,7 @@ def _third_turn(base: str, key: str, **switch) -> dict:
     return body
 
 
-def test_api_chat_reminder_off_on_a_deep_turn(live_server, gpu_worker, alice,  # noqa: F811
+def test_api_chat_reminder_off_on_a_deep_turn(live_server, gpu_worker, alice,
                                               settings, demo_model_path):
     settings.MODEL_PATH = str(demo_model_path)
     _, key = alice
