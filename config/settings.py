@@ -179,9 +179,8 @@ KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
 KV_L2_LINK_TENANT_BYTES = env_int("KV_L2_LINK_TENANT_BYTES", 512 * 1024**2)
 KV_L2_WRITER_MAX_BYTES = env_int("KV_L2_WRITER_MAX_BYTES", 512 * 1024**2)
 # Memories (injection.memory): pinned, then the others in order, fill a cached segment of
-# this many tokens; the rest are re-stated before a message they are relevant to: by the
-# memory reminder's own pick, or, with the reminder off, up to TOP_K with a cosine >=
-# MIN_SIMILARITY to that message (the served model's hidden states; docs/API.md, Memories).
+# this many tokens; the rest are re-stated before a message by the reminder's pick, or (it off)
+# up to TOP_K with a cosine >= MIN_SIMILARITY to that message (docs/API.md, Memories).
 MEMORY_SEGMENT_TOKENS = env_int("MEMORY_SEGMENT_TOKENS", 256)
 MEMORY_RECALL_TOP_K = env_int("MEMORY_RECALL_TOP_K", 3)
 MEMORY_RECALL_MIN_SIMILARITY = env_float("MEMORY_RECALL_MIN_SIMILARITY", 0.1)
