@@ -5,9 +5,10 @@ iteration admits waiting rows (each prefilled alone on its own injected K/V, the
 into the left-padded batch cache, ``batchcache``), runs one decoding step for every row,
 and lets finished rows leave. A row's greedy output equals the row run alone. Per row:
 sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). Admission
-is bounded by ``max_batch`` requests (a guide row is none) and a K/V budget over all rows. Failures stay contained (``faults``);
-a watchdog (``watchdog``) reads the scheduler's heartbeat. transformers' own continuous
-batching takes no per-request ``past_key_values``: the injected prefix cannot ride on it.
+is bounded by ``max_batch`` requests (a guide row is none) and a K/V budget over all rows.
+Failures stay contained (``faults``); a watchdog (``watchdog``) reads the scheduler's
+heartbeat. transformers' own continuous batching takes no per-request
+``past_key_values``: the injected prefix cannot ride on it.
 Forwards of no row (segments, embeddings, guide heads) run here too (``forwards``).
 """
 
@@ -130,7 +131,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
 
     def stats(self) -> dict[str, Any]:
         with self._cond:
-            busy = (sum(not r.is_guide for r in self._rows) + len(self._waiting)
+            busy = (self._requests() + len(self._waiting)
                     + (self._chunking is not None))  # requests: a guide takes no slot
             return {**self.counters, "max_batch": self.max_batch, "active": len(self._rows),
                     "waiting": len(self._waiting), "free_slots": max(0, self.max_batch - busy)}

@@ -125,9 +125,8 @@ class Reminder:
 
     def __init__(self, text: str = "", *, after: int = DEFAULT_AFTER, role: str = "user",
                  pick: Callable[[str], list[str]] | None = None,
-                 count: Callable[[str], int] | None = None, recall_only: bool = False) -> None:
+                 count: Callable[[str], int] | None = None) -> None:
         self.text, self.after, self.role = text, int(after), role
-        self.recall_only = recall_only  # the reminder is off: ``pick`` is recall's alone
         self.pick, self.count = pick, count  # ``pick``: the memories relevant to a message
         self._texts: dict[str, str] = {}  # per message: fitting the history renders often
 
@@ -183,26 +182,18 @@ class Reminder:
         count, role = _counter(renderer), ROLE or _role(renderer)
         if not on:  # recall alone: each user message opens with what it recalls
             return cls(reminder_text(memories, count), after=0, role=role, pick=recall,
-                       count=count, recall_only=True)
+                       count=count)
         pick, after = None, DEFAULT_AFTER
         if len(memories) > 1 and MANY_AFTER is not None:
             after = MANY_AFTER
         if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
-            pick = _picker(memories, relevant)
+            rest = [m for m in memories if not standing(m)]
+
+            def pick(content: str) -> list[str]:  # once per message (``text_for``)
+                chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
+                return [m for m in memories if standing(m) or m in chosen]
         return cls(reminder_text(memories, count), after=after, role=role, pick=pick,
                    count=count)
-
-
-def _picker(memories: list[str], relevant: Callable[[list[str], str, int], list[str]]
-            ) -> Callable[[str], list[str]]:
-    """A message's pick, in the member's order: the standing instructions and the others
-    most relevant to it (``RELEVANT_TOP``)."""
-    rest = [m for m in memories if not standing(m)]
-
-    def pick(content: str) -> list[str]:  # once per message (``text_for``)
-        chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
-        return [m for m in memories if standing(m) or m in chosen]
-    return pick
 
 
 def user_turns(messages: Sequence[Message]) -> int:

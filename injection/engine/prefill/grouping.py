@@ -52,7 +52,7 @@ class GroupPrefill:
         if job is None:
             return None
         rows = len(self._rows) + _width(job)
-        if self._rows and not self._fits(_requests(self._rows) + 1, rows):
+        if self._rows and not self._fits(self._requests() + 1, rows):
             return None
         if self._rows and self.kv_budget_bytes:
             widest = max(job.reserve_tokens(), *(r.reserve_tokens() for r in self._rows))
@@ -81,12 +81,16 @@ class GroupPrefill:
 
     def _room(self, group: list[RowJob]) -> bool:
         rows = len(self._rows) + sum(_width(j) for j in [*group, self._waiting[0]])
-        if not self._fits(_requests(self._rows) + len(group) + 1, rows):
+        if not self._fits(self._requests() + len(group) + 1, rows):
             return False
         if not self.kv_budget_bytes:
             return True
         widest = max(r.reserve_tokens() for r in [*self._rows, *group, self._waiting[0]])
         return rows * widest * self.bytes_per_token <= self.kv_budget_bytes
+
+    def _requests(self) -> int:
+        """The batch's rows that choose tokens (guides do not)."""
+        return sum(not r.is_guide for r in self._rows)
 
     def _fits(self, requests: int, rows: int) -> bool:
         """``requests`` within ``max_batch`` (a guide is no request) and ``rows``, guides
@@ -164,11 +168,6 @@ class GroupPrefill:
             for job in reversed(group):
                 job.solo = True
                 self._waiting.appendleft(job)
-
-
-def _requests(rows: list[RowJob]) -> int:
-    """The rows that choose tokens (guides do not)."""
-    return sum(not r.is_guide for r in rows)
 
 
 def _width(job: RowJob) -> int:
