@@ -114,13 +114,18 @@ def turn(ex, history, q, user="u1"):
     return res, [*msgs, {"role": "assistant", "content": res.text}]
 
 
-def test_a_continuing_turn_copies_each_cached_piece_once(executor):
+def two_turns(ex):
+    """Two turns of conversation c1: the history, the stored link's L1 key and its K/V."""
     history = []
     for q in ("What should I cook tonight?", "And for dessert?"):
-        _, history = turn(executor, history, q)
+        _, history = turn(ex, history, q)
+    ((key, entry),) = ex.conv_l1._tenants["t1"].entries.items()
+    return history, key, entry.kv
+
+
+def test_a_continuing_turn_copies_each_cached_piece_once(executor):
+    history, _, link = two_turns(executor)
     # the stored link: contiguous, its own storage (one copy when it was stored)
-    (entry,) = executor.conv_l1._tenants["t1"].entries.values()
-    link = entry.kv
     assert link.keys.is_contiguous() and link.values.is_contiguous()
     assert link.keys.untyped_storage().nbytes() == link.nbytes // 2
     before = KV_COPIES.snapshot()
@@ -134,12 +139,7 @@ def test_a_continuing_turn_copies_each_cached_piece_once(executor):
 
 
 def test_a_cut_link_reads_back_as_a_view_of_the_stored_one(executor):
-    history = []
-    for q in ("What should I cook tonight?", "And for dessert?"):
-        _, history = turn(executor, history, q)
-    (entry,) = executor.conv_l1._tenants["t1"].entries.values()
-    stored = entry.kv
-    key = next(iter(executor.conv_l1._tenants["t1"].entries))
+    _, key, stored = two_turns(executor)
     before = KV_COPIES.snapshot()
     got = executor.conversations.lookup(key, [*stored.token_ids[:-3], 1, 2, 3])
     assert KV_COPIES.since(before) == {}
