@@ -146,6 +146,7 @@ DEMO_MODEL_PATH = VAR_DIR / "models" / "demo"
 MODEL_INDEX_URL = os.environ.get("MODEL_INDEX_URL", "")
 MODEL_DEVICE = os.environ.get("MODEL_DEVICE", "")  # "" -> cuda if available else cpu
 MODEL_DTYPE = os.environ.get("MODEL_DTYPE", "")  # "" -> model's own (bf16 on CUDA)
+MODEL_CPU_MATMUL = os.environ.get("MODEL_CPU_MATMUL", "auto")  # auto|wxt|linear: cpu_matmul.py
 KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 1.0)  # measured: docs/BENCHMARKS.md, personalisation
 KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
 KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)
@@ -161,10 +162,9 @@ KV_CONVERSATION_PREFILL_OPENING = env_auto_bool("KV_CONVERSATION_PREFILL_OPENING
 WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
 # Bound on the batch's padded K/V bytes (0: none); waiting rows join when it fits.
 WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024**3)
-# An idle engine waits this long for a burst before its first prefill (0: start at once).
-WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)
-# Prefill: chunks of at most CHUNK tokens (0: whole), paced to cost about PACE decoding steps
-# of the running rows; up to GROUP waiting rows in one forward (-1: WORKER_BATCH_MAX).
+WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)  # idle: wait for a burst
+# Prefill: chunks of at most CHUNK tokens (0: whole), paced to cost about PACE decoding steps of
+# the running rows; up to GROUP waiting rows in one forward (-1: WORKER_BATCH_MAX).
 WORKER_PREFILL_CHUNK = env_int("WORKER_PREFILL_CHUNK", 512)
 WORKER_PREFILL_PACE = env_float("WORKER_PREFILL_PACE", 1.5)
 WORKER_PREFILL_GROUP = env_int("WORKER_PREFILL_GROUP", -1)

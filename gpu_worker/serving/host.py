@@ -109,7 +109,8 @@ def _build_executor():
     path = model_path()
     log.info("loading model from %s", path)
     adapter = load_adapter(
-        path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None
+        path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None,
+        cpu_matmul=settings.MODEL_CPU_MATMUL,
     )
     client = (control.make_client(2.0, settings.KV_CACHE_REDIS_URL) if settings.KV_L2_ENABLED
               else None)  # the cache Redis; the key generation is on REDIS_URL
@@ -143,8 +144,10 @@ def _build_executor():
     )
     # other workers drop their L1 copies of the conversation links this one replaces
     executor.conversations.on_replaced = linkcast.LinkBroadcaster()
-    log.info("model ready: fingerprint=%s device=%s batch=%s", adapter.fingerprint[:16],
-             adapter.device, executor.engine.max_batch if executor.engine else 1)
+    log.info("model ready: fingerprint=%s device=%s batch=%s cpu_matmul=%s",
+             adapter.fingerprint[:16], adapter.device,
+             executor.engine.max_batch if executor.engine else 1,
+             adapter.matmul.summary() if adapter.matmul is not None else None)
     return executor
 
 

@@ -151,9 +151,11 @@ def kv_format(adapter: Any) -> dict[str, Any]:
         per_token = bytes_per_token(adapter)
     except AttributeError:  # an adapter without a transformers config (test doubles)
         per_token = None
+    matmul = getattr(adapter, "matmul", None)  # the CPU's decoding kernel (cpu_matmul)
     return {"bytes_per_token": per_token, "dtype": str(getattr(adapter, "dtype", "")),
             "layers": getattr(adapter, "num_layers", None),
-            "kv_heads": getattr(adapter, "num_kv_heads", None)}
+            "kv_heads": getattr(adapter, "num_kv_heads", None),
+            "cpu_matmul": matmul.summary() if matmul is not None else None}
 
 
 def free_accelerator() -> None:
