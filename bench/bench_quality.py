@@ -268,7 +268,8 @@ def main() -> None:
     torch.manual_seed(0)
     path = Path(os.environ.get("MODEL_PATH") or prepare_model(
         ROOT / "var" / "models" / "smollm2-135m-instruct"))
-    adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None)
+    adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None,
+                           cpu_matmul=os.environ.get("MODEL_CPU_MATMUL", "auto"))
     ex, budget = worker_executor(adapter, args.workers)
     profile = dict(PROFILES[args.profile])
     if args.cells:

@@ -16,7 +16,8 @@ text and stream are never seen by anyone; it leaves the batch with its row.
 Only the platform can do this: a client holding a system prompt gets one distribution,
 the engine has both. ``s = 0`` means no guide at all: today's output, token for token.
 The cost is a second row per request (its prefill, in the same forward as the row's
-where it can, ``prefill``; its decoding step in the batch), reported as the reply's
+where it can, ``prefill``; its decoding step in the batch, about free at batch 1 on a CPU
+too since ``model/cpu_matmul.py``: docs/BENCHMARKS.md cpu-matmul), reported as the reply's
 ``guide_prefill_tokens`` (the ids it prefilled after its cached prefix; a row put back
 after an OOM prefills them again) and ``guide_decode_tokens`` (the row's tokens it was
 fed: one fewer than the reply's).
