@@ -1,0 +1,141 @@
+"""What the CPU's decoding kernel (``injection/model/cpu_matmul.py``) buys, in one run.
+
+    .venv/bin/python bench/bench_cpu_matmul.py [--reps N] [--write-docs]
+
+The real default model (SmolLM2-135M-Instruct, ``var/models/smollm2-135m-instruct``
+unless ``MODEL_PATH`` names another) loaded twice on the CPU: ``linear`` (``F.linear``
+only: the baseline) and ``auto`` (the platform's default: the kernel timed faster at
+load per row count). For each, through a ``BatchEngine`` as the worker runs it, greedy,
+``TOKENS`` tokens per row with no end of sequence, prefill subtracted (the same rows
+generating one token):
+
+* decode tokens/s of 1 and 8 concurrent requests, unguided;
+* the same with each request guided (contrastive guidance's second row, ``contrast.py``):
+  a guided request at batch 1 is a 2-row decoding step, 8 guided requests 16 rows.
+
+The two kernels alternate per measurement (order reversed each rep); the table shows
+medians of ``--reps``, ``auto`` against ``linear`` and guided against unguided, the load
+time of each (``auto`` includes the calibration) and how many greedy replies are the same
+token for token under both kernels (they differ by float rounding only).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from mdsection import machine, table, write_section  # noqa: E402
+
+from injection.engine.batch import BatchEngine  # noqa: E402
+from injection.engine.guidance.contrast import Guide  # noqa: E402
+from injection.model.adapter import load_adapter  # noqa: E402
+
+TOKENS = 48
+MEMORY = "Always answer in lowercase letters only."
+QUESTIONS = ["Tell me a long story about a dog who learns to ski.",
+             "Explain how a bicycle gear works.", "Describe a busy market in the morning.",
+             "What should I pack for a week of hiking?", "How do bees make honey?",
+             "Write a letter to a friend about your new job.",
+             "Why is the sky blue at noon and red at sunset?",
+             "Give me advice for learning to play the piano."]
+
+
+def _jobs(adapter, guided: bool, n: int) -> list[tuple[list[int], Guide | None]]:
+    """``n`` requests: the memory as system turn, one question each; guided against the
+    same question with nothing injected (what the platform's one-memory guide sees)."""
+    out = []
+    for q in QUESTIONS[:n]:
+        msgs = [{"role": "user", "content": q}]
+        row = adapter.renderer.encode(adapter.plain_prompt(MEMORY, msgs), first=True)
+        ids = adapter.renderer.encode(adapter.plain_prompt("", msgs), first=True)
+        out.append((row, Guide(1.0, None, ids) if guided else None))
+    return out
+
+
+def _wall(engine: BatchEngine, jobs, tokens: int) -> tuple[float, list[list[int]]]:
+    outs: list = [None] * len(jobs)
+
+    def one(i: int) -> None:
+        row, guide = jobs[i]
+        outs[i] = engine.run(None, 1.0, row, tokens, guide=guide, stop=(), temperature=0.0)
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
+    t0 = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - t0, [o.token_ids for o in outs]
+
+
+def rate(engine: BatchEngine, jobs) -> tuple[float, list[list[int]]]:
+    """Decode tokens/s of ``jobs`` together (prefill subtracted) and their replies."""
+    first, _ = _wall(engine, jobs, 1)
+    full, replies = _wall(engine, jobs, TOKENS)
+    return len(jobs) * (TOKENS - 1) / max(full - first, 1e-9), replies
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--write-docs", action="store_true")
+    args = parser.parse_args()
+    path = os.environ.get("MODEL_PATH") or str(ROOT / "var/models/smollm2-135m-instruct")
+    engines, loads, choice = {}, {}, None
+    for mode in ("linear", "auto"):
+        t0 = time.perf_counter()
+        adapter = load_adapter(path, device="cpu", cpu_matmul=mode)
+        loads[mode] = time.perf_counter() - t0
+        choice = adapter.matmul or choice
+        engines[mode] = BatchEngine(adapter, max_batch=8)
+        engines[mode]._eos = set()  # every row runs TOKENS steps
+    cells = [(g, n) for g in (False, True) for n in (1, 8)]
+    rates = {(m, c): [] for m in engines for c in cells}
+    replies: dict = {}
+    try:
+        for rep in range(args.reps):
+            for cell in cells:
+                for mode in (list(engines) if rep % 2 == 0 else list(engines)[::-1]):
+                    r, out = rate(engines[mode], _jobs(engines[mode].adapter, *cell))
+                    rates[(mode, cell)].append(r)
+                    replies[(mode, cell)] = out
+                    print(f"rep {rep} {mode} guided={cell[0]} n={cell[1]}: {r:.1f} tok/s",
+                          flush=True)
+    finally:
+        for e in engines.values():
+            e.close()
+    med = {k: statistics.median(v) for k, v in rates.items()}
+    rows = []
+    for guided, n in cells:
+        lin, auto = med[("linear", (guided, n))], med[("auto", (guided, n))]
+        base_lin, base_auto = med[("linear", (False, n))], med[("auto", (False, n))]
+        same = sum(a == b for a, b in zip(replies[("linear", (guided, n))],
+                                         replies[("auto", (guided, n))], strict=True))
+        rows.append([f"{n} {'guided' if guided else 'unguided'}", f"{lin:.1f}", f"{auto:.1f}",
+                     f"**{auto / lin:.2f}x**", f"{lin / base_lin:.2f}x",
+                     f"**{auto / base_auto:.2f}x**", f"{same}/{n}"])
+    body = "\n".join([
+        f"`.venv/bin/python bench/bench_cpu_matmul.py --reps {args.reps}` — {machine()}, "
+        f"torch threads {__import__('torch').get_num_threads()}, SmolLM2-135M-Instruct "
+        f"float32, {TOKENS} tokens per row, greedy, prefill subtracted, median of "
+        f"{args.reps}. Load: linear {loads['linear']:.1f} s, auto {loads['auto']:.1f} s "
+        f"(calibration included); auto picked W @ x.T for rows "
+        f"{choice.summary()['wxt_rows'] if choice else []}.", "",
+        table(["requests", "linear tok/s", "auto tok/s", "auto / linear",
+               "guided / unguided (linear)", "guided / unguided (auto)",
+               "same greedy replies"], rows)])
+    print(body)
+    if args.write_docs:
+        write_section("cpu-matmul", body)
+
+
+if __name__ == "__main__":
+    main()
