@@ -124,3 +124,41 @@ def engine_batch(engine, prompts):
     for t in threads:
         t.join()
     return outs
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_real_model_guided_replies_with_either_kernel(real_model_path):
+    """SmolLM2: a guided request alone (a 2-row step) and two together (4 rows) give the same
+    greedy reply whichever kernel decodes them (bench_quality: 152/152 the same)."""
+    from injection.engine.guidance.contrast import Guide
+
+    replies = {}
+    for mode in ("linear", "wxt"):
+        adapter = load_adapter(real_model_path, device="cpu", cpu_matmul=mode)
+        engine = BatchEngine(adapter, max_batch=4)
+        jobs = []
+        for q in ("How do bees make honey?", "Plan a short walk in the rain."):
+            msgs = [{"role": "user", "content": q}]
+            row = adapter.renderer.encode(adapter.plain_prompt(
+                "Always answer in lowercase letters only.", msgs), first=True)
+            guide = adapter.renderer.encode(adapter.plain_prompt("", msgs), first=True)
+            jobs.append((row, Guide(1.0, None, guide)))
+        outs = [None, None]
+
+        def one(i, jobs=jobs, engine=engine, outs=outs):
+            outs[i] = engine.run(None, 1.0, jobs[i][0], 24, guide=jobs[i][1], stop=())
+
+        try:
+            one(0)
+            alone = outs[0].token_ids
+            threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+        finally:
+            engine.close()
+        assert outs[0].token_ids == alone  # alone and beside another guided request
+        replies[mode] = [o.token_ids for o in outs]
+    assert replies["wxt"] == replies["linear"]
