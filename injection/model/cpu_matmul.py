@@ -12,9 +12,10 @@ at 2 rows cost 1.6x the step at 1 row with ``F.linear``, about 1.0x with this
 Which is faster depends on the CPU, its threads and the model, so it is measured when the
 model loads (``calibrate``: the model's own linear layers in order, each size of
 ``ROWS``, both kernels interleaved, best of a few) and each row count gets the faster
-(``install``); more rows than ``ROWS`` keep ``F.linear`` (a prefill). The results differ
-from ``F.linear``'s by float rounding only. Float32 on a CPU only: elsewhere nothing
-changes.
+(``install``); more rows than ``ROWS`` keep ``F.linear`` (a prefill), and so does a model
+small enough to sit in the CPU's caches (``AUTO_MIN_BYTES``: the random demo and test
+models). The results differ from ``F.linear``'s by float rounding only. Float32 on a CPU
+only: elsewhere nothing changes.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ __all__ = ["MODES", "ROWS", "MatmulChoice", "calibrate", "install", "setup", "sm
 ROWS = (1, 2, 4, 8, 16)  # row counts measured; a count between two takes the larger's pick
 MODES = ("auto", "wxt", "linear")  # measured per row count; W @ x.T always; F.linear always
 MARGIN = 0.95  # W @ x.T is picked only when it takes less than this share of F.linear
+# "auto" leaves a model whose linear weights are smaller than this to F.linear: they stay in
+# the CPU's caches, where the kernels' difference (reading memory) does not arise and their
+# timings (microseconds) are noise that would pick differently from one load to the next
+AUTO_MIN_BYTES = 64 * 2**20
 
 
 class MatmulChoice(NamedTuple):
@@ -122,6 +127,8 @@ def setup(model: nn.Module, device: torch.device, mode: str = "auto") -> MatmulC
         return None
     if mode == "wxt":
         choice = MatmulChoice((False,) + (True,) * max(ROWS), {})
+    elif sum(m.weight.nbytes for m in _linears(model)) < AUTO_MIN_BYTES:
+        return None
     else:
         choice = calibrate(model)
     install(model, choice.use)

@@ -90,6 +90,17 @@ def test_setup_modes():
     assert forced.use == ALL and vars(model)["forward"].__func__ is cpu_matmul._routed_forward
     half = nn.Linear(8, 8).to(torch.bfloat16)
     assert cpu_matmul.setup(half, torch.device("cpu"), "wxt") is None  # float32 only
+    small = nn.Linear(8, 8)  # far below AUTO_MIN_BYTES: its weights sit in the caches
+    assert cpu_matmul.setup(small, torch.device("cpu"), "auto") is None
+    assert "forward" not in vars(small)
+
+
+def test_auto_calibrates_a_model_past_the_caches(monkeypatch):
+    model = nn.Sequential(nn.Linear(32, 64), nn.Linear(64, 32))
+    monkeypatch.setattr(cpu_matmul, "AUTO_MIN_BYTES", 1)  # as if it were large
+    choice = cpu_matmul.setup(model, torch.device("cpu"), "auto")
+    assert set(choice.timings) == set(cpu_matmul.ROWS)
+    assert ("forward" in vars(model[0])) == any(choice.use)
 
 
 def test_engine_replies_with_either_kernel(demo_model_path, monkeypatch):
