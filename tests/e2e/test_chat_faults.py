@@ -116,6 +116,31 @@ def refused_in_log(worker: WorkerProcess, request_id: str) -> bool:
     return f"chat request_id={request_id} refused" in worker.log_tail(100_000)  # whole log
 
 
+def in_transaction_elsewhere() -> bool:
+    """Does another connection to the test database hold an open transaction (the worker
+    paused inside one: admitting the prompt locks the claim row)?"""
+    from django.db import connection
+
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database()"
+                    " AND pid <> pg_backend_pid() AND state LIKE 'idle in transaction%%'")
+        return cur.fetchone()[0] > 0
+
+
+def pause_generating(worker: WorkerProcess) -> None:
+    """SIGSTOP the worker while it generates, not inside a database transaction: paused
+    holding the claim's row lock, it would hold the web's give-up (and this test's subject)
+    up for the database's statement timeout instead."""
+    def paused_outside() -> bool:
+        os.kill(worker.pid, signal.SIGSTOP)
+        if not in_transaction_elsewhere():
+            return True
+        os.kill(worker.pid, signal.SIGCONT)  # let it commit, and pause it again
+        return False
+
+    wait_for(paused_outside, 60, "the worker paused outside a transaction")
+
+
 def test_redis_dies_while_the_web_waits_for_a_slow_worker(site):
     """The worker is paused past the web's give-up: its late reply must not be stored."""
     member = member_with_preference("chatfaults", "rita", "I love soup.")
@@ -123,7 +148,7 @@ def test_redis_dies_while_the_web_waits_for_a_slow_worker(site):
     thread, answer = chat_in_background(site, auth, "story-redis")
     request_id = started_attempt(site, member, "story-redis")
     worker = site["worker"]
-    os.kill(worker.pid, signal.SIGSTOP)  # a slow worker: still generating after the 503
+    pause_generating(worker)  # a slow worker: still generating after the 503
     site["redis"].kill()
     try:
         thread.join(timeout=180)
