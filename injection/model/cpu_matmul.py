@@ -7,7 +7,7 @@ rows, reads the weights far slower than the memory allows. The same product comp
 ``(W @ x.T).T`` with ``W`` untransposed (one row padded to two) reads them about as fast
 as memory allows on the 2-core CPU this was measured on: a whole SmolLM2 decoding step
 at 2 rows cost 1.6x the step at 1 row with ``F.linear``, about 1.0x with this
-(bench/bench_throughput.py --decode, docs/BENCHMARKS.md "CPU matmul").
+(bench/bench_cpu_matmul.py, docs/BENCHMARKS.md "CPU matmul").
 
 Which is faster depends on the CPU, its threads and the model, so it is measured when the
 model loads (``calibrate``: the model's own linear layers in order, each size of
@@ -123,11 +123,12 @@ def setup(model: nn.Module, device: torch.device, mode: str = "auto") -> MatmulC
     the model has no float32 linear layer."""
     if mode not in MODES:
         raise ValueError(f"cpu matmul mode must be one of {MODES}, not {mode!r}")
-    if device.type != "cpu" or not _linears(model) or mode == "linear":
+    linears = _linears(model) if device.type == "cpu" else []
+    if not linears or mode == "linear":
         return None
     if mode == "wxt":
         choice = MatmulChoice((False,) + (True,) * max(ROWS), {})
-    elif sum(m.weight.nbytes for m in _linears(model)) < AUTO_MIN_BYTES:
+    elif sum(m.weight.nbytes for m in linears) < AUTO_MIN_BYTES:
         return None
     else:
         choice = calibrate(model)

@@ -5,7 +5,6 @@ what was measured, and the engine's replies unchanged with it."""
 from __future__ import annotations
 
 import copy
-import threading
 
 import pytest
 import torch
@@ -15,6 +14,7 @@ from torch import nn
 from injection.engine.batch import BatchEngine
 from injection.model import cpu_matmul
 from injection.model.adapter import load_adapter
+from tests.injection.test_batch import _in_threads
 
 ALL = (False,) + (True,) * max(cpu_matmul.ROWS)
 
@@ -115,26 +115,13 @@ def test_engine_replies_with_either_kernel(demo_model_path, monkeypatch):
         try:
             prompts = [f"Tell me about {w}." for w in ("cats", "rain", "maps", "tea")]
             alone = engine.generate(prompts[0], None, 1.0, 12, stop=())
-            outs = engine_batch(engine, prompts)
+            outs = _in_threads([lambda p=p, e=engine: e.generate(p, None, 1.0, 12, stop=())
+                                for p in prompts])
         finally:
             engine.close()
         replies[mode] = [alone.token_ids, *[o.token_ids for o in outs]]
         assert (1 in seen and 4 in seen) == (mode == "wxt")  # decoding steps of 1 and 4 rows
     assert replies["wxt"] == replies["linear"]
-
-
-def engine_batch(engine, prompts):
-    outs = [None] * len(prompts)
-
-    def one(i):
-        outs[i] = engine.generate(prompts[i], None, 1.0, 12, stop=())
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(prompts))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return outs
 
 
 @pytest.mark.slow
@@ -155,19 +142,11 @@ def test_real_model_guided_replies_with_either_kernel(real_model_path):
                 "Always answer in lowercase letters only.", msgs), first=True)
             guide = adapter.renderer.encode(adapter.plain_prompt("", msgs), first=True)
             jobs.append((row, Guide(1.0, None, guide)))
-        outs = [None, None]
-
-        def one(i, jobs=jobs, engine=engine, outs=outs):
-            outs[i] = engine.run(None, 1.0, jobs[i][0], 24, guide=jobs[i][1], stop=())
-
+        calls = [lambda job=job, e=engine: e.run(None, 1.0, job[0], 24, guide=job[1], stop=())
+                 for job in jobs]
         try:
-            one(0)
-            alone = outs[0].token_ids
-            threads = [threading.Thread(target=one, args=(i,)) for i in range(2)]
-            for t in threads:
-                t.start()
-            for t in threads:
-                t.join()
+            alone = calls[0]().token_ids
+            outs = _in_threads(calls)  # both together
         finally:
             engine.close()
         assert outs[0].token_ids == alone  # alone and beside another guided request
