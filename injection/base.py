@@ -137,6 +137,9 @@ class ExecutionRequest:
     # as the difference between the reply's distribution with and without them, on turns
     # that carry no reminder; 0 = off, exactly today's output; None = the model's default
     contrast: float | None = None
+    # keep the member's standing instructions the decoder can keep ("answer in lowercase",
+    # "never use commas": injection/prompting/constraints.py); None = the default, on
+    constrain: bool | None = None
 
 
 @dataclass
@@ -167,6 +170,8 @@ class ExecutionResult:
     # was served from a cache (L1/L2 segments, the conversation's), not recomputed
     cached_tokens: int = 0
     contrast_effective: float = 0.0  # the strength applied (0: no guide row)
+    # the decoding constraints the reply was kept to (injection/prompting/constraints.py)
+    constraints: list[str] = field(default_factory=list)
     # the guide row's work, never part of prompt_tokens / completion_tokens (the reply's):
     # tokens it prefilled (computed, not cached) and decoding steps it ran beside the reply
     guide_prefill_tokens: int = 0

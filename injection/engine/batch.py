@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from injection.base import GenerationOutput
-from injection.engine import steps
+from injection.engine import bans, steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.faults import COUNTERS, EngineFaults
@@ -238,7 +238,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         if guided is not None:  # the guide right after its row
             self._batch.add(guided[0])
             self._rows.append(job.guide)
-            logits = contrast.combine(logits, guided[1], job.guide_strength)
+            logits = contrast.combine(bans.apply([job], logits[None])[0], guided[1],
+                                      job.guide_strength)  # (folding again later: a no-op)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
         return None if resume else logits
@@ -266,6 +267,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         rows leave the batch, then their callers wake. A row whose draw or callbacks raise
         fails alone."""
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
+        logits = bans.apply(rows, logits)  # decoding constraints, before a guide's contrast
         rows, logits = contrast.split_rows(rows, logits)  # guides choose nothing
         for job, pick in self._choose(rows, logits, cached=cached):
             if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it

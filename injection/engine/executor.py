@@ -40,6 +40,7 @@ from injection.kvcache.conversation import ConversationStore
 from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or_none
 from injection.memory.recall import MemoryPlanner, RecallOptions
 from injection.metrics import METRICS, Metrics
+from injection.prompting.constraints import transform
 from injection.prompting.output_filter import clean_reply
 from injection.prompting.template import compose_context
 
@@ -223,6 +224,7 @@ class InjectionExecutor:
         tokens), and the timings."""
         infer_ms = (time.perf_counter() - t0) * 1000.0 - fetch_ms
         text, stripped = clean_reply(out.text, self.metrics.incr)
+        text = transform(plan.sampling.get("constraints", ()), text)  # as the stream sent it
         self.turns.keep(plan, req, text, out, head)
         return Reply(out, text, stripped, planning_ms, fetch_ms, infer_ms)
 

@@ -18,11 +18,13 @@ __all__ = ["BatchChooser", "RowSampler"]
 
 
 class RowSampler:
-    """One row's sampling settings (temperature 0: greedy) and its seeded generator."""
+    """One row's sampling settings (temperature 0: greedy), its seeded generator and the
+    tokens its decoding constraints ban."""
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 *, device: torch.device | str = "cpu") -> None:
+                 *, device: torch.device | str = "cpu", ban: torch.Tensor | None = None) -> None:
         self.temperature, self.top_p = float(temperature or 0.0), float(top_p or 1.0)
+        self.ban = ban  # tokens the row may never choose (``engine/bans.py``), or None
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)

@@ -37,11 +37,12 @@ from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
+from injection.prompting.constraints import detect, transform
 from injection.prompting.history import fit_history
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import PromptParts, compose_context
 
-__all__ = ["SystemTurn", "TurnPlanner", "fit_messages", "layout"]
+__all__ = ["SystemTurn", "TurnPlanner", "constrained", "fit_messages", "layout"]
 
 
 class SystemTurn(NamedTuple):
@@ -52,6 +53,26 @@ class SystemTurn(NamedTuple):
     personal: bool  # the member's text is injected
     context: str  # the system turn's text
     reminder: Reminder
+
+
+def constrained(sampling: dict[str, Any], req: ExecutionRequest, *,
+                on: bool) -> dict[str, Any]:
+    """``sampling`` with the decoding constraints the member's memories ask for
+    (``prompting/constraints.py``), where the member's memories are injected and the batch
+    engine runs the turn (``on``), unless the request turns them off."""
+    if not on or req.constrain is False:
+        return sampling
+    found = detect([m.text for m in req.memories] or [req.preference_text], req.instructions)
+    if not found:
+        return sampling
+    stream = sampling.get("on_text")
+    if stream is not None:  # the stream's pieces as the reply's text (``transform``)
+        stream.sink = partial(_transformed, found, stream.sink)
+    return {**sampling, "constraints": found}
+
+
+def _transformed(found: tuple[str, ...], sink: Any, piece: str) -> None:
+    sink(transform(found, piece))
 
 
 def fit_messages(adapter: Any, req: ExecutionRequest, context: str,
@@ -144,6 +165,7 @@ class TurnPlanner:
                                injected=True)  # the cache lookup: its result decides below
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         defer = self.one_pass and link.cached is None and member_alpha == 1.0
+        sampling = constrained(sampling_options(req), req, on=personal and self.batching)
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            on=personal and self.batching, context=system.context,
                            prompt_ids=link.prompt_ids, done=link.done,
@@ -151,4 +173,4 @@ class TurnPlanner:
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
                         system.reminder, tuple(messages), parts.prompt, link, defer, guide,
-                        sampling_options(req), req.max_new_tokens)
+                        sampling, req.max_new_tokens)

@@ -1,0 +1,118 @@
+"""Decoding constraints: the standing instructions the platform can keep by itself.
+
+A small model forgets "Always answer in lowercase." a few exchanges into a chat, whatever
+the memory's place or the guide (bench_quality, standing instructions at depth 8: the
+system message, the reminder and guidance all 7/43). Some standing instructions are a
+property of every token of the reply, so the decoder can keep them at any depth, at the
+cost of a mask on the step's logits (no second row, no extra prompt tokens):
+
+* ``lowercase``: "Reply in lowercase only." / "never use capital letters": no token with an
+  upper-case letter;
+* ``uppercase``: "Write all your answers in capital letters.": no token with a lower-case
+  letter;
+* ``no_comma``: "Never use commas.": no token with a comma;
+* ``ban:<word>``: "Never use the words 'very' or 'really'.": no token that is the word
+  (any case; a quoted single word).
+
+``detect`` reads them from the member's memories (those ``reminder.standing`` calls
+standing instructions), as data the planner puts in the turn's sampling options; the
+engine turns them into a token mask (``engine/bans.py``). Fail closed toward the tenant:
+a constraint that a quoted literal in the tenant's instructions would break ("Start every
+reply with 'Acme:'" against lowercase) is dropped, and so are contradictory ones.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from injection.prompting.reminder import standing
+
+__all__ = ["FOLDS", "TRANSFORMS", "detect", "transform", "violates"]
+
+# a case constraint kept token by token: how a token that breaks it is mended
+# (``engine/bans.py``: "To" -> "to")
+FOLDS = {"lowercase": str.lower}
+# ... and one kept on the reply's text instead: the model writes as it would, the member
+# gets it upper-cased (folded token by token, SmolLM2's capitals came out garbled:
+# "TOKYLES: HERE")
+TRANSFORMS = {"uppercase": str.upper}
+
+_NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
+                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
+_BUT = re.compile(r"\b(?:but|except|other\s+than|only)\b", re.I)  # "nothing but ...": positive
+_LOWER = re.compile(r"lower[\s-]?case|small\s+letters", re.I)
+_UPPER = re.compile(r"upper[\s-]?case|\bcaps\b|\bcapitals?\b(?!\s+(?:of|city))|"
+                    r"block\s+letters", re.I)
+_COMMA = re.compile(r"\bcommas?\b|comma[\s-]free", re.I)
+_WORDS = re.compile(r"\bwords?\b|\bsay\b|\bsaying\b|\bterms?\b", re.I)
+_QUOTED = re.compile(r"(?<![A-Za-z])[\"'‘“]([^\"'’”]+?)[\"'’”](?![A-Za-z])")
+_SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
+_SENTENCE = re.compile(r"[.;!?]+\s*")
+_CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|without|only)\b)", re.I)
+
+
+def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
+    """The constraints ``memories`` ask for, sorted; those a quoted literal of the tenant's
+    ``instructions`` breaks, and contradictory ones, left out."""
+    found: set[str] = set()
+    for text in memories:
+        if text and standing(text):
+            found |= _of(text)
+    if {"lowercase", "uppercase"} <= found:
+        found -= {"lowercase", "uppercase"}
+    literals = _QUOTED.findall(instructions or "")
+    return tuple(sorted(c for c in found if not any(violates(c, lit) for lit in literals)))
+
+
+def _of(text: str) -> set[str]:
+    out: set[str] = set()
+    lower = upper = False
+    for clause in _CLAUSE.split(text):
+        for m in _LOWER.finditer(clause):
+            lower, upper = lower or not _negated(clause, m.start()), upper or _negated(
+                clause, m.start())
+        for m in _UPPER.finditer(clause):
+            neg = _negated(clause, m.start())  # "never in all caps": no shouting, that is all
+            before = clause[:m.start()].split() or [""]
+            lower = lower or (neg and not _SHOUT.match(before[-1]))
+            upper = upper or not neg
+    for sentence in _SENTENCE.split(text):
+        if _COMMA.search(sentence) and _NEG.search(sentence):
+            out.add("no_comma")
+        if _WORDS.search(sentence) and _NEG.search(sentence):
+            out |= {f"ban:{w.lower()}" for w in _QUOTED.findall(sentence)
+                    if re.fullmatch(r"[A-Za-z]+", w.strip())}
+    if lower != upper:
+        out.add("lowercase" if lower else "uppercase")
+    return out
+
+
+def _negated(clause: str, at: int) -> bool:
+    """Whether a negation comes in the six words before ``at`` in ``clause`` (and no "but"
+    after it: "nothing but capitals" asks for them)."""
+    before = " ".join(clause[:at].split()[-6:])
+    neg = list(_NEG.finditer(before))
+    return bool(neg) and not _BUT.search(before[neg[-1].end():])
+
+
+def transform(constraints: Sequence[str], text: str) -> str:
+    """``text`` as the member gets it under ``constraints`` (``TRANSFORMS``)."""
+    for name in constraints:
+        if name in TRANSFORMS:
+            text = TRANSFORMS[name](text)
+    return text
+
+
+def violates(constraint: str, text: str) -> bool:
+    """Whether ``text`` breaks ``constraint`` (the engine bans the tokens that would)."""
+    if constraint == "lowercase":
+        return any(c.isupper() for c in text)
+    if constraint == "uppercase":
+        return any(c.islower() for c in text)
+    if constraint == "no_comma":
+        return "," in text
+    if constraint.startswith("ban:"):
+        word = constraint[4:]
+        return any(w.lower() == word for w in re.findall(r"[A-Za-z]+", text))
+    raise ValueError(f"unknown constraint {constraint!r}")

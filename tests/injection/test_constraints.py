@@ -1,0 +1,184 @@
+"""Decoding constraints (injection/prompting/constraints.py, injection/engine/bans.py):
+which standing instructions are read as constraints, the token map they make on the
+demo model's real tokenizer, and the batch engine applying it exactly (a step-by-step
+reference, alone, beside other rows and under a guide); the planner puts them in the
+turn's sampling only for an injected member on the batch engine, unless asked not to."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import DynamicCache
+
+from injection import build_executor
+from injection.base import ExecutionRequest
+from injection.engine.bans import fold, token_map
+from injection.engine.batch import BatchEngine
+from injection.engine.guidance.contrast import Guide, combine
+from injection.metrics import Metrics
+from injection.prompting.constraints import detect, transform, violates
+from tests.injection.test_batch import _in_threads
+from tests.injection.test_planner import ASK, TextOnly, planner
+
+READ = [
+    ("Always write your replies in lowercase, never capitals.", ("lowercase",)),
+    ("Don't use capital letters when you answer me.", ("lowercase",)),
+    ("Answer with nothing but capital letters.", ("uppercase",)),
+    ("Capital letters only in your replies, no lowercase.", ("uppercase",)),
+    ("Please reply in ALL CAPS.", ("uppercase",)),
+    ("Never write your answers in all caps.", ()),  # no shouting: not "no capitals"
+    ("Capitalize the first word of each reply.", ()),
+    ("Never use commas in your answers.", ("no_comma",)),
+    ("Commas confuse my screen reader: reply with none.", ("no_comma",)),
+    ("Use commas sparingly when you reply.", ()),
+    ("Don't use the words 'very' or 'really' when you reply.", ("ban:really", "ban:very")),
+    ("Keep the word \u201cliterally\u201d out of your answers.", ("ban:literally",)),
+    ("Never say 'thank you so much' in replies.", ()),  # a phrase, not a word: not banned
+    ("Always reply in French.", ()),
+    ("I am vegetarian and never eat fish.", ()),  # not an instruction on the reply
+    ("My favourite colour is blue, not red.", ()),
+]
+
+
+@pytest.mark.parametrize(("memory", "want"), READ)
+def test_standing_instructions_read_as_constraints(memory, want):
+    assert detect([memory]) == want
+
+
+def test_contradictions_and_the_tenants_literals_drop_a_constraint():
+    assert detect(["Reply in lowercase.", "Answer in capital letters."]) == ()
+    both = ["Reply in lowercase only.", "Never use commas in answers."]
+    assert detect(both) == ("lowercase", "no_comma")
+    # "Acme:" breaks lowercase; the tenant's instructions win, the rest is kept
+    assert detect(both, "Start every reply with 'Acme:' please.") == ("no_comma",)
+    assert detect(both, "Be brief.") == ("lowercase", "no_comma")
+
+
+def test_violates():
+    assert violates("lowercase", "The") and not violates("lowercase", " the 2 cats.")
+    assert violates("uppercase", "Hi") and not violates("uppercase", " HI, 42!")
+    assert violates("no_comma", "a, b") and not violates("no_comma", "a; b")
+    assert violates("ban:very", " Very") and not violates("ban:very", " every")
+    with pytest.raises(ValueError):
+        violates("bold", "x")
+
+
+def test_the_token_map_folds_case_and_bans_the_rest(adapter):
+    tok = adapter.tokenizer
+    texts = tok.batch_decode([[i] for i in range(len(tok))])
+    to = token_map(tok, ("lowercase", "no_comma"))
+    assert to is token_map(tok, ("no_comma", "lowercase"))  # built once per tuple
+    for i in tok.all_special_ids:
+        assert int(to[i]) == i  # the end of turn is always there
+    special = set(tok.all_special_ids)
+    kept = [i for i in range(len(tok)) if int(to[i]) >= 0 and i not in special]
+    assert kept and all(not violates("lowercase", texts[int(to[i])])
+                        and not violates("no_comma", texts[int(to[i])]) for i in kept)
+    folded = [i for i in kept if int(to[i]) != i]
+    assert folded and all(texts[int(to[i])] == texts[i].lower() for i in folded)
+    assert all(int(to[i]) == -1 for i, t in enumerate(texts) if "," in t and i not in special)
+
+
+def test_capitals_are_kept_on_the_text_not_token_by_token(adapter):
+    tok = adapter.tokenizer
+    assert token_map(tok, ("uppercase",)) is None
+    assert token_map(tok, ("no_comma", "uppercase")) is token_map(tok, ("no_comma",))
+    assert transform(("no_comma", "uppercase"), "Hi there.") == "HI THERE."
+    assert transform(("lowercase",), "Hi") == "Hi"  # folded by the engine, not here
+
+
+def test_fold_moves_each_tokens_share_to_where_it_maps():
+    scores = torch.tensor([1.0, 2.0, 0.5, -1.0, 3.0])
+    to = torch.tensor([0, 0, 2, -1])  # 1 folds onto 0, 3 is banned, 4 is past the map
+    p = torch.softmax(scores, -1)
+    got = fold(scores, to).exp()
+    assert torch.allclose(got, torch.tensor([p[0] + p[1], 0.0, p[2], 0.0, 0.0]))
+
+
+def reference(adapter, ids: list[int], to, n: int, guide_ids: list[int] | None = None,
+              strength: float = 1.0) -> list[int]:
+    """Greedy, one token at a time: the row's logits folded (then contrasted with the
+    guide's, which is fed the same tokens)."""
+    model, eos, out, dev = adapter.model, adapter._eos_ids(), [], adapter.device
+    seqs = [ids] + ([guide_ids] if guide_ids else [])
+    with torch.inference_mode():
+        caches = [DynamicCache(config=adapter._cache_config) for _ in seqs]
+        logits = [model(input_ids=torch.tensor([s], device=dev), past_key_values=c,
+                        use_cache=True).logits[0, -1] for s, c in zip(seqs, caches, strict=True)]
+        for _ in range(n):
+            row = fold(logits[0], to) if to is not None else logits[0]
+            token = int((combine(row, logits[1], strength) if guide_ids else row).argmax())
+            out.append(token)
+            if token in eos:
+                break
+            logits = [model(input_ids=torch.tensor([[token]], device=dev), past_key_values=c,
+                            use_cache=True).logits[0, -1] for c in caches]
+    return out
+
+
+def test_the_engine_applies_the_constraints_alone_beside_others_and_guided(adapter):
+    render = adapter.renderer
+    ids = render.encode(adapter.render_chat([{"role": "user", "content": "Tell me a story."}]),
+                        first=True)
+    other = render.encode(adapter.render_chat(ASK), first=True)
+    cons = ("lowercase", "no_comma")
+    to = token_map(adapter.tokenizer, cons)
+    want, plain = reference(adapter, ids, to, 24), reference(adapter, ids, None, 24)
+    eng = BatchEngine(adapter, max_batch=4)
+    try:
+        alone = eng.run(None, 1.0, ids, 24, constraints=cons)
+        together = _in_threads([lambda: eng.run(None, 1.0, ids, 24, constraints=cons),
+                                lambda: eng.run(None, 1.0, other, 24)])
+        guided = eng.run(None, 1.0, ids, 24, constraints=cons,
+                         guide=Guide(1.0, None, other))
+        unconstrained = eng.run(None, 1.0, ids, 24)
+    finally:
+        eng.close()
+    assert alone.token_ids == together[0].token_ids == want
+    assert together[1].token_ids == reference(adapter, other, None, 24)  # untouched
+    assert guided.token_ids == reference(adapter, ids, to, 24, other)
+    assert unconstrained.token_ids == plain
+
+
+def test_the_planner_constrains_an_injected_member_on_the_engine_unless_told_not_to(adapter):
+    text = TextOnly(adapter.tokenizer)  # planned from the tokenizer alone
+    lower = "Always answer me in lowercase."
+    on = planner(text, batching=True)
+    assert on.plan(ExecutionRequest("t", "u", ASK, lower)).sampling["constraints"] == (
+        "lowercase",)
+    for plans, req in ((on, ExecutionRequest("t", "u", ASK, lower, constrain=False)),
+                       (on, ExecutionRequest("t", "u", ASK, "I like jazz.")),
+                       (on, ExecutionRequest("t", "u", ASK, lower, injection_enabled=False)),
+                       (planner(text), ExecutionRequest("t", "u", ASK, lower))):
+        assert "constraints" not in plans.plan(req).sampling
+
+
+def test_a_constrained_member_gets_a_reply_that_keeps_the_instruction(adapter):
+    """Through the executor on the demo model; off (``constrain=False``): the reply the
+    turn gives without it."""
+    ex = build_executor(adapter, batch_max=4, metrics=Metrics())
+    lower = "Never use capital letters or commas when you reply."
+    try:
+        reqs = [ExecutionRequest("t", "u", ASK, lower, max_new_tokens=24, constrain=c,
+                                 contrast=0.0) for c in (None, False)]
+        on, off = (ex.execute(r) for r in reqs)
+    finally:
+        ex.close()
+    assert on.text and not violates("lowercase", on.text) and not violates("no_comma", on.text)
+    assert on.text != off.text  # the random model's reply breaks them when left alone
+    assert on.constraints == ["lowercase", "no_comma"] and off.constraints == []
+
+
+def test_capitals_are_the_reply_upper_cased_streamed_as_sent(adapter):
+    ex = build_executor(adapter, batch_max=4, metrics=Metrics())
+    caps = "Answer me in capital letters only."
+    pieces: list[str] = []
+    try:
+        on = ex.execute(ExecutionRequest("t", "u", ASK, caps, max_new_tokens=24,
+                                         contrast=0.0, on_text=pieces.append))
+        off = ex.execute(ExecutionRequest("t", "u", ASK, caps, max_new_tokens=24,
+                                          contrast=0.0, constrain=False))
+    finally:
+        ex.close()
+    assert on.constraints == ["uppercase"] and off.constraints == []
+    assert on.text == off.text.upper() != off.text and "".join(pieces) == on.text
