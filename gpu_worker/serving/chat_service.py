@@ -85,6 +85,9 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     reminder = params.get("reminder")  # the same order (None: the engine's default, on)
     if reminder is None:
         reminder = getattr(member.tenant, "memory_reminder", None)
+    constrain = params.get("constraints")  # the same order (None: on)
+    if constrain is None:
+        constrain = getattr(member.tenant, "memory_constraints", None)
     return ExecutionRequest(
         tenant=str(member.tenant_id),
         user=str(member.pk),
@@ -97,6 +100,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         alpha=float(alpha),
         contrast=None if contrast is None else float(contrast),
         reminder=None if reminder is None else bool(reminder),
+        constrain=None if constrain is None else bool(constrain),
         max_new_tokens=max_new,
         temperature=float(params.get("temperature") or 0.0),
         top_p=float(params.get("top_p") or 1.0),

@@ -32,7 +32,7 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
 
 
 TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens",
-                 "memory_contrast", "memory_reminder",
+                 "memory_contrast", "memory_reminder", "memory_constraints",
                  "memory_writes_enabled")
 
 
@@ -53,9 +53,10 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
     if "name" in changes and not (changes["name"] or "").strip():
         raise InvalidInput("A tenant needs a name.")
     _strength_in_range(changes, "memory_contrast", 4)
-    if changes.get("memory_reminder") not in (None, True, False):
-        raise InvalidInput("memory_reminder must be true, false or empty (the platform's "
-                           "default).", fields={"memory_reminder": ["true, false or empty."]})
+    for switch in ("memory_reminder", "memory_constraints"):
+        if changes.get(switch) not in (None, True, False):
+            raise InvalidInput(f"{switch} must be true, false or empty (the platform's "
+                               "default).", fields={switch: ["true, false or empty."]})
     assert_actor_may_manage(actor, tenant)
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     changed = {f: v for f, v in changes.items() if getattr(locked, f) != v}

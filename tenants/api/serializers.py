@@ -56,6 +56,12 @@ class ChatRequestSerializer(StrictSerializer):
                   "conversation (\"(<memories>)\" before the message; see docs/API.md, "
                   "\"Memory reminder\"); false = off. Default: the tenant's setting, else on.",
     )
+    constraints = StrictBooleanField(
+        required=False,
+        help_text="Keep your standing instructions that every token can keep (\"answer in "
+                  "lowercase\", \"no commas\", ...; see docs/API.md, \"Decoding "
+                  "constraints\"); false = off. Default: the tenant's setting, else on.",
+    )
 
     def get_fields(self):
         fields = super().get_fields()
@@ -120,6 +126,11 @@ class CacheInfoSerializer(serializers.Serializer):
     contrast_effective = serializers.FloatField(
         required=False, help_text="Contrastive guidance strength applied (0: off; from the "
                                   "third turn of a conversation on, turns are not guided).")
+    constraints = serializers.ListField(
+        child=serializers.CharField(), required=False,
+        help_text="The decoding constraints your reply was kept to, from your standing "
+                  "instructions: lowercase, uppercase, no_comma, ban:<word> (docs/API.md, "
+                  "\"Decoding constraints\").")
     kv_tokens = serializers.IntegerField()
     kv_layers_count = serializers.IntegerField()
     kv_bytes_cpu = serializers.IntegerField()

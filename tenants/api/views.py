@@ -113,6 +113,7 @@ class ChatView(MemberView):
             # only when sent: the idempotency hash of requests without it stays as it was
             **({"contrast": data["contrast"]} if data.get("contrast") is not None else {}),
             **({"reminder": data["reminder"]} if "reminder" in data else {}),
+            **({"constraints": data["constraints"]} if "constraints" in data else {}),
         }
         check_fits(chat_model_path(), [data["message"], *_context_texts(member)],
                    params["max_new_tokens"])

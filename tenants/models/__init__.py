@@ -52,6 +52,13 @@ class Tenant(models.Model):
                   "conversation (\"(<memories>)\" before the message, from the third message "
                   "on; from the first with several memories). Its tokens count in "
                   "prompt_tokens. Empty: the platform's default (on).")
+    # decoding constraints (injection/prompting/constraints.py; empty: the default, on)
+    memory_constraints = models.BooleanField(
+        null=True, blank=True, default=None,
+        help_text="Keep members' standing instructions that every token of a reply can keep "
+                  "(\"answer in lowercase\", \"in capitals\", \"no commas\", \"never use the "
+                  "word 'x'\") by masking the tokens that would break them, at any depth of "
+                  "a conversation. Empty: the platform's default (on).")
     memory_writes_enabled = models.BooleanField(
         default=False,
         help_text="Members may add or remove memories from a chat (\"remember that ...\", "

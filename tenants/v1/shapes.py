@@ -87,6 +87,12 @@ class ExtensionSerializer(StrictSerializer):
         help_text="The memory reminder: the member's memories re-stated at the start of user "
                   "messages deep in the conversation (false = off; default: the tenant's "
                   "setting, else on).")
+    constraints = serializers.BooleanField(
+        required=False,
+        help_text="Decoding constraints: the member's standing instructions that every token "
+                  "can keep (lowercase, capitals, no commas, a banned word) kept by masking "
+                  "the tokens that break them (false = off; default: the tenant's setting, "
+                  "else on).")
     conversation = serializers.IntegerField(
         required=False, min_value=1, max_value=PK_MAX,
         help_text="Append this exchange to one of your conversations (default: a new one "
@@ -224,6 +230,7 @@ def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
         # only when sent: the idempotency hash of requests without it stays as it was
         **({"contrast": ext["contrast"]} if ext.get("contrast") is not None else {}),
         **({"reminder": ext["reminder"]} if "reminder" in ext else {}),
+        **({"constraints": ext["constraints"]} if "constraints" in ext else {}),
         "user": data.get("user") or None,
         "history": [{"role": m["role"], "content": m["content"]} for m in data["messages"][:-1]],
     }

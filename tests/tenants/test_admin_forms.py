@@ -131,17 +131,18 @@ def test_cli_tokens_take_a_name_and_an_expiry(acme):
         call_command("tenant", "token", "acme", "acme-user", "--expires-days", "0")
 
 
-def test_tenant_admin_switches_the_memory_reminder_audited(acme_admin, acme):
-    """The tenant's ``memory_reminder``: off, then back to the default (empty), each change
-    an audited tenant.changed row; the form shows the choice."""
+@pytest.mark.parametrize("switch", ["memory_reminder", "memory_constraints"])
+def test_tenant_admin_switches_a_memory_mechanism_audited(acme_admin, acme, switch):
+    """The tenant's ``memory_reminder`` / ``memory_constraints``: off, then back to the
+    default (empty), each change an audited tenant.changed row; the form shows the choice."""
     page = f"/admin/tenants/tenant/{acme.tenant.pk}/change/"
-    assert 'name="memory_reminder"' in acme_admin.get(page).content.decode()
+    assert f'name="{switch}"' in acme_admin.get(page).content.decode()
     for sent, stored in (("false", False), ("unknown", None)):
-        response = acme_admin.post(page, {"name": acme.tenant.name, "memory_reminder": sent})
+        response = acme_admin.post(page, {"name": acme.tenant.name, switch: sent})
         assert response.status_code == 302
         acme.tenant.refresh_from_db()
-        assert acme.tenant.memory_reminder is stored
+        assert getattr(acme.tenant, switch) is stored
     rows = AuditLog.objects.filter(event_type=AuditEvent.TENANT_CHANGED).order_by("id")
     assert [(r.data["old"], r.data["new"]) for r in rows] == [
-        ({"memory_reminder": None}, {"memory_reminder": False}),
-        ({"memory_reminder": False}, {"memory_reminder": None})]
+        ({switch: None}, {switch: False}),
+        ({switch: False}, {switch: None})]

@@ -1,0 +1,70 @@
+"""Decoding constraints through the real path: HTTP (/api/chat ``constraints``, /v1
+``kvinject.constraints``) -> Celery worker (demo model, batch engine) -> a reply that keeps
+the member's standing instructions, listed in ``cache.constraints``; the request's switch
+over the tenant's ``memory_constraints`` over the default (on); a bad value is a 400
+naming the field before any worker is asked."""
+
+from __future__ import annotations
+
+import pytest
+
+from injection.prompting.constraints import violates
+from tenants import actions
+from tenants.errors import InvalidInput
+from tenants.models import ChatExchange, Tenant
+from tests.e2e.chat_http import post
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+RULE = "Never use capital letters or commas when you reply."
+KEPT = ["lowercase", "no_comma"]
+
+
+@pytest.fixture
+def carol():
+    tenant = actions.do_create_tenant("acme", "Acme")
+    member = actions.do_add_member(tenant, "carol", preference=RULE)
+    return member, actions.do_create_api_token(member)
+
+
+def test_a_bad_constraints_switch_is_a_400_naming_the_field(live_server, carol):
+    member, key = carol
+    status, body = post(live_server.url, "/api/chat", key, {"message": "hi", "constraints": 1})
+    assert status == 400 and "constraints" in body["error"]["fields"], body
+    status, body = post(live_server.url, "/v1/chat/completions", key, {
+        "model": "kvinject", "messages": [{"role": "user", "content": "hi"}],
+        "kvinject": {"constraints": "maybe"}})
+    assert status == 400 and body["error"]["param"] == "kvinject.constraints", body
+    assert not ChatExchange.objects.exists()
+    with pytest.raises(InvalidInput, match="memory_constraints"):
+        actions.do_update_tenant(member.tenant, memory_constraints="off")
+
+
+def _chat(base: str, key: str, **switch) -> dict:
+    status, body = post(base, "/api/chat", key, {
+        "message": "Tell me a long story about a city.", "max_new_tokens": 24, "contrast": 0,
+        **switch})
+    assert status == 200, body
+    return body
+
+
+def test_request_then_tenant_then_default(live_server, gpu_worker, carol, settings,
+                                          demo_model_path):
+    settings.MODEL_PATH = str(demo_model_path)
+    member, key = carol
+    on, off = _chat(live_server.url, key), _chat(live_server.url, key, constraints=False)
+    assert on["cache"]["constraints"] == KEPT, gpu_worker.log_tail()
+    assert on["reply"] and not any(violates(c, on["reply"]) for c in KEPT)
+    assert off["cache"]["constraints"] == [] and off["reply"] != on["reply"]
+    tenant = actions.do_update_tenant(Tenant.objects.get(pk=member.tenant_id),
+                                      memory_constraints=False)
+    assert _chat(live_server.url, key)["reply"] == off["reply"]  # the tenant's switch
+    assert _chat(live_server.url, key, constraints=True)["reply"] == on["reply"]
+    actions.do_update_tenant(tenant, memory_constraints=None)
+    status, body = post(live_server.url, "/v1/chat/completions", key, {
+        "model": "kvinject", "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell me a long story about a city."}],
+        "kvinject": {"contrast": 0}})
+    assert status == 200, body
+    reply = body["choices"][0]["message"]["content"]
+    assert reply and not any(violates(c, reply) for c in KEPT)  # /v1: the default, on
