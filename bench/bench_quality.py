@@ -70,6 +70,7 @@ CONDS: dict[str, dict] = {
     # the guide only for the first reply tokens (``contrast.GUIDE_TOKENS``), then the row alone
     "guide 8 tokens": {"guide_tokens": 8},
     "guide 16 tokens": {"guide_tokens": 16},
+    "- constraints": {"constrain": False},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens")
@@ -129,7 +130,7 @@ def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int)
         msgs = [{"role": "system", "content": "\n".join(texts)}, *msgs]
     if mode != "platform":
         return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=False, **kw)
-    for name in ("contrast", "reminder"):
+    for name in ("contrast", "reminder", "constrain"):
         kw[name] = cond.get(name)
     return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=True,
                             memories=tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(texts)),
