@@ -18,13 +18,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
-from injection.prompting.constraints import FOLDS, TRANSFORMS, violates
+from injection.prompting.constraints import FOLDS, phrase, tokenwise, violates
 
-__all__ = ["apply", "fold", "token_map"]
+__all__ = ["Phrases", "apply", "fold", "forced", "phrases", "token_map"]
 
 _LOCK = threading.Lock()
 
@@ -40,7 +40,7 @@ def _texts(tokenizer: Any) -> list[str]:
 def token_map(tokenizer: Any, constraints: Sequence[str]) -> torch.Tensor | None:
     """``[len(tokenizer)]`` long: where each token goes under ``constraints`` (see module;
     None: none kept token by token). Built once per tokenizer and constraint tuple."""
-    key = tuple(sorted(c for c in constraints if c not in TRANSFORMS))  # kept on the text
+    key = tuple(sorted(c for c in constraints if tokenwise(c)))  # the others: text, phrases
     if not key:
         return None
     with _LOCK:
@@ -91,3 +91,49 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
     for i, to in folded:
         logits[i] = fold(logits[i], to)
     return logits
+
+
+class Phrases(NamedTuple):
+    """The phrases a reply opens and closes with, as token ids, and the closing text."""
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    end_text: str
+
+
+def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
+    """The ``start:``/``end:`` constraints' phrases encoded (the end after a space), or None."""
+    said = dict(p for p in map(phrase, constraints) if p is not None)
+    if not said:
+        return None
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
+
+    end = said.get("end", "")
+    return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end)
+
+
+def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
+    """The row's next token with its phrases kept: the opening phrase's tokens first; the
+    closing phrase's where the reply would end (an end-of-turn token, unless the reply
+    already ends with the phrase) or where only its tokens still fit ``max_new_tokens``,
+    then the end of turn."""
+    said, n = job.sampler.forced, len(job.gen)
+    if said is None:
+        return token
+    if n < len(said.start):
+        return said.start[n]
+    if not said.end:
+        return token
+    if job.sampler.ending is None:
+        room = n >= job.max_new_tokens - len(said.end)
+        if token in eos and tokenizer.decode(job.gen).strip().lower().endswith(
+                said.end_text.lower()):
+            return token  # said already
+        if token in eos or room:
+            job.sampler.ending = n
+    if job.sampler.ending is None:
+        return token
+    k = n - job.sampler.ending
+    return said.end[k] if k < len(said.end) else next(iter(eos))

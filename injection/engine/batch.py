@@ -273,9 +273,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
             if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it
                 continue
             try:
-                if not isinstance(pick, int):
-                    pick = job.sampler.draw(pick)
-                out = self._append(job, pick)
+                pick = pick if isinstance(pick, int) else job.sampler.draw(pick)
+                out = self._append(job, bans.forced(job, pick, self._eos, self.adapter.tokenizer))
                 if out is not None:
                     leaving.append((job, out, None))
             except Exception as exc:  # e.g. non-finite logits, a failing stream callback

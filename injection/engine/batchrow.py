@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from injection.base import GenerationOutput
-from injection.engine.bans import token_map
+from injection.engine.bans import phrases, token_map
 from injection.engine.sampling import RowSampler
 from injection.engine.stopping import GenerationWatch, admitted
 from injection.kvcache.packed import PackedKV
@@ -77,7 +77,8 @@ class RowJob:
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,
                                   self.sampling.get("seed"), device=device,
-                                  ban=token_map(tokenizer, self.sampling.get("constraints", ())))
+                                  ban=token_map(tokenizer, self.sampling.get("constraints", ())),
+                                  forced=phrases(tokenizer, self.sampling.get("constraints", ())))
 
     def emitted(self) -> bool:
         """Whether any text reached the caller's stream (then it is resumed, never restarted)."""

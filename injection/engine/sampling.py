@@ -22,9 +22,12 @@ class RowSampler:
     tokens its decoding constraints ban."""
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 *, device: torch.device | str = "cpu", ban: torch.Tensor | None = None) -> None:
+                 *, device: torch.device | str = "cpu", ban: torch.Tensor | None = None,
+                 forced: Any = None) -> None:
         self.temperature, self.top_p = float(temperature or 0.0), float(top_p or 1.0)
-        self.ban = ban  # tokens the row may never choose (``engine/bans.py``), or None
+        self.ban = ban  # the row's token map (``engine/bans.py``), or None
+        self.forced = forced  # the phrases its reply opens and closes with (``bans.Phrases``)
+        self.ending: int | None = None  # where the closing phrase started
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)

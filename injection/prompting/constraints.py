@@ -4,21 +4,27 @@ A small model forgets "Always answer in lowercase." a few exchanges into a chat,
 the memory's place or the guide (bench_quality, standing instructions at depth 8: the
 system message, the reminder and guidance all 7/43). Some standing instructions are a
 property of every token of the reply, so the decoder can keep them at any depth, at the
-cost of a mask on the step's logits (no second row, no extra prompt tokens):
+cost of a map on the step's logits or a forced token (no second row, no prompt tokens):
 
 * ``lowercase``: "Reply in lowercase only." / "never use capital letters": no token with an
   upper-case letter;
-* ``uppercase``: "Write all your answers in capital letters.": no token with a lower-case
-  letter;
+* ``uppercase``: "Write all your answers in capital letters.": the reply upper-cased
+  (``TRANSFORMS``);
 * ``no_comma``: "Never use commas.": no token with a comma;
 * ``ban:<word>``: "Never use the words 'very' or 'really'.": no token that is the word
-  (any case; a quoted single word).
+  (any case; a quoted single word);
+* ``start:<phrase>`` / ``end:<phrase>``: "Start every reply with 'Ahoy!'", "End each answer
+  with the exact phrase 'Good luck!'" ("wrap your reply in double quotes": both ``"``):
+  the phrase's tokens forced where the reply opens, and where it would end or where only
+  they still fit (``engine/bans.forced``).
 
 ``detect`` reads them from the member's memories (those ``reminder.standing`` calls
 standing instructions), as data the planner puts in the turn's sampling options; the
 engine turns them into a token mask (``engine/bans.py``). Fail closed toward the tenant:
 a constraint that a quoted literal in the tenant's instructions would break ("Start every
-reply with 'Acme:'" against lowercase) is dropped, and so are contradictory ones.
+reply with 'Acme:'" against lowercase) is dropped, and so are contradictory ones and a
+member's opening (closing) phrase where the tenant's instructions say how replies open
+(close).
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from collections.abc import Sequence
 
 from injection.prompting.reminder import standing
 
-__all__ = ["FOLDS", "TRANSFORMS", "detect", "transform", "violates"]
+__all__ = ["FOLDS", "TRANSFORMS", "detect", "phrase", "tokenwise", "transform", "violates"]
 
 # a case constraint kept token by token: how a token that breaks it is mended
 # (``engine/bans.py``: "To" -> "to")
@@ -47,6 +53,18 @@ _UPPER = re.compile(r"upper[\s-]?case|\bcaps\b|\bcapitals?\b(?!\s+(?:of|city))|"
 _COMMA = re.compile(r"\bcommas?\b|comma[\s-]free", re.I)
 _WORDS = re.compile(r"\bwords?\b|\bsay\b|\bsaying\b|\bterms?\b", re.I)
 _QUOTED = re.compile(r"(?<![A-Za-z])[\"'‘“]([^\"'’”]+?)[\"'’”](?![A-Za-z])")
+_Q = (r"(?<![A-Za-z])[\"'‘“](?P<phrase>[^\"’”\n]+?)[\"'’”]"
+      r"(?![A-Za-z])")  # a quoted phrase (apostrophes inside it allowed)
+_WITH = (r"\b[^\"'‘“\n]{0,40}?\bwith\s+(?:(?:the|this)\s+)?(?:exact\s+)?"
+         r"(?:(?:phrase|words?|sentence|line|text)\s+)?(?:exactly\s+)?:?\s*" + _Q)
+_BE = r"\b[^\"'‘“\n]{0,30}?\b(?:be|is|are)\s+(?:exactly\s+)?:?\s*" + _Q
+_START = (re.compile(r"\b(?:start|begin|open|preface)(?:s|ing)?" + _WITH, re.I),
+          re.compile(r"\bfirst\s+(?:words?|line|sentence)" + _BE, re.I))
+_END = (re.compile(r"\b(?:end|finish|close|conclude|sign\s+off)(?:s|ing)?" + _WITH, re.I),
+        re.compile(r"\blast\s+(?:words?|line|sentence)" + _BE, re.I))
+_DOUBLE = re.compile(r"\b(?:(?:wrap|enclose|inside|within|quote|surround)\w*\b[^.\n]{0,50}?|"
+                     r"start\w*\s+and\s+end\w*\s+with\s+(?:an?\s+)?)double\s+(?:quot|\")",
+                     re.I)  # the whole reply in double quotes
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
 _SENTENCE = re.compile(r"[.;!?]+\s*")
 _CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|without|only)\b)", re.I)
@@ -61,8 +79,14 @@ def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
             found |= _of(text)
     if {"lowercase", "uppercase"} <= found:
         found -= {"lowercase", "uppercase"}
-    literals = _QUOTED.findall(instructions or "")
-    return tuple(sorted(c for c in found if not any(violates(c, lit) for lit in literals)))
+    instructions = instructions or ""
+    literals = _QUOTED.findall(instructions)
+    for kind, patterns in (("start", _START), ("end", _END)):  # the tenant says: theirs wins
+        if any(p.search(instructions) for p in patterns) or (
+                _DOUBLE.search(instructions) and f'{kind}:"' in found):
+            found = {c for c in found if not c.startswith(f"{kind}:")}
+    return tuple(sorted(c for c in found if phrase(c) is not None or not any(
+        violates(c, lit) for lit in literals)))
 
 
 def _of(text: str) -> set[str]:
@@ -85,6 +109,13 @@ def _of(text: str) -> set[str]:
                     if re.fullmatch(r"[A-Za-z]+", w.strip())}
     if lower != upper:
         out.add("lowercase" if lower else "uppercase")
+    for kind, patterns in (("start", _START), ("end", _END)):  # the first asked, not negated
+        for m in (m for pattern in patterns for m in pattern.finditer(text)):
+            if not _negated(text, m.start()) and (said := m.group("phrase") or "").strip():
+                out.add(f"{kind}:{said.strip()}")
+                break
+    if _DOUBLE.search(text) and not _negated(text, _DOUBLE.search(text).start()):
+        out |= {'start:"', 'end:"'}
     return out
 
 
@@ -104,6 +135,18 @@ def transform(constraints: Sequence[str], text: str) -> str:
     return text
 
 
+def tokenwise(constraint: str) -> bool:
+    """Whether ``constraint`` is kept token by token (a token map: ``engine/bans.py``)."""
+    return constraint not in TRANSFORMS and phrase(constraint) is None
+
+
+def phrase(constraint: str) -> tuple[str, str] | None:
+    """``("start"|"end", text)`` of a phrase the reply opens or closes with; None for the
+    others."""
+    kind, _, text = constraint.partition(":")
+    return (kind, text) if kind in ("start", "end") and text else None
+
+
 def violates(constraint: str, text: str) -> bool:
     """Whether ``text`` breaks ``constraint`` (the engine bans the tokens that would)."""
     if constraint == "lowercase":
@@ -112,6 +155,10 @@ def violates(constraint: str, text: str) -> bool:
         return any(c.islower() for c in text)
     if constraint == "no_comma":
         return "," in text
+    if (said := phrase(constraint)) is not None:  # where it is said (a literal says nothing)
+        kind, words = said[0], said[1].lower()
+        text = text.strip().lower()
+        return not (text.startswith(words) if kind == "start" else text.endswith(words))
     if constraint.startswith("ban:"):
         word = constraint[4:]
         return any(w.lower() == word for w in re.findall(r"[A-Za-z]+", text))

@@ -35,6 +35,11 @@ READ = [
     ("Keep the word \u201cliterally\u201d out of your answers.", ("ban:literally",)),
     ("Never say 'thank you so much' in replies.", ()),  # a phrase, not a word: not banned
     ("Always reply in French.", ()),
+    ("Start every reply with 'Ahoy!' please.", ("start:Ahoy!",)),
+    ("Close each answer with the exact phrase 'That's all.'", ("end:That's all.",)),
+    ("Your last words in every reply must be \"Over and out.\"", ("end:Over and out.",)),
+    ("Never start your answers with 'Sure'.", ()),
+    ("Wrap your whole reply in double quotation marks.", ('end:"', 'start:"')),
     ("I am vegetarian and never eat fish.", ()),  # not an instruction on the reply
     ("My favourite colour is blue, not red.", ()),
 ]
@@ -52,6 +57,11 @@ def test_contradictions_and_the_tenants_literals_drop_a_constraint():
     # "Acme:" breaks lowercase; the tenant's instructions win, the rest is kept
     assert detect(both, "Start every reply with 'Acme:' please.") == ("no_comma",)
     assert detect(both, "Be brief.") == ("lowercase", "no_comma")
+    # how replies open or close: the tenant's own rule wins over the member's
+    ends = ["Start each reply with 'hi!'", "End every answer with 'bye'."]
+    assert detect(ends) == ("end:bye", "start:hi!")
+    assert detect(ends, "Begin every reply with 'Acme:'.") == ("end:bye",)
+    assert detect(ends, "Sign off with the words 'The Acme team'.") == ("start:hi!",)
 
 
 def test_violates():
@@ -59,6 +69,8 @@ def test_violates():
     assert violates("uppercase", "Hi") and not violates("uppercase", " HI, 42!")
     assert violates("no_comma", "a, b") and not violates("no_comma", "a; b")
     assert violates("ban:very", " Very") and not violates("ban:very", " every")
+    assert violates("start:Hi", "Oh. Hi") and not violates("start:Hi", " hi there")
+    assert violates("end:Bye.", "Bye. Oh") and not violates("end:Bye.", "So bye. ")
     with pytest.raises(ValueError):
         violates("bold", "x")
 
@@ -138,6 +150,49 @@ def test_the_engine_applies_the_constraints_alone_beside_others_and_guided(adapt
     assert together[1].token_ids == reference(adapter, other, None, 24)  # untouched
     assert guided.token_ids == reference(adapter, ids, to, 24, other)
     assert unconstrained.token_ids == plain
+
+
+def test_the_engine_opens_and_closes_a_reply_with_its_phrases(adapter):
+    """The opening phrase first; the closing one where the reply would end, or where only
+    it still fits, then the end of turn; a reply already ending with it is left alone."""
+    ids = adapter.renderer.encode(adapter.render_chat(ASK), first=True)
+    said = ("end:Good luck!", "start:Ahoy there,")
+    start = adapter.tokenizer("Ahoy there,", add_special_tokens=False)["input_ids"]
+    end = adapter.tokenizer(" Good luck!", add_special_tokens=False)["input_ids"]
+    eng = BatchEngine(adapter, max_batch=4)
+    try:
+        short, long = (eng.run(None, 1.0, ids, n, constraints=said) for n in (20, 400))
+        plain = eng.run(None, 1.0, ids, 400)
+    finally:
+        eng.close()
+    assert short.token_ids[:len(start)] == start and short.token_ids[-len(end):] == end
+    assert len(short.token_ids) == 20 and short.finish_reason == "length"
+    body = long.token_ids[:-1] if long.finish_reason == "stop" else long.token_ids
+    assert long.token_ids[:len(start)] == start and body[-len(end):] == end
+    assert plain.token_ids != long.token_ids
+
+
+def test_a_phrase_the_reply_already_ends_with_is_not_said_twice(adapter):
+    from injection.engine.bans import Phrases, forced
+    from injection.engine.sampling import RowSampler
+
+    tok, eos = adapter.tokenizer, adapter._eos_ids()
+    gen = tok("Well. Good luck!", add_special_tokens=False)["input_ids"]
+    end = tuple(tok(" Good luck!", add_special_tokens=False)["input_ids"])
+
+    class Job:
+        sampler = RowSampler(forced=Phrases((), end, "Good luck!"))
+        max_new_tokens = 64
+
+    Job.gen = list(gen)
+    stop = next(iter(eos))
+    assert forced(Job, stop, eos, tok) == stop  # said already: the reply ends
+    Job.gen = gen[:-len(end)]
+    assert forced(Job, stop, eos, tok) == end[0]  # not yet: the phrase, then the end
+    Job.gen.append(end[0])
+    assert forced(Job, 5, eos, tok) == end[1]  # the phrase goes on, whatever is chosen
+    Job.gen = gen
+    assert forced(Job, 5, eos, tok) == stop  # said: the end of turn
 
 
 def test_the_planner_constrains_an_injected_member_on_the_engine_unless_told_not_to(adapter):
