@@ -87,7 +87,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         reminder = getattr(member.tenant, "memory_reminder", None)
     constrain = params.get("constraints")  # the same order (None: on)
     if constrain is None:
-        constrain = getattr(member.tenant, "memory_constraints", None)
+        constrain = getattr(member.tenant, "decoding_constraints", None)
     return ExecutionRequest(
         tenant=str(member.tenant_id),
         user=str(member.pk),

@@ -61,7 +61,7 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
         alpha=float(alpha if alpha is not None else pref.alpha if pref else DEFAULT_ALPHA),
         contrast=contrast if contrast is not None else member.tenant.memory_contrast,
         reminder=member.tenant.memory_reminder,
-        constrain=member.tenant.memory_constraints,
+        constrain=member.tenant.decoding_constraints,
         max_new_tokens=max_new_tokens)
 
 

@@ -48,8 +48,9 @@ _NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing
                   r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
 _BUT = re.compile(r"\b(?:but|except|other\s+than|only)\b", re.I)  # "nothing but ...": positive
 _LOWER = re.compile(r"lower[\s-]?case|small\s+letters", re.I)
-_UPPER = re.compile(r"upper[\s-]?case|\bcaps\b|\bcapitals?\b(?!\s+(?:of|city))|"
-                    r"block\s+letters", re.I)
+_UPPER = re.compile(r"upper[\s-]?case|capital\s+letters?|\b(?:in|all|block)\s+(?:all\s+)?"
+                    r"(?:caps|capitals)\b|all[\s-]caps|block\s+letters", re.I)
+_CAPITALS = re.compile(r"\bcapitals?\b(?!\s+(?:of|city|cities))", re.I)  # "never capitals"
 _COMMA = re.compile(r"\bcommas?\b|comma[\s-]free", re.I)
 _WORDS = re.compile(r"\bwords?\b|\bsay\b|\bsaying\b|\bterms?\b", re.I)
 _QUOTED = re.compile(r"(?<![A-Za-z])[\"'‘“]([^\"'’”]+?)[\"'’”](?![A-Za-z])")
@@ -67,26 +68,32 @@ _DOUBLE = re.compile(r"\b(?:(?:wrap|enclose|inside|within|quote|surround)\w*\b[^
                      re.I)  # the whole reply in double quotes
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
 _SENTENCE = re.compile(r"[.;!?]+\s*")
+_SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
 _CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|without|only)\b)", re.I)
 
 
 def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
-    """The constraints ``memories`` ask for, sorted; those a quoted literal of the tenant's
-    ``instructions`` breaks, and contradictory ones, left out."""
-    found: set[str] = set()
-    for text in memories:
-        if text and standing(text):
-            found |= _of(text)
-    if {"lowercase", "uppercase"} <= found:
-        found -= {"lowercase", "uppercase"}
-    instructions = instructions or ""
-    literals = _QUOTED.findall(instructions)
-    for kind, patterns in (("start", _START), ("end", _END)):  # the tenant says: theirs wins
-        if any(p.search(instructions) for p in patterns) or (
-                _DOUBLE.search(instructions) and f'{kind}:"' in found):
-            found = {c for c in found if not c.startswith(f"{kind}:")}
-    return tuple(sorted(c for c in found if phrase(c) is not None or not any(
-        violates(c, lit) for lit in literals)))
+    """The constraints the tenant's ``instructions`` and the member's ``memories`` ask for,
+    sorted. The tenant's come first: a member's that contradicts one of them, that a quoted
+    literal of the instructions breaks, or that says how replies open (close) where the
+    instructions do, is left out; so are contradictory ones from one side."""
+    tenant = _consistent(set().union(*(_of(s) for s in _SENTENCES.split(instructions or "")
+                                       if standing(s))))
+    literals = _QUOTED.findall(instructions or "")
+    tenant = {c for c in tenant if phrase(c) is not None or not any(
+        violates(c, lit) for lit in literals)}
+    member = _consistent(set().union(*(_of(t) for t in memories if t and standing(t))))
+    said = {phrase(c)[0] for c in tenant if phrase(c) is not None}
+    cases = {"lowercase", "uppercase"}
+    member = {c for c in member if (phrase(c) or ("",))[0] not in said
+              and not (c in cases and tenant & cases)
+              and (phrase(c) is not None or not any(violates(c, lit) for lit in literals))}
+    return tuple(sorted(tenant | member))
+
+
+def _consistent(found: set[str]) -> set[str]:
+    """``found`` without contradictions: lowercase and capitals both asked: neither."""
+    return found - {"lowercase", "uppercase"} if {"lowercase", "uppercase"} <= found else found
 
 
 def _of(text: str) -> set[str]:
@@ -98,9 +105,11 @@ def _of(text: str) -> set[str]:
                 clause, m.start())
         for m in _UPPER.finditer(clause):
             neg = _negated(clause, m.start())  # "never in all caps": no shouting, that is all
-            before = clause[:m.start()].split() or [""]
+            before = clause[:m.start() + m.group().find(m.group().split()[-1])].split() or [""]
             lower = lower or (neg and not _SHOUT.match(before[-1]))
             upper = upper or not neg
+        lower = lower or any(_negated(clause, m.start()) for m in _CAPITALS.finditer(clause)
+                             if not _SHOUT.match((clause[:m.start()].split() or [""])[-1]))
     for sentence in _SENTENCE.split(text):
         if _COMMA.search(sentence) and _NEG.search(sentence):
             out.add("no_comma")

@@ -15,7 +15,7 @@ class TenantForm(forms.ModelForm):
     class Meta:
         model = Tenant
         fields = ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
-                  "memory_contrast", "memory_reminder", "memory_constraints",
+                  "memory_contrast", "memory_reminder", "decoding_constraints",
                   "memory_writes_enabled",
                   "instructions")
         widgets = {"instructions": forms.Textarea(attrs={"rows": 4, "cols": 80})}
@@ -42,7 +42,7 @@ class TenantAdmin(TenantScopedAdmin):
 
     def get_fields(self, request, obj=None):
         return ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
-                "memory_contrast", "memory_reminder", "memory_constraints",
+                "memory_contrast", "memory_reminder", "decoding_constraints",
                 "memory_writes_enabled",
                 "instructions", "instructions_version", "created_at")
 

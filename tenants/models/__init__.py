@@ -53,12 +53,13 @@ class Tenant(models.Model):
                   "on; from the first with several memories). Its tokens count in "
                   "prompt_tokens. Empty: the platform's default (on).")
     # decoding constraints (injection/prompting/constraints.py; empty: the default, on)
-    memory_constraints = models.BooleanField(
+    decoding_constraints = models.BooleanField(
         null=True, blank=True, default=None,
-        help_text="Keep members' standing instructions that every token of a reply can keep "
-                  "(\"answer in lowercase\", \"in capitals\", \"no commas\", \"never use the "
-                  "word 'x'\") by masking the tokens that would break them, at any depth of "
-                  "a conversation. Empty: the platform's default (on).")
+        help_text="Keep the standing instructions (the tenant's and those in members' "
+                  "memories) that the decoder can keep on every reply: lowercase, capitals, no "
+                  "commas, a banned word, an opening or closing phrase; at any depth of a "
+                  "conversation; the tenant's win over a member's. Empty: the platform's "
+                  "default (on).")
     memory_writes_enabled = models.BooleanField(
         default=False,
         help_text="Members may add or remove memories from a chat (\"remember that ...\", "

@@ -1,7 +1,7 @@
 """Decoding constraints through the real path: HTTP (/api/chat ``constraints``, /v1
 ``kvinject.constraints``) -> Celery worker (demo model, batch engine) -> a reply that keeps
 the member's standing instructions, listed in ``cache.constraints``; the request's switch
-over the tenant's ``memory_constraints`` over the default (on); a bad value is a 400
+over the tenant's ``decoding_constraints`` over the default (on); a bad value is a 400
 naming the field before any worker is asked."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def test_a_bad_constraints_switch_is_a_400_naming_the_field(live_server, carol):
         "kvinject": {"constraints": "maybe"}})
     assert status == 400 and body["error"]["param"] == "kvinject.constraints", body
     assert not ChatExchange.objects.exists()
-    with pytest.raises(InvalidInput, match="memory_constraints"):
-        actions.do_update_tenant(member.tenant, memory_constraints="off")
+    with pytest.raises(InvalidInput, match="decoding_constraints"):
+        actions.do_update_tenant(member.tenant, decoding_constraints="off")
 
 
 def _chat(base: str, key: str, **switch) -> dict:
@@ -57,10 +57,10 @@ def test_request_then_tenant_then_default(live_server, gpu_worker, carol, settin
     assert on["reply"] and not any(violates(c, on["reply"]) for c in KEPT)
     assert off["cache"]["constraints"] == [] and off["reply"] != on["reply"]
     tenant = actions.do_update_tenant(Tenant.objects.get(pk=member.tenant_id),
-                                      memory_constraints=False)
+                                      decoding_constraints=False)
     assert _chat(live_server.url, key)["reply"] == off["reply"]  # the tenant's switch
     assert _chat(live_server.url, key, constraints=True)["reply"] == on["reply"]
-    actions.do_update_tenant(tenant, memory_constraints=None)
+    actions.do_update_tenant(tenant, decoding_constraints=None)
     status, body = post(live_server.url, "/v1/chat/completions", key, {
         "model": "kvinject", "max_tokens": 24, "temperature": 0,
         "messages": [{"role": "user", "content": "Tell me a long story about a city."}],

@@ -54,14 +54,19 @@ def test_contradictions_and_the_tenants_literals_drop_a_constraint():
     assert detect(["Reply in lowercase.", "Answer in capital letters."]) == ()
     both = ["Reply in lowercase only.", "Never use commas in answers."]
     assert detect(both) == ("lowercase", "no_comma")
-    # "Acme:" breaks lowercase; the tenant's instructions win, the rest is kept
-    assert detect(both, "Start every reply with 'Acme:' please.") == ("no_comma",)
+    # "Acme:" breaks lowercase; the tenant's instructions win (and are kept), the rest too
+    assert detect(both, "Start every reply with 'Acme:' please.") == ("no_comma", "start:Acme:")
     assert detect(both, "Be brief.") == ("lowercase", "no_comma")
     # how replies open or close: the tenant's own rule wins over the member's
     ends = ["Start each reply with 'hi!'", "End every answer with 'bye'."]
     assert detect(ends) == ("end:bye", "start:hi!")
-    assert detect(ends, "Begin every reply with 'Acme:'.") == ("end:bye",)
-    assert detect(ends, "Sign off with the words 'The Acme team'.") == ("start:hi!",)
+    assert detect(ends, "Begin every reply with 'Acme:'.") == ("end:bye", "start:Acme:")
+    assert detect(ends, "Sign off with the words 'The Acme team'.") == (
+        "end:The Acme team", "start:hi!")
+    # the tenant's own standing instructions are kept too, and theirs win
+    assert detect(["Reply in capital letters."], "Always answer in lowercase.") == (
+        "lowercase",)
+    assert detect([], "You are the help desk of ACME. Answer briefly.") == ()
 
 
 def test_violates():
@@ -195,12 +200,17 @@ def test_a_phrase_the_reply_already_ends_with_is_not_said_twice(adapter):
     assert forced(Job, 5, eos, tok) == stop  # said: the end of turn
 
 
-def test_the_planner_constrains_an_injected_member_on_the_engine_unless_told_not_to(adapter):
+def test_the_planner_constrains_the_tenant_and_an_injected_member_on_the_engine(adapter):
     text = TextOnly(adapter.tokenizer)  # planned from the tokenizer alone
     lower = "Always answer me in lowercase."
     on = planner(text, batching=True)
     assert on.plan(ExecutionRequest("t", "u", ASK, lower)).sampling["constraints"] == (
         "lowercase",)
+    rules = "You are Acme's help desk. Start every reply with the word 'Acme:'."
+    assert on.plan(ExecutionRequest("t", "u", ASK, lower, rules)).sampling["constraints"] == (
+        "start:Acme:",)  # the tenant's literal breaks the member's lowercase: theirs win
+    assert on.plan(ExecutionRequest("t", "u", ASK, lower, rules, injection_enabled=False)
+                   ).sampling["constraints"] == ("start:Acme:",)  # the tenant's: every reply
     for plans, req in ((on, ExecutionRequest("t", "u", ASK, lower, constrain=False)),
                        (on, ExecutionRequest("t", "u", ASK, "I like jazz.")),
                        (on, ExecutionRequest("t", "u", ASK, lower, injection_enabled=False)),

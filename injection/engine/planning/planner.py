@@ -55,14 +55,15 @@ class SystemTurn(NamedTuple):
     reminder: Reminder
 
 
-def constrained(sampling: dict[str, Any], req: ExecutionRequest, *,
+def constrained(sampling: dict[str, Any], req: ExecutionRequest, personal: bool, *,
                 on: bool) -> dict[str, Any]:
-    """``sampling`` with the decoding constraints the member's memories ask for
-    (``prompting/constraints.py``), where the member's memories are injected and the batch
-    engine runs the turn (``on``), unless the request turns them off."""
+    """``sampling`` with the decoding constraints the tenant's instructions and, where they
+    are injected (``personal``), the member's memories ask for (``prompting/constraints.py``)
+    when the batch engine runs the turn (``on``), unless the request turns them off."""
     if not on or req.constrain is False:
         return sampling
-    found = detect([m.text for m in req.memories] or [req.preference_text], req.instructions)
+    memories = [m.text for m in req.memories] or [req.preference_text] if personal else []
+    found = detect(memories, req.instructions)
     if not found:
         return sampling
     stream = sampling.get("on_text")
@@ -165,7 +166,7 @@ class TurnPlanner:
                                injected=True)  # the cache lookup: its result decides below
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         defer = self.one_pass and link.cached is None and member_alpha == 1.0
-        sampling = constrained(sampling_options(req), req, on=personal and self.batching)
+        sampling = constrained(sampling_options(req), req, personal, on=self.batching)
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            on=personal and self.batching, context=system.context,
                            prompt_ids=link.prompt_ids, done=link.done,
