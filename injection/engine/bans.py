@@ -24,7 +24,7 @@ import torch
 
 from injection.prompting.constraints import FOLDS, phrase, tokenwise, violates
 
-__all__ = ["Phrases", "apply", "fold", "forced", "phrases", "token_map"]
+__all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "token_map"]
 
 _LOCK = threading.Lock()
 
@@ -37,16 +37,32 @@ def _texts(tokenizer: Any) -> list[str]:
     return texts
 
 
-def token_map(tokenizer: Any, constraints: Sequence[str]) -> torch.Tensor | None:
-    """``[len(tokenizer)]`` long: where each token goes under ``constraints`` (see module;
-    None: none kept token by token). Built once per tokenizer and constraint tuple."""
+class TokenMap(NamedTuple):
+    """Where each token goes (``to``: itself, a twin, or -1), and the same as what a step
+    needs: ``keep`` (a token that stays) and the moved tokens' ``src`` -> ``dst``."""
+
+    to: torch.Tensor
+    keep: torch.Tensor
+    src: torch.Tensor
+    dst: torch.Tensor
+
+    @classmethod
+    def of(cls, to: torch.Tensor) -> TokenMap:
+        own = to == torch.arange(to.shape[0])
+        moved = ((to >= 0) & ~own).nonzero().flatten()
+        return cls(to, own, moved, to[moved])
+
+
+def token_map(tokenizer: Any, constraints: Sequence[str]) -> TokenMap | None:
+    """Where each token goes under ``constraints`` (see module; None: none kept token by
+    token). Built once per tokenizer and constraint tuple."""
     key = tuple(sorted(c for c in constraints if tokenwise(c)))  # the others: text, phrases
     if not key:
         return None
     with _LOCK:
-        maps: dict[tuple, torch.Tensor] = tokenizer.__dict__.setdefault("_kvinject_maps", {})
+        maps: dict[tuple, TokenMap] = tokenizer.__dict__.setdefault("_kvinject_maps", {})
         if key not in maps:
-            maps[key] = _build(tokenizer, key)
+            maps[key] = TokenMap.of(_build(tokenizer, key))
         return maps[key]
 
 
@@ -68,28 +84,36 @@ def _build(tokenizer: Any, constraints: tuple[str, ...]) -> torch.Tensor:
     return torch.tensor(to, dtype=torch.long)
 
 
-def fold(scores: torch.Tensor, to: torch.Tensor) -> torch.Tensor:
-    """One row's ``[V]`` scores moved along ``to`` (``token_map``): log-probabilities with
-    the banned tokens at -inf; columns past the tokenizer's (padding) are dropped."""
-    n = to.shape[0]
-    probs = torch.softmax(scores.float(), dim=-1)[:n]
-    to = to.to(probs.device, non_blocking=True)
-    out = torch.zeros(scores.shape[-1], dtype=probs.dtype, device=probs.device)
-    ok = to >= 0
-    out.index_add_(0, to[ok], probs[ok])
+def fold(scores: torch.Tensor, tmap: TokenMap) -> torch.Tensor:
+    """Rows of scores (``[.., V]``) moved along ``tmap`` (``token_map``): log-probabilities
+    with the banned tokens at -inf; columns past the tokenizer's (padding) are dropped."""
+    n, dev = tmap.to.shape[0], scores.device
+    probs = torch.softmax(scores.float(), dim=-1)
+    out = torch.zeros_like(probs)
+    keep = tmap.keep.to(dev, non_blocking=True)
+    out[..., :n] = probs[..., :n] * keep
+    if tmap.src.numel():
+        out.index_add_(-1, tmap.dst.to(dev, non_blocking=True),
+                       probs.index_select(-1, tmap.src.to(dev, non_blocking=True)))
     return torch.log(out)
 
 
 def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
     """``logits`` (``[rows, V]``) with each constrained row (its ``sampler.ban``, a
-    ``token_map``) folded; the same tensor when no row is constrained."""
-    folded = [(i, r.sampler.ban) for i, r in enumerate(rows)
-              if r.sampler is not None and r.sampler.ban is not None]
-    if not folded:
+    ``TokenMap``) folded, the rows of one map at once; the same tensor when no row is
+    constrained."""
+    groups: dict[int, list[int]] = {}
+    maps: dict[int, TokenMap] = {}
+    for i, r in enumerate(rows):
+        if r.sampler is not None and r.sampler.ban is not None:
+            groups.setdefault(id(r.sampler.ban), []).append(i)
+            maps[id(r.sampler.ban)] = r.sampler.ban
+    if not groups:
         return logits
     logits = logits.float().clone()
-    for i, to in folded:
-        logits[i] = fold(logits[i], to)
+    for key, idx in groups.items():
+        at = torch.tensor(idx, device=logits.device)
+        logits[at] = fold(logits[at], maps[key])
     return logits
 
 

@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from injection import build_executor
 from injection.base import ExecutionRequest
-from injection.engine.bans import fold, token_map
+from injection.engine.bans import TokenMap, fold, token_map
 from injection.engine.batch import BatchEngine
 from injection.engine.guidance.contrast import Guide, combine
 from injection.metrics import Metrics
@@ -83,8 +83,9 @@ def test_violates():
 def test_the_token_map_folds_case_and_bans_the_rest(adapter):
     tok = adapter.tokenizer
     texts = tok.batch_decode([[i] for i in range(len(tok))])
-    to = token_map(tok, ("lowercase", "no_comma"))
-    assert to is token_map(tok, ("no_comma", "lowercase"))  # built once per tuple
+    tmap = token_map(tok, ("lowercase", "no_comma"))
+    assert tmap is token_map(tok, ("no_comma", "lowercase"))  # built once per tuple
+    to = tmap.to
     for i in tok.all_special_ids:
         assert int(to[i]) == i  # the end of turn is always there
     special = set(tok.all_special_ids)
@@ -106,10 +107,13 @@ def test_capitals_are_kept_on_the_text_not_token_by_token(adapter):
 
 def test_fold_moves_each_tokens_share_to_where_it_maps():
     scores = torch.tensor([1.0, 2.0, 0.5, -1.0, 3.0])
-    to = torch.tensor([0, 0, 2, -1])  # 1 folds onto 0, 3 is banned, 4 is past the map
+    tmap = TokenMap.of(torch.tensor([0, 0, 2, -1]))  # 1 onto 0, 3 banned, 4 past the map
     p = torch.softmax(scores, -1)
-    got = fold(scores, to).exp()
-    assert torch.allclose(got, torch.tensor([p[0] + p[1], 0.0, p[2], 0.0, 0.0]))
+    want = torch.tensor([p[0] + p[1], 0.0, p[2], 0.0, 0.0])
+    assert torch.allclose(fold(scores, tmap).exp(), want)
+    both = fold(torch.stack([scores, scores.flip(0)]), tmap).exp()  # rows at once
+    assert torch.allclose(both[0], want) and torch.allclose(both[1], fold(
+        scores.flip(0), tmap).exp())
 
 
 def reference(adapter, ids: list[int], to, n: int, guide_ids: list[int] | None = None,
@@ -145,7 +149,8 @@ def test_the_engine_applies_the_constraints_alone_beside_others_and_guided(adapt
     try:
         alone = eng.run(None, 1.0, ids, 24, constraints=cons)
         together = _in_threads([lambda: eng.run(None, 1.0, ids, 24, constraints=cons),
-                                lambda: eng.run(None, 1.0, other, 24)])
+                                lambda: eng.run(None, 1.0, other, 24),
+                                lambda: eng.run(None, 1.0, other, 24, constraints=cons)])
         guided = eng.run(None, 1.0, ids, 24, constraints=cons,
                          guide=Guide(1.0, None, other))
         unconstrained = eng.run(None, 1.0, ids, 24)
@@ -153,6 +158,7 @@ def test_the_engine_applies_the_constraints_alone_beside_others_and_guided(adapt
         eng.close()
     assert alone.token_ids == together[0].token_ids == want
     assert together[1].token_ids == reference(adapter, other, None, 24)  # untouched
+    assert together[2].token_ids == reference(adapter, other, to, 24)  # one map, two rows
     assert guided.token_ids == reference(adapter, ids, to, 24, other)
     assert unconstrained.token_ids == plain
 
