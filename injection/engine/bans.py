@@ -24,7 +24,7 @@ import torch
 
 from injection.prompting.constraints import FOLDS, phrase, tokenwise, violates
 
-__all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "token_map"]
+__all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "row", "token_map"]
 
 _LOCK = threading.Lock()
 
@@ -96,6 +96,11 @@ def fold(scores: torch.Tensor, tmap: TokenMap) -> torch.Tensor:
         out.index_add_(-1, tmap.dst.to(dev, non_blocking=True),
                        probs.index_select(-1, tmap.src.to(dev, non_blocking=True)))
     return torch.log(out)
+
+
+def row(job: Any, logits: torch.Tensor) -> torch.Tensor:
+    """One row's ``[V]`` logits folded by its map (a guided row's, before its contrast)."""
+    return apply([job], logits[None])[0]
 
 
 def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:

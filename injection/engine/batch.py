@@ -238,7 +238,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         if guided is not None:  # the guide right after its row
             self._batch.add(guided[0])
             self._rows.append(job.guide)
-            logits = contrast.combine(bans.apply([job], logits[None])[0], guided[1],
+            logits = contrast.combine(bans.row(job, logits), guided[1],
                                       job.guide_strength)  # (folding again later: a no-op)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))

@@ -6,6 +6,8 @@ turn's sampling only for an injected member on the batch engine, unless asked no
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from transformers import DynamicCache
@@ -253,3 +255,45 @@ def test_capitals_are_the_reply_upper_cased_streamed_as_sent(adapter):
         ex.close()
     assert on.constraints == ["uppercase"] and off.constraints == []
     assert on.text == off.text.upper() != off.text and "".join(pieces) == on.text
+
+
+def test_guided_constrained_rows_prefilled_as_a_group_answer_as_alone(adapter):
+    """The group prefill's first tokens fold each row before its guide's contrast, as a
+    row prefilled alone does (a burst once gave other replies than the same alone)."""
+    from tests.injection.test_batch_faults import _Faulty, _until, _with_model
+
+    render, cons = adapter.renderer, ("lowercase", "no_comma")
+    to = token_map(adapter.tokenizer, cons)
+    asks = [render.encode(adapter.render_chat([{"role": "user", "content": q}]), first=True)
+            for q in ("Tell me a story.", "Plan my weekend, please.", "How are you?")]
+    plain = render.encode(adapter.render_chat([{"role": "user", "content": "Hi."}]),
+                          first=True)
+    ref: dict = {}
+    forwards: list[tuple[int, ...]] = []
+
+    def before(call, kw):
+        forwards.append(tuple(kw["input_ids"].shape))
+        if call == 1:  # hold the first row until the guided ones are queued
+            _until(lambda: ref["eng"].stats()["waiting"] >= 2, "rows queued")
+
+    eng = ref["eng"] = BatchEngine(_with_model(adapter, _Faulty(adapter.model, before)),
+                                   max_batch=8, group_prefill=8)
+    out: list = [None] * 3
+
+    def ask(i):
+        out[i] = eng.run(None, 1.0, plain, 24) if i == 0 else eng.run(
+            None, 1.0, asks[i - 1], 24, constraints=cons, guide=Guide(1.0, None, plain))
+
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
+    threads[0].start()  # alone first: its forward held until the guided rows queue
+    _until(lambda: len(forwards) >= 1, "row 0 prefilling")
+    for t in threads[1:]:
+        t.start()
+    try:
+        for t in threads:
+            t.join(120)
+    finally:
+        eng.close()
+    assert eng.counters["group_prefills"] == 1, forwards
+    for ids, got in zip(asks[:2], out[1:], strict=True):
+        assert got.token_ids == reference(adapter, ids, to, 24, plain)

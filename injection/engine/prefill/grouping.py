@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from injection.engine import steps
+from injection.engine import bans, steps
 from injection.engine.batchrow import RowJob
 from injection.engine.guidance import contrast
 
@@ -148,7 +148,8 @@ class GroupPrefill:
         if not any(job.guide is not None for job in joined):
             return joined, logits[[at[id(job)] for job in joined]]
         return joined, torch.stack([
-            contrast.combine(logits[at[id(j)]], logits[at[id(j.guide)]], j.guide_strength)
+            contrast.combine(bans.row(j, logits[at[id(j)]]), logits[at[id(j.guide)]],
+                             j.guide_strength)
             if j.guide is not None else logits[at[id(j)]].float() for j in joined])
 
     def _join_guide(self, job: RowJob, past: Any) -> None:
