@@ -12,13 +12,14 @@ under uvicorn; rate limits off, every other setting the platform's default.
 
 Members of one tenant, two kinds by their one memory: a standing instruction ("Always
 answer in lowercase letters only.") and a preference/fact ("I am vegetarian and I cook for
-two."), 8 of each. Two conditions per kind: ``defaults`` (no ``contrast`` sent: the
-platform decides) and ``contrast 0`` (guidance off, the baseline). Each member's memory is
+two."), 8 of each. Conditions: ``defaults`` (nothing sent: the platform decides),
+``contrast 0`` (guidance off, the baseline) and, for the instruction, ``constraints off``
+(its decoding constraint, lowercase, off: what keeping it costs). Each member's memory is
 warmed by one earlier request. All replies greedy (temperature 0), ``TOKENS`` new tokens,
-each request the first turn of a new conversation. Per rep the four kind x condition cells
-run interleaved (their order rotates and reverses; the streams in rounds over the four
-cells, then the bursts), so load from elsewhere hits both conditions alike. ``--quick``:
-one rep (2 streams per cell), about 10 minutes on a loaded 2-core CPU; else 3 reps:
+each request the first turn of a new conversation. Per rep the five kind x condition cells
+run interleaved (their order rotates and reverses; the streams in rounds over the cells,
+then the bursts), so load from elsewhere hits every condition alike. ``--quick``:
+one rep (2 streams per cell), about 12 minutes on a loaded 2-core CPU; else 3 reps:
 
 1. ``/v1`` streamed at batch 1 (the kind's first member): time to the first content chunk,
    decode tokens/s after it ((completion_tokens - 1) / time after the first chunk, from the
@@ -71,7 +72,11 @@ TOKENS = 64
 BURST = 8
 KINDS = {"instruction": "Always answer in lowercase letters only.",
          "preference": "I am vegetarian and I cook for two."}
-CONDITIONS = {"defaults": None, "contrast 0": 0.0}  # None: not sent (the platform decides)
+# what each condition sends beside the message ({}: nothing, the platform decides)
+CONDITIONS = {"defaults": {}, "contrast 0": {"contrast": 0.0},
+              "constraints off": {"constraints": False}}
+# the conditions each kind runs: the preference has no decoding constraint to turn off
+KIND_CONDITIONS = {"instruction": list(CONDITIONS), "preference": ["defaults", "contrast 0"]}
 STREAM_QUESTION = "What should I cook tonight?"
 WARM_QUESTION = "Hello! Who are you?"
 QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday.",
@@ -96,13 +101,13 @@ def _post(url: str, key: str, body: dict, timeout: float = 600):
         raise SystemExit(f"{url} answered {exc.code}: {exc.read()[:400]!r}") from None
 
 
-def stream(base: str, key: str, contrast: float | None) -> dict:
+def stream(base: str, key: str, extra: dict) -> dict:
     """One streamed ``/v1`` first turn: first content chunk, decode rate, guide tokens."""
     body = {"model": "kvinject", "max_tokens": TOKENS, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
             "messages": [{"role": "user", "content": STREAM_QUESTION}]}
-    if contrast is not None:
-        body["kvinject"] = {"contrast": contrast}
+    if extra:
+        body["kvinject"] = dict(extra)
     t0 = time.perf_counter()
     first, text, usage = None, [], {}
     with _post(f"{base}/v1/chat/completions", key, body) as resp:
@@ -127,11 +132,9 @@ def stream(base: str, key: str, contrast: float | None) -> dict:
             "guide": int(usage.get("kvinject_guide_tokens") or 0)}
 
 
-def chat(base: str, key: str, question: str, contrast: float | None) -> dict:
+def chat(base: str, key: str, question: str, extra: dict) -> dict:
     """One ``/api/chat`` first turn (a new conversation)."""
-    body = {"message": question, "max_new_tokens": TOKENS, "temperature": 0}
-    if contrast is not None:
-        body["contrast"] = contrast
+    body = {"message": question, "max_new_tokens": TOKENS, "temperature": 0, **extra}
     t0 = time.perf_counter()
     with _post(f"{base}/api/chat", key, body) as resp:
         answer = json.loads(resp.read())
@@ -149,7 +152,7 @@ def warm(base: str, key: str, tries: int = 3) -> None:
     task's time limit on a loaded machine: a failed one is sent again."""
     for attempt in range(tries):
         try:
-            chat(base, key, WARM_QUESTION, 0.0)
+            chat(base, key, WARM_QUESTION, {"contrast": 0.0})
             return
         except SystemExit as exc:
             print(f"warm-up request failed ({exc}); {'again' if attempt + 1 < tries else 'giving up'}",
@@ -157,21 +160,21 @@ def warm(base: str, key: str, tries: int = 3) -> None:
     raise SystemExit("the warm-up failed; see the servers' log")
 
 
-def burst(base: str, keys: list[str], contrast: float | None, together: bool) -> dict:
+def burst(base: str, keys: list[str], extra: dict, together: bool) -> dict:
     """The kind's 8 members, each its own question: at once, or one after another."""
     jobs = list(zip(keys, QUESTIONS, strict=True))
     t0 = time.perf_counter()
     if together:
         with ThreadPoolExecutor(len(jobs)) as pool:
-            done = list(pool.map(lambda j: chat(base, j[0], j[1], contrast), jobs))
+            done = list(pool.map(lambda j: chat(base, j[0], j[1], extra), jobs))
     else:
-        done = [chat(base, k, q, contrast) for k, q in jobs]
+        done = [chat(base, k, q, extra) for k, q in jobs]
     return {"wall": time.perf_counter() - t0, "replies": done}
 
 
 def cell_order(rep: int) -> list[tuple[str, str]]:
-    """The four kind x condition cells, rotated by ``rep`` and reversed on odd reps."""
-    cells = [(k, c) for k in KINDS for c in CONDITIONS]
+    """The kind x condition cells, rotated by ``rep`` and reversed on odd reps."""
+    cells = [(k, c) for k in KINDS for c in KIND_CONDITIONS[k]]
     shift = rep % len(cells)
     cells = cells[shift:] + cells[:shift]
     return cells[::-1] if rep % 2 else cells
@@ -202,7 +205,7 @@ def main() -> None:
     bursts: dict = {(cell, t): [] for cell in cell_order(0) for t in (True, False)}
     try:
         for ks in keys.values():  # warm: the model, the guide's head, each member's K/V in L1
-            stream(base, ks[0], None)
+            stream(base, ks[0], {})
             with ThreadPoolExecutor(len(ks)) as pool:
                 list(pool.map(lambda k: warm(base, k), ks))
         print(f"warm after {time.monotonic() - t_start:.0f} s", flush=True)
@@ -234,7 +237,7 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
            model_name: str, seconds: float, logpath: Path) -> None:
     rows, fig = [], {}
     for kind in KINDS:
-        for cond in CONDITIONS:
+        for cond in KIND_CONDITIONS[kind]:
             cell = (kind, cond)
             s = streams[cell]
             conc, seq = bursts[(cell, True)], bursts[(cell, False)]
@@ -266,6 +269,13 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
             f"{d['ratio']:.2f}x vs {b['ratio']:.2f}x (goal >= 3.5x)" + (
                 "; no guide by default, so both rows send the same work: they differ by this "
                 "run's noise." if d["contrast"] == 0 else "."))
+        if "constraints off" in KIND_CONDITIONS[kind]:
+            c = fig[(kind, "constraints off")]
+            lines.append(
+                f"- {kind}: defaults against `constraints: false` (the decoding constraints "
+                f"off, guidance on) — first token **{d['ttft'] / c['ttft']:.2f}x**, batch-1 "
+                f"decode **{d['rate'] / c['rate']:.2f}x**, 8 one after another "
+                f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**.")
     guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0]
     if guided:
         lines.append(
@@ -311,16 +321,23 @@ def replies_line(streams: dict, bursts: dict) -> str:
                 by_cell.setdefault((cell, q), set()).add(r["text"])
     for cell, s in streams.items():
         by_cell[(cell, "stream")] = {x["text"] for x in s}
-    for texts in by_cell.values():
+    odd = []
+    for where, texts in by_cell.items():
         total += 1
         unstable += len(texts) > 1
+        if len(texts) > 1:
+            odd.append(f"{where[0][0]}/{where[0][1]}: {where[1]!r}")
     asks = [*QUESTIONS, "stream"]
     differ = {kind: sum(by_cell[((kind, "defaults"), q)] != by_cell[((kind, "contrast 0"), q)]
                         for q in asks) for kind in KINDS}
+    kept = sum(by_cell[(("instruction", "defaults"), q)] != by_cell[(
+        ("instruction", "constraints off"), q)] for q in asks)
     return (f"{total - unstable}/{total} requests gave one reply in every rep, alone "
             f"and at once; defaults and `contrast: 0` differ on " + ", ".join(
                 f"{n}/{len(asks)} of the {kind} member's" for kind, n in differ.items())
-            + " (guidance changes the reply where it runs).")
+            + " (guidance changes the reply where it runs); defaults and `constraints: "
+            f"false` on {kept}/{len(asks)} of the instruction member's"
+            + (f"; more than one reply: {', '.join(odd)}." if odd else "."))
 
 
 if __name__ == "__main__":

@@ -49,6 +49,9 @@ def _ifeval():
             "bench_quality needs IFEval's verifiers: `make install` "
             f"(pip install --no-deps if-verifiable + langdetect, nltk, immutabledict): {exc}"
         ) from exc
+    from langdetect import DetectorFactory
+
+    DetectorFactory.seed = 0  # langdetect samples at random: the same reply, the same verdict
     return instructions
 
 
