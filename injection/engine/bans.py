@@ -17,6 +17,7 @@ then log-probabilities (the same argmax and draws as logits with those probabili
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -24,9 +25,14 @@ import torch
 
 from injection.prompting.constraints import FOLDS, phrase, tokenwise, violates
 
-__all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "row", "token_map"]
+__all__ = ["MAPS_MAX", "Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "prepare",
+           "row", "token_map"]
 
 _LOCK = threading.Lock()
+# token maps kept per tokenizer, most recently used (a banned word makes a set of its own:
+# members' sets are unbounded, a map is ~0.5 MB for a 49k vocabulary; one is rebuilt in
+# 0.1-0.2 s)
+MAPS_MAX = 64
 
 
 def _texts(tokenizer: Any) -> list[str]:
@@ -60,10 +66,22 @@ def token_map(tokenizer: Any, constraints: Sequence[str]) -> TokenMap | None:
     if not key:
         return None
     with _LOCK:
-        maps: dict[tuple, TokenMap] = tokenizer.__dict__.setdefault("_kvinject_maps", {})
-        if key not in maps:
+        maps: OrderedDict[tuple, TokenMap] = tokenizer.__dict__.setdefault(
+            "_kvinject_maps", OrderedDict())
+        if key in maps:
+            maps.move_to_end(key)
+        else:
             maps[key] = TokenMap.of(_build(tokenizer, key))
+            while len(maps) > MAPS_MAX:
+                maps.popitem(last=False)
         return maps[key]
+
+
+def prepare(tokenizer: Any, constraints: Sequence[str]) -> tuple[TokenMap | None,
+                                                                  Phrases | None]:
+    """A row's token map and phrases, built where the request is submitted (its caller's
+    thread, not the engine's loop: a new map takes a fraction of a second)."""
+    return token_map(tokenizer, constraints), phrases(tokenizer, constraints)
 
 
 def _build(tokenizer: Any, constraints: tuple[str, ...]) -> torch.Tensor:
@@ -104,15 +122,14 @@ def row(job: Any, logits: torch.Tensor) -> torch.Tensor:
 
 
 def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
-    """``logits`` (``[rows, V]``) with each constrained row (its ``sampler.ban``, a
-    ``TokenMap``) folded, the rows of one map at once; the same tensor when no row is
-    constrained."""
+    """``logits`` (``[rows, V]``) with each constrained row (its ``sampler.token_map``)
+    folded, the rows of one map at once; the same tensor when no row is constrained."""
     groups: dict[int, list[int]] = {}
     maps: dict[int, TokenMap] = {}
     for i, r in enumerate(rows):
-        if r.sampler is not None and r.sampler.ban is not None:
-            groups.setdefault(id(r.sampler.ban), []).append(i)
-            maps[id(r.sampler.ban)] = r.sampler.ban
+        if r.sampler is not None and r.sampler.token_map is not None:
+            groups.setdefault(id(r.sampler.token_map), []).append(i)
+            maps[id(r.sampler.token_map)] = r.sampler.token_map
     if not groups:
         return logits
     logits = logits.float().clone()

@@ -121,6 +121,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
                      int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
                      capture=capture, capture_tokens=int(capture_tokens))
+        job.token_map, job.phrases = bans.prepare(self.adapter.tokenizer,
+                                                  sampling.get("constraints", ()))
         contrast.attach(job, guide, self.max_batch)
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
         return self.submit(job).wait()

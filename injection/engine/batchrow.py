@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from injection.base import GenerationOutput
-from injection.engine.bans import phrases, token_map
 from injection.engine.sampling import RowSampler
 from injection.engine.stopping import GenerationWatch, admitted
 from injection.kvcache.packed import PackedKV
@@ -46,6 +45,9 @@ class RowJob:
     is_guide: bool = False
     guide_prefilled: int = 0  # tokens the guide row has prefilled (``contrast.prefill*``)
     guide_until: int = 0  # the guide leaves after this many reply tokens (0: with the row)
+    # decoding constraints (``engine/bans.py``, built by ``bans.prepare`` when submitted)
+    token_map: Any = None
+    phrases: Any = None
     started: float = field(default_factory=time.perf_counter)
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --
@@ -77,8 +79,7 @@ class RowJob:
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,
                                   self.sampling.get("seed"), device=device,
-                                  ban=token_map(tokenizer, self.sampling.get("constraints", ())),
-                                  forced=phrases(tokenizer, self.sampling.get("constraints", ())))
+                                  token_map=self.token_map, forced=self.phrases)
 
     def emitted(self) -> bool:
         """Whether any text reached the caller's stream (then it is resumed, never restarted)."""

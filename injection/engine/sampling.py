@@ -18,14 +18,14 @@ __all__ = ["BatchChooser", "RowSampler"]
 
 
 class RowSampler:
-    """One row's sampling settings (temperature 0: greedy), its seeded generator and the
-    tokens its decoding constraints ban."""
+    """One row's sampling settings (temperature 0: greedy), its seeded generator and its
+    decoding constraints (``engine/bans.py``)."""
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
-                 *, device: torch.device | str = "cpu", ban: torch.Tensor | None = None,
+                 *, device: torch.device | str = "cpu", token_map: Any = None,
                  forced: Any = None) -> None:
         self.temperature, self.top_p = float(temperature or 0.0), float(top_p or 1.0)
-        self.ban = ban  # the row's token map (``engine/bans.py``), or None
+        self.token_map = token_map  # where its tokens go (``bans.TokenMap``), or None
         self.forced = forced  # the phrases its reply opens and closes with (``bans.Phrases``)
         self.ending: int | None = None  # where the closing phrase started
         self.generator: torch.Generator | None = None

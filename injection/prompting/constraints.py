@@ -18,9 +18,10 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
   the phrase's tokens forced where the reply opens, and where it would end or where only
   they still fit (``engine/bans.forced``).
 
-``detect`` reads them from the member's memories (those ``reminder.standing`` calls
-standing instructions), as data the planner puts in the turn's sampling options; the
-engine turns them into a token mask (``engine/bans.py``). Fail closed toward the tenant:
+``detect`` reads them from the tenant's instructions and the member's memories (the
+sentences and memories ``reminder.standing`` calls standing instructions), as data the
+planner puts in the turn's sampling options; the
+engine keeps them (``engine/bans.py``). Fail closed toward the tenant:
 a constraint that a quoted literal in the tenant's instructions would break ("Start every
 reply with 'Acme:'" against lowercase) is dropped, and so are contradictory ones and a
 member's opening (closing) phrase where the tenant's instructions say how replies open
@@ -80,15 +81,19 @@ def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
     tenant = _consistent(set().union(*(_of(s) for s in _SENTENCES.split(instructions or "")
                                        if standing(s))))
     literals = _QUOTED.findall(instructions or "")
-    tenant = {c for c in tenant if phrase(c) is not None or not any(
-        violates(c, lit) for lit in literals)}
+    tenant = {c for c in tenant if not _broken(c, literals)}
     member = _consistent(set().union(*(_of(t) for t in memories if t and standing(t))))
     said = {phrase(c)[0] for c in tenant if phrase(c) is not None}
     cases = {"lowercase", "uppercase"}
     member = {c for c in member if (phrase(c) or ("",))[0] not in said
-              and not (c in cases and tenant & cases)
-              and (phrase(c) is not None or not any(violates(c, lit) for lit in literals))}
+              and not (c in cases and tenant & cases) and not _broken(c, literals)}
     return tuple(sorted(tenant | member))
+
+
+def _broken(constraint: str, literals: Sequence[str]) -> bool:
+    """Whether a quoted literal of the tenant's instructions breaks ``constraint`` (a
+    phrase never: where a literal stands in the reply says nothing)."""
+    return phrase(constraint) is None and any(violates(constraint, lit) for lit in literals)
 
 
 def _consistent(found: set[str]) -> set[str]:
@@ -123,7 +128,8 @@ def _of(text: str) -> set[str]:
             if not _negated(text, m.start()) and (said := m.group("phrase") or "").strip():
                 out.add(f"{kind}:{said.strip()}")
                 break
-    if _DOUBLE.search(text) and not _negated(text, _DOUBLE.search(text).start()):
+    double = _DOUBLE.search(text)
+    if double and not _negated(text, double.start()):
         out |= {'start:"', 'end:"'}
     return out
 
@@ -157,7 +163,8 @@ def phrase(constraint: str) -> tuple[str, str] | None:
 
 
 def violates(constraint: str, text: str) -> bool:
-    """Whether ``text`` breaks ``constraint`` (the engine bans the tokens that would)."""
+    """Whether ``text`` breaks ``constraint`` (for a phrase: the text does not open or
+    close with it)."""
     if constraint == "lowercase":
         return any(c.isupper() for c in text)
     if constraint == "uppercase":

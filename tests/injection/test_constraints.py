@@ -99,6 +99,24 @@ def test_the_token_map_folds_case_and_bans_the_rest(adapter):
     assert all(int(to[i]) == -1 for i, t in enumerate(texts) if "," in t and i not in special)
 
 
+def test_token_maps_are_kept_for_the_most_recent_sets_only(adapter, monkeypatch):
+    """A banned word makes a set of its own: the maps a tokenizer keeps are bounded, the
+    most recently used kept, an evicted one rebuilt equal."""
+    from injection.engine import bans
+
+    monkeypatch.setattr(bans, "MAPS_MAX", 2)
+    tok = adapter.tokenizer
+    first = token_map(tok, ("ban:alpha",))
+    token_map(tok, ("ban:beta",))
+    assert token_map(tok, ("ban:alpha",)) is first  # used again: the most recent
+    token_map(tok, ("ban:gamma",))  # evicts beta, the least recently used
+    maps = tok._kvinject_maps
+    assert len(maps) == 2 and ("ban:beta",) not in maps and ("ban:alpha",) in maps
+    again = token_map(tok, ("ban:beta",))
+    assert ("ban:alpha",) not in maps and len(maps) == 2
+    assert torch.equal(again.to, bans.TokenMap.of(bans._build(tok, ("ban:beta",))).to)
+
+
 def test_capitals_are_kept_on_the_text_not_token_by_token(adapter):
     tok = adapter.tokenizer
     assert token_map(tok, ("uppercase",)) is None
