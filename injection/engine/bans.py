@@ -16,8 +16,8 @@ then log-probabilities (the same argmax and draws as logits with those probabili
 
 from __future__ import annotations
 
+import re
 import threading
-from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -25,14 +25,10 @@ import torch
 
 from injection.prompting.constraints import FOLDS, phrase, tokenwise, violates
 
-__all__ = ["MAPS_MAX", "Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "prepare",
-           "row", "token_map"]
+__all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "prepare", "row",
+           "token_map"]
 
 _LOCK = threading.Lock()
-# token maps kept per tokenizer, most recently used (a banned word makes a set of its own:
-# members' sets are unbounded, a map is ~0.5 MB for a 49k vocabulary; one is rebuilt in
-# 0.1-0.2 s)
-MAPS_MAX = 64
 
 
 def _texts(tokenizer: Any) -> list[str]:
@@ -41,6 +37,20 @@ def _texts(tokenizer: Any) -> list[str]:
         texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
         tokenizer._kvinject_token_texts = texts
     return texts
+
+
+def _words(tokenizer: Any) -> dict[str, list[int]]:
+    """Each word (letters, lower-cased) -> the tokens whose text holds it (``ban:``)."""
+    words = getattr(tokenizer, "_kvinject_token_words", None)
+    if words is None:
+        special, words = set(tokenizer.all_special_ids), {}
+        for i, text in enumerate(_texts(tokenizer)):
+            if i in special:
+                continue
+            for w in {w.lower() for w in re.findall(r"[A-Za-z]+", text)}:
+                words.setdefault(w, []).append(i)
+        tokenizer._kvinject_token_words = words
+    return words
 
 
 class TokenMap(NamedTuple):
@@ -61,26 +71,33 @@ class TokenMap(NamedTuple):
 
 def token_map(tokenizer: Any, constraints: Sequence[str]) -> TokenMap | None:
     """Where each token goes under ``constraints`` (see module; None: none kept token by
-    token). Built once per tokenizer and constraint tuple."""
-    key = tuple(sorted(c for c in constraints if tokenwise(c)))  # the others: text, phrases
-    if not key:
+    token). The map of the fixed constraints (lowercase, no commas: a handful of sets) is
+    built once per tokenizer; banned words, a member's own text, are applied to it per
+    request and never cached (a cache keyed by them would tell one tenant, by its timing,
+    which words another's members ban)."""
+    fixed = tuple(sorted(c for c in constraints if tokenwise(c) and not c.startswith("ban:")))
+    banned = sorted({i for c in constraints if c.startswith("ban:")
+                     for i in _words(tokenizer).get(c[4:], ())} if constraints else ())
+    if not fixed and not banned:
         return None
     with _LOCK:
-        maps: OrderedDict[tuple, TokenMap] = tokenizer.__dict__.setdefault(
-            "_kvinject_maps", OrderedDict())
-        if key in maps:
-            maps.move_to_end(key)
-        else:
-            maps[key] = TokenMap.of(_build(tokenizer, key))
-            while len(maps) > MAPS_MAX:
-                maps.popitem(last=False)
-        return maps[key]
+        maps: dict[tuple, TokenMap] = tokenizer.__dict__.setdefault("_kvinject_maps", {})
+        if fixed not in maps:
+            maps[fixed] = TokenMap.of(_build(tokenizer, fixed))
+        base = maps[fixed]
+    if not banned:
+        return base
+    ids = torch.tensor(banned, dtype=torch.long)
+    to = base.to.clone()
+    to[ids] = -1
+    to[torch.isin(to, ids)] = -1  # folded onto a banned word ("Very" -> "very") too
+    return TokenMap.of(to)
 
 
 def prepare(tokenizer: Any, constraints: Sequence[str]) -> tuple[TokenMap | None,
                                                                   Phrases | None]:
     """A row's token map and phrases, built where the request is submitted (its caller's
-    thread, not the engine's loop: a new map takes a fraction of a second)."""
+    thread, not the engine's loop: a tokenizer's first map takes a fraction of a second)."""
     return token_map(tokenizer, constraints), phrases(tokenizer, constraints)
 
 

@@ -99,22 +99,17 @@ def test_the_token_map_folds_case_and_bans_the_rest(adapter):
     assert all(int(to[i]) == -1 for i, t in enumerate(texts) if "," in t and i not in special)
 
 
-def test_token_maps_are_kept_for_the_most_recent_sets_only(adapter, monkeypatch):
-    """A banned word makes a set of its own: the maps a tokenizer keeps are bounded, the
-    most recently used kept, an evicted one rebuilt equal."""
+def test_banned_words_are_applied_per_request_never_cached(adapter):
+    """The maps a tokenizer keeps are those of the fixed constraints only: a banned word
+    (a member's own text) is applied to them per request, the same map as built whole."""
     from injection.engine import bans
 
-    monkeypatch.setattr(bans, "MAPS_MAX", 2)
     tok = adapter.tokenizer
-    first = token_map(tok, ("ban:alpha",))
-    token_map(tok, ("ban:beta",))
-    assert token_map(tok, ("ban:alpha",)) is first  # used again: the most recent
-    token_map(tok, ("ban:gamma",))  # evicts beta, the least recently used
-    maps = tok._kvinject_maps
-    assert len(maps) == 2 and ("ban:beta",) not in maps and ("ban:alpha",) in maps
-    again = token_map(tok, ("ban:beta",))
-    assert ("ban:alpha",) not in maps and len(maps) == 2
-    assert torch.equal(again.to, bans.TokenMap.of(bans._build(tok, ("ban:beta",))).to)
+    for cons in (("ban:alpha", "ban:the"), ("ban:the", "lowercase", "no_comma")):
+        got = token_map(tok, cons)
+        assert torch.equal(got.to, bans._build(tok, tuple(sorted(cons))))
+        assert got is not token_map(tok, cons)  # made again, not kept
+    assert all(not c.startswith("ban:") for key in tok._kvinject_maps for c in key)
 
 
 def test_capitals_are_kept_on_the_text_not_token_by_token(adapter):
