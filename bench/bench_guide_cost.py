@@ -10,16 +10,18 @@ under var/bench-guide-cost, one ``celery worker --pool threads`` as deployed (th
 and the Procfile's pool: WORKER_BATCH_MAX task threads feed one batch engine) and the web
 under uvicorn; rate limits off, every other setting the platform's default.
 
-Members of one tenant, two kinds by their one memory: a standing instruction ("Always
-answer in lowercase letters only.") and a preference/fact ("I am vegetarian and I cook for
-two."), 8 of each. Conditions: ``defaults`` (nothing sent: the platform decides),
-``contrast 0`` (guidance off, the baseline) and, for the instruction, ``constraints off``
-(its decoding constraint, lowercase, off: what keeping it costs). Each member's memory is
-warmed by one earlier request. All replies greedy (temperature 0), ``TOKENS`` new tokens,
-each request the first turn of a new conversation. Per rep the five kind x condition cells
-run interleaved (their order rotates and reverses; the streams in rounds over the cells,
-then the bursts), so load from elsewhere hits every condition alike. ``--quick``:
-one rep (2 streams per cell), about 12 minutes on a loaded 2-core CPU; else 3 reps:
+Members of one tenant, three kinds by their one memory: a standing instruction the decoding
+constraints keep ("Always answer in lowercase letters only.": not guided by default), one
+they do not ("Always answer in French.": guided) and a preference/fact ("I am vegetarian
+and I cook for two."), 8 of each. Conditions: ``defaults`` (nothing sent: the platform
+decides), ``contrast 0`` (guidance off, the baseline) and, for the lowercase instruction,
+``constraints off`` (its constraint off, so it is guided again: what keeping it by the
+decoder saves). Each member's memory is warmed by one earlier request. All replies greedy
+(temperature 0), ``TOKENS`` new tokens, each request the first turn of a new conversation.
+Per rep the six kind x condition cells run interleaved (their order rotates and reverses;
+the streams in rounds over the cells, then the bursts), so load from elsewhere hits every
+condition alike. ``--quick``: one rep (2 streams per cell), about 15 minutes on a loaded
+2-core CPU; else 3 reps:
 
 1. ``/v1`` streamed at batch 1 (the kind's first member): time to the first content chunk,
    decode tokens/s after it ((completion_tokens - 1) / time after the first chunk, from the
@@ -71,12 +73,17 @@ from tenants import actions  # noqa: E402
 TOKENS = 64
 BURST = 8
 KINDS = {"instruction": "Always answer in lowercase letters only.",
+         "guided instruction": "Always answer in French.",
          "preference": "I am vegetarian and I cook for two."}
 # what each condition sends beside the message ({}: nothing, the platform decides)
 CONDITIONS = {"defaults": {}, "contrast 0": {"contrast": 0.0},
               "constraints off": {"constraints": False}}
-# the conditions each kind runs: the preference has no decoding constraint to turn off
-KIND_CONDITIONS = {"instruction": list(CONDITIONS), "preference": ["defaults", "contrast 0"]}
+# the conditions each kind runs. The lowercase instruction is kept by its decoding
+# constraint and so not guided by default (``contrast.resolve``): ``contrast 0`` would send
+# its defaults' work again; with ``constraints off`` it is guided. French is guided.
+KIND_CONDITIONS = {"instruction": ["defaults", "constraints off"],
+                   "guided instruction": ["defaults", "contrast 0"],
+                   "preference": ["defaults", "contrast 0"]}
 STREAM_QUESTION = "What should I cook tonight?"
 WARM_QUESTION = "Hello! Who are you?"
 QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday.",
@@ -260,23 +267,26 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
                          f"{f['max_ttft']:.0f}"])
     lines = []
     for kind in KINDS:
-        d, b = fig[(kind, "defaults")], fig[(kind, "contrast 0")]
-        lines.append(
-            f"- {kind}: defaults against `contrast: 0` — first token **{d['ttft'] / b['ttft']:.2f}x**"
-            f", batch-1 decode **{d['rate'] / b['rate']:.2f}x** (goal >= 0.9x), 8 one after "
-            f"another **{d['seq'] / b['seq']:.2f}x** the time, 8 at once "
-            f"**{d['conc'] / b['conc']:.2f}x**; at once / one after another "
-            f"{d['ratio']:.2f}x vs {b['ratio']:.2f}x (goal >= 3.5x)" + (
-                "; no guide by default, so both rows send the same work: they differ by this "
-                "run's noise." if d["contrast"] == 0 else "."))
+        d, b = fig[(kind, "defaults")], fig.get((kind, "contrast 0"))
+        if b is not None:
+            lines.append(
+                f"- {kind}: defaults against `contrast: 0` — first token **{d['ttft'] / b['ttft']:.2f}x**"
+                f", batch-1 decode **{d['rate'] / b['rate']:.2f}x** (goal >= 0.9x), 8 one after "
+                f"another **{d['seq'] / b['seq']:.2f}x** the time, 8 at once "
+                f"**{d['conc'] / b['conc']:.2f}x**; at once / one after another "
+                f"{d['ratio']:.2f}x vs {b['ratio']:.2f}x (goal >= 3.5x)" + (
+                    "; no guide by default, so both rows send the same work: they differ by this "
+                    "run's noise." if d["contrast"] == 0 else "."))
         if "constraints off" in KIND_CONDITIONS[kind]:
             c = fig[(kind, "constraints off")]
             lines.append(
                 f"- {kind}: defaults against `constraints: false` (the decoding constraints "
-                f"off, guidance on) — first token **{d['ttft'] / c['ttft']:.2f}x**, batch-1 "
+                f"off: guided again) — first token **{d['ttft'] / c['ttft']:.2f}x**, batch-1 "
                 f"decode **{d['rate'] / c['rate']:.2f}x**, 8 one after another "
-                f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**.")
-    guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0]
+                f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**"
+                f"; at once / one after another {d['ratio']:.2f}x vs {c['ratio']:.2f}x.")
+    guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0
+              and (k, "contrast 0") in fig]
     if guided:
         lines.append(
             "- slowest first token of the 8 at once, defaults vs `contrast: 0`: " + ", ".join(

@@ -35,7 +35,8 @@ from collections.abc import Sequence
 
 from injection.prompting.reminder import standing
 
-__all__ = ["FOLDS", "TRANSFORMS", "detect", "phrase", "tokenwise", "transform", "violates"]
+__all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "phrase", "tokenwise", "transform",
+           "violates"]
 
 # a case constraint kept token by token: how a token that breaks it is mended
 # (``engine/bans.py``: "To" -> "to")
@@ -88,6 +89,18 @@ def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
     member = {c for c in member if (phrase(c) or ("",))[0] not in said
               and not (c in cases and tenant & cases) and not _broken(c, literals)}
     return tuple(sorted(tenant | member))
+
+
+def kept(memory: str, found: Sequence[str]) -> bool:
+    """Whether the decoder keeps what ``memory`` asks: each of its standing sentences (split
+    outside quoted phrases) asks for a constraint, and only for ``found`` ones (what
+    ``detect`` kept for the turn). One sentence asking for one kept and one other thing
+    ("Answer in lowercase, in French.") counts as kept: the reader cannot tell the rest."""
+    masked = _QUOTED.sub(lambda m: "_" * len(m.group()), memory)
+    cuts = [0, *(i for m in _SENTENCE.finditer(masked) for i in m.span()), len(memory)]
+    parts = [memory[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
+    asked = [_of(p) for p in parts if standing(p)]
+    return bool(asked) and all(a and a <= set(found) for a in asked)
 
 
 def _broken(constraint: str, literals: Sequence[str]) -> bool:

@@ -18,7 +18,7 @@ from injection.engine.bans import TokenMap, fold, token_map
 from injection.engine.batch import BatchEngine
 from injection.engine.guidance.contrast import Guide, combine
 from injection.metrics import Metrics
-from injection.prompting.constraints import detect, transform, violates
+from injection.prompting.constraints import detect, kept, transform, violates
 from tests.injection.test_batch import _in_threads
 from tests.injection.test_planner import ASK, TextOnly, planner
 
@@ -69,6 +69,21 @@ def test_contradictions_and_the_tenants_literals_drop_a_constraint():
     assert detect(["Reply in capital letters."], "Always answer in lowercase.") == (
         "lowercase",)
     assert detect([], "You are the help desk of ACME. Answer briefly.") == ()
+
+
+def test_a_memory_is_kept_when_each_standing_sentence_asks_only_for_kept_constraints():
+    """``kept``: what guidance skips by default (``contrast.resolve``)."""
+    both = "Always answer in lowercase, never with commas."
+    assert kept(both, detect([both])) and not kept(both, ("lowercase",))
+    assert kept("I am deaf. Reply in lowercase.", ("lowercase",))  # a fact is no instruction
+    assert not kept("Answer in lowercase. Always reply in French.", ("lowercase",))
+    asked = "End each answer with 'Is that all?' please."  # a "?" inside quotes cuts nothing
+    assert kept(asked, detect([asked]))
+    # nothing read, not an instruction, or the tenant's rule won: not kept
+    for memory in ("Always answer in French.", "I am vegetarian.", "Never use the letter e."):
+        assert not kept(memory, detect([memory]))
+    member = "Reply in capital letters."
+    assert not kept(member, detect([member], "Always answer in lowercase."))
 
 
 def test_violates():

@@ -58,3 +58,26 @@ def test_the_default_guides_first_turns_as_the_formula_says(smollm):
         assert res.contrast_effective == 0.0  # the turn carries the reminder
     finally:
         ex.close()
+
+
+def test_an_instruction_the_decoder_keeps_is_not_guided_unless_its_constraints_are_off(smollm):
+    """By default a standing instruction the decoding constraints keep ("in lowercase") gets
+    no guide row (its reply: the unguided one, token for token); with the constraints off
+    it is guided again, as any other standing instruction."""
+    memory, msgs = "Always answer in lowercase.", [{"role": "user", "content": "Hi?"}]
+    strength = resolve(smollm, None, [memory])
+    assert strength > 0 and resolve(smollm, None, [memory], ("lowercase",)) == 0.0
+    ex = build_executor(smollm, batch_max=4, metrics=Metrics())
+    try:
+        def run(**kw):
+            return ex.execute(ExecutionRequest("t", "u", msgs, memory, max_new_tokens=12, **kw))
+
+        default, unguided = run(), run(contrast=0.0)
+        assert default.contrast_effective == 0.0 and default.constraints == ["lowercase"]
+        assert default.guide_prefill_tokens == default.guide_decode_tokens == 0
+        assert default.text == unguided.text and default.text == default.text.lower()
+        off = run(constrain=False)
+        assert off.contrast_effective == strength and off.guide_decode_tokens > 0
+        assert off.text == run(constrain=False, contrast=strength).text
+    finally:
+        ex.close()

@@ -34,6 +34,7 @@ from injection.engine import steps
 from injection.engine.batchrow import RowJob
 from injection.kvcache.packed import PackedKV
 from injection.model.fingerprint import model_key
+from injection.prompting.constraints import kept
 from injection.prompting.reminder import standing
 
 __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
@@ -57,6 +58,9 @@ MEASURED_DEFAULTS: dict[str, float] = {"b7753234439613b9": 1.0}
 # and +7 of 68 validation cases (8 won, 1 lost, p = 0.039); preferences -6 of 40 (4 won,
 # 10 lost) and facts +5 of 40 (6 won, 1 lost), neither significant (tuning), at a second
 # batch row and ~74 more forward tokens per reply (docs/BENCHMARKS.md, quality).
+# Not where the decoder keeps the instruction (``prompting/constraints.py``: lowercase, no
+# commas, ...): on top of the constraints, guidance changed none of those 30 tuning cases'
+# verdicts (its +4 of 85 all on the others: language, keyword, word limit).
 
 
 class Guide(NamedTuple):
@@ -67,11 +71,13 @@ class Guide(NamedTuple):
     ids: list[int]
 
 
-def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = ()) -> float:
+def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = (),
+            constraints: Sequence[str] = ()) -> float:
     """Effective strength: the request's (or tenant's), else the model's measured default
-    where it pays: for ``memories`` holding a standing instruction (0 for the others)."""
+    where it pays: for ``memories`` holding a standing instruction that the turn's decoding
+    ``constraints`` do not keep (``constraints.kept``; 0 for the others)."""
     if requested is None:
-        pays = any(standing(m) for m in memories)
+        pays = any(standing(m) and not kept(m, constraints) for m in memories)
         requested = MEASURED_DEFAULTS.get(model_key(adapter), 0.0) if pays else 0.0
     return min(max(float(requested), 0.0), MAX_CONTRAST)
 

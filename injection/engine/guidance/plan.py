@@ -1,8 +1,9 @@
 """The planner's half of contrastive guidance: which turns get a guide, and its input.
 
 By default (no strength asked by the request or tenant) only a member with a standing
-instruction among their memories is guided (``contrast.resolve``): measured on
-bench/bench_quality.py, that is where guidance pays for its second row.
+instruction among their memories is guided, and not where the turn's decoding constraints
+keep it (``contrast.resolve``): measured on bench/bench_quality.py, that is where guidance
+pays for its second row.
 
 A one-memory turn is guided (``contrast.py``) when its effective strength is above 0,
 the member's memories are injected, the batch engine runs it, and the turn carries no
@@ -59,16 +60,19 @@ MANY_GUIDED_BEFORE = 2
 
 def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str]],
                mem: Any, remind: Any, *, on: bool, context: str, prompt_ids: list[int] | None,
-               done: int, keep_instructions: bool = False) -> GuidePlan | None:
+               done: int, keep_instructions: bool = False,
+               constraints: tuple[str, ...] = ()) -> GuidePlan | None:
     """The turn's guide, or None (off, nothing personal injected, several memories, or a
     reminded turn). ``context``, ``prompt_ids`` and ``done``: the turn's system text, its
     prompt's ids and how many of them its cached link holds (a reminded turn's guide
     continues the row's own prefix). ``keep_instructions``: the one-memory guide keeps the
-    tenant's instructions (measured: they then lose precedence; bench_tenant_precedence)."""
+    tenant's instructions (measured: they then lose precedence; bench_tenant_precedence).
+    ``constraints``: the turn's decoding constraints (by default, an instruction they keep
+    is not guided: ``contrast.resolve``)."""
     if not on:
         return None
     strength = resolve(adapter, req.contrast, [m.text for m in req.memories] or [
-        req.preference_text])
+        req.preference_text], constraints)
     if strength <= 0.0:
         return None
     if remind.reminds_last(messages):

@@ -170,7 +170,8 @@ class TurnPlanner:
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            on=personal and self.batching, context=system.context,
                            prompt_ids=link.prompt_ids, done=link.done,
-                           keep_instructions=self.guide_keeps_instructions)
+                           keep_instructions=self.guide_keeps_instructions,
+                           constraints=tuple(sampling.get("constraints", ())))
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
                         system.reminder, tuple(messages), parts.prompt, link, defer, guide,
