@@ -231,6 +231,9 @@ def main() -> None:
                   f"load {load[-1]:.1f}", flush=True)
     finally:
         stop(procs)
+    raw = Path(os.environ["VAR_DIR"]) / "last_run.json"  # kept should the report fail
+    raw.write_text(json.dumps({"streams": [[list(k), v] for k, v in streams.items()],
+                               "bursts": [[[list(c), t], v] for (c, t), v in bursts.items()]}))
     report(streams, bursts, reps, streams_per_rep, load, args, model.name,
            time.monotonic() - t_start, logpath)
 
@@ -339,7 +342,7 @@ def replies_line(streams: dict, bursts: dict) -> str:
             odd.append(f"{where[0][0]}/{where[0][1]}: {where[1]!r}")
     asks = [*QUESTIONS, "stream"]
     differ = {kind: sum(by_cell[((kind, "defaults"), q)] != by_cell[((kind, "contrast 0"), q)]
-                        for q in asks) for kind in KINDS}
+                        for q in asks) for kind in KINDS if "contrast 0" in KIND_CONDITIONS[kind]}
     kept = sum(by_cell[(("instruction", "defaults"), q)] != by_cell[(
         ("instruction", "constraints off"), q)] for q in asks)
     return (f"{total - unstable}/{total} requests gave one reply in every rep, alone "

@@ -52,6 +52,9 @@ QUALITY_HEAD = ("# Quality runs (bench/bench_quality.py)\n\nEach run's full tabl
                 "`--write-docs SLUG`; docs/BENCHMARKS.md (quality) summarises them.\n")
 MAX_NEW_TOKENS = int(os.environ.get("MAX_NEW_TOKENS", "64"))
 TENANT = "bench-quality"
+# the cap the executor gets: above the platform's (KV_ALPHA_CAP) for the "alpha" conditions
+# only; every other condition asks for alpha 1, the default
+ALPHA_CAP = 2.0
 GUIDANCE = 1.0  # the strength measured for SmolLM2 (engine/guidance/contrast.py)
 CONDS: dict[str, dict] = {
     "no memory": {"mode": "none"},
@@ -71,6 +74,9 @@ CONDS: dict[str, dict] = {
     "guide 8 tokens": {"guide_tokens": 8},
     "guide 16 tokens": {"guide_tokens": 16},
     "- constraints": {"constrain": False},
+    # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
+    "alpha 1.5": {"alpha": 1.5},
+    "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens")
@@ -107,7 +113,7 @@ def worker_executor(adapter, batch: int):
     from injection import build_executor
 
     return build_executor(
-        adapter, l2_enabled=False, batch_max=batch,
+        adapter, l2_enabled=False, batch_max=batch, alpha_cap=ALPHA_CAP,
         batch_kv_budget_bytes=s.WORKER_BATCH_KV_BUDGET_BYTES,
         batch_join_wait_ms=s.WORKER_BATCH_JOIN_WAIT_MS, batch_prefill_chunk=s.WORKER_PREFILL_CHUNK,
         batch_prefill_pace=s.WORKER_PREFILL_PACE,
@@ -132,6 +138,7 @@ def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int)
         return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=False, **kw)
     for name in ("contrast", "reminder", "constrain"):
         kw[name] = cond.get(name)
+    kw["alpha"] = cond.get("alpha", 1.0)
     return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=True,
                             memories=tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(texts)),
                             **kw)
