@@ -73,13 +73,16 @@ CONDS: dict[str, dict] = {
     # the guide only for the first reply tokens (``contrast.GUIDE_TOKENS``), then the row alone
     "guide 8 tokens": {"guide_tokens": 8},
     "guide 16 tokens": {"guide_tokens": 16},
+    # ... or until it has changed no pick for N steps in a row (``contrast.GUIDE_IDLE``)
+    "guide idle 8": {"guide_idle": 8},
+    "guide idle 16": {"guide_idle": 16},
     "- constraints": {"constrain": False},
     # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
     "alpha 1.5": {"alpha": 1.5},
     "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
-SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens")
+SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens", "guide_idle")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (~15-20 min on 2 cores): injected with no mechanism is the system message
@@ -177,7 +180,8 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
 
     sw, (top, options, guide) = dict(phase), defaults
     reminder.RELEVANT_TOP = sw.get("recall_top", top)
-    contrast.GUIDE_TOKENS = sw.get("guide_tokens", guide)
+    contrast.GUIDE_TOKENS = sw.get("guide_tokens", guide[0])
+    contrast.GUIDE_IDLE = sw.get("guide_idle", guide[1])
     ex.memories.options = options._replace(
         segment_tokens=sw.get("segment_tokens", options.segment_tokens),
         top_k=sw.get("recall_k", options.top_k))
@@ -187,7 +191,8 @@ def _defaults(ex) -> tuple:
     from injection.engine.guidance import contrast
     from injection.prompting import reminder
 
-    return reminder.RELEVANT_TOP, ex.memories.options, contrast.GUIDE_TOKENS
+    return reminder.RELEVANT_TOP, ex.memories.options, (contrast.GUIDE_TOKENS,
+                                                         contrast.GUIDE_IDLE)
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,

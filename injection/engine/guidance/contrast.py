@@ -37,7 +37,7 @@ from injection.model.fingerprint import model_key
 from injection.prompting.constraints import kept
 from injection.prompting.reminder import standing
 
-__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
+__all__ = ["GUIDE_IDLE", "MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
            "count_pair", "guide_job", "mirror", "prefill", "prefill_guide", "resolve",
            "shares_forward", "split_rows", "with_guides"]
 
@@ -45,6 +45,12 @@ PLAUSIBLE = 0.1  # a token below this share of the row's best probability is nev
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
 # a guided row's guide leaves after this many reply tokens (None: it guides the whole reply)
 GUIDE_TOKENS: int | None = None
+# ... or once it has changed no pick (the guided argmax is the row's own) for this many
+# decoding steps in a row (None: never). Measured (bench_quality, standing instructions,
+# depth 0): on tuning 8 and 16 both kept all 4 of guidance's wins (37/85, 0 lost) at 19.3
+# and 33.6 guide forward tokens per reply against 48.2; on validation 8 lost 3 of its 6
+# (26/68 against 29/68: word limits and a keyword, won late in the reply), so it is off.
+GUIDE_IDLE: int | None = None
 # Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
 # depth"): ``fingerprint.model_key`` -> strength. A model not listed (the random demo model
 # included) is off.
@@ -120,16 +126,22 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
         g = index.get(id(row.guide)) if row.guide is not None else None
         if g is not None:
             out[j] = combine(logits[i], logits[g], row.guide_strength)
+            if GUIDE_IDLE:
+                same = int(out[j].argmax()) == int(logits[i].argmax())
+                row.guide_agreed = row.guide_agreed + 1 if same else 0
     return [rows[i] for i in keep], out
 
 
 def mirror(job: RowJob, token: int) -> None:
-    """The guide goes on with the row's token; after the row's ``guide_until`` tokens it
-    is done (it leaves the batch with the step's finished rows) and the row goes on alone."""
+    """The guide goes on with the row's token; after the row's ``guide_until`` tokens, or
+    ``GUIDE_IDLE`` steps in a row that it changed no pick, it is done (it leaves the batch
+    with the step's finished rows) and the row goes on alone."""
     guide = job.guide
     if guide is None:
         return
     guide.gen.append(token)
+    if GUIDE_IDLE and job.guide_agreed >= GUIDE_IDLE:
+        job.guide_until = len(job.gen)  # what it was fed: ``steps.row_output``
     if job.guide_until and len(job.gen) >= job.guide_until:
         job.guide = None
         guide.finish()
