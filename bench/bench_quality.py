@@ -55,10 +55,14 @@ TENANT = "bench-quality"
 # the cap the executor gets: above the platform's (KV_ALPHA_CAP) for the "alpha" conditions
 # only; every other condition asks for alpha 1, the default
 ALPHA_CAP = 2.0
+FRAME = ("Facts and preferences of the user you are talking to. Respect them in every "
+         "answer:\n{}")
 GUIDANCE = 1.0  # the strength measured for SmolLM2 (engine/guidance/contrast.py)
 CONDS: dict[str, dict] = {
     "no memory": {"mode": "none"},
     "system message": {"mode": "system"},
+    # the same, framed as what the user said of themselves (a trial: not what the platform does)
+    "framed system message": {"mode": "system", "frame": FRAME},
     "platform": {},
     "- guidance": {"contrast": 0.0},
     "- reminder": {"reminder": False},
@@ -136,7 +140,8 @@ def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int)
           "reuse_conversation": False}
     mode = cond.get("mode", "platform")
     if mode == "system":
-        msgs = [{"role": "system", "content": "\n".join(texts)}, *msgs]
+        msgs = [{"role": "system", "content": cond.get("frame", "{}").format("\n".join(texts))},
+                *msgs]
     if mode != "platform":
         return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=False, **kw)
     for name in ("contrast", "reminder", "constrain"):
