@@ -37,9 +37,9 @@ from injection.model.fingerprint import model_key
 from injection.prompting.constraints import kept
 from injection.prompting.reminder import standing
 
-__all__ = ["GUIDE_IDLE", "MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach", "combine",
-           "count_pair", "guide_job", "mirror", "prefill", "prefill_guide", "resolve",
-           "shares_forward", "split_rows", "with_guides"]
+__all__ = ["GUIDE_IDLE", "MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
+           "combine", "count_pair", "guide_job", "mirror", "prefill", "prefill_guide",
+           "resolve", "shares_forward", "split_rows", "with_guides"]
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
