@@ -77,7 +77,7 @@ def token_map(tokenizer: Any, constraints: Sequence[str]) -> TokenMap | None:
     which words another's members ban)."""
     fixed = tuple(sorted(c for c in constraints if tokenwise(c) and not c.startswith("ban:")))
     banned = sorted({i for c in constraints if c.startswith("ban:")
-                     for i in _words(tokenizer).get(c[4:], ())} if constraints else ())
+                     for i in _words(tokenizer).get(c[4:], ())})
     if not fixed and not banned:
         return None
     with _LOCK:

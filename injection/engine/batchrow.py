@@ -75,7 +75,7 @@ class RowJob:
 
     def reset(self, tokenizer: Any, device: Any) -> None:
         """Fresh generation state (also when a row is put back after an OOM)."""
-        self.gen = []
+        self.gen, self.guide_agreed = [], 0
         self.watch = GenerationWatch(tokenizer, 0, **self.watch_opts)
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,

@@ -99,8 +99,8 @@ def kept(memory: str, found: Sequence[str]) -> bool:
     masked = _QUOTED.sub(lambda m: "_" * len(m.group()), memory)
     cuts = [0, *(i for m in _SENTENCE.finditer(masked) for i in m.span()), len(memory)]
     parts = [memory[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
-    asked = [_of(p) for p in parts if standing(p)]
-    return bool(asked) and all(a and a <= set(found) for a in asked)
+    asked, kept_now = [_of(p) for p in parts if standing(p)], set(found)
+    return bool(asked) and all(a and a <= kept_now for a in asked)
 
 
 def _broken(constraint: str, literals: Sequence[str]) -> bool:
