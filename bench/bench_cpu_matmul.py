@@ -36,7 +36,7 @@ from mdsection import machine, table, write_section  # noqa: E402
 
 from injection.engine.batch import BatchEngine  # noqa: E402
 from injection.engine.guidance.contrast import Guide  # noqa: E402
-from injection.model.adapter import load_adapter  # noqa: E402
+from injection.model.loading import load_adapter  # noqa: E402
 
 TOKENS = 48
 MEMORY = "Always answer in lowercase letters only."

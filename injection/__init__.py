@@ -20,7 +20,7 @@ if TYPE_CHECKING:  # pragma: no cover
 # Public names, imported on first use (PEP 562): ``import injection.kvcache.signing`` (the web
 # process invalidating L2) must not load transformers and the model adapter.
 _EXPORTS = {
-    "ModelAdapter": "model.adapter", "load_adapter": "model.adapter",
+    "ModelAdapter": "model.adapter", "load_adapter": "model.loading",
     "CacheKey": "base", "ExecutionRequest": "base", "ExecutionResult": "base",
     "GenerationOutput": "base", "KVStore": "base", "PreferenceModel": "base", "Tier": "base",
     "InjectionError": "errors", "InvalidRequest": "errors", "ModelLoadError": "errors",

@@ -110,7 +110,7 @@ def _build_executor():
     log.info("loading model from %s", path)
     adapter = load_adapter(
         path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None,
-        cpu_matmul=settings.MODEL_CPU_MATMUL,
+        cpu_matmul=settings.MODEL_CPU_MATMUL, cpu_threads=settings.MODEL_CPU_THREADS,
     )
     client = (control.make_client(2.0, settings.KV_CACHE_REDIS_URL) if settings.KV_L2_ENABLED
               else None)  # the cache Redis; the key generation is on REDIS_URL

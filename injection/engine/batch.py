@@ -7,8 +7,7 @@ and lets finished rows leave. A row's greedy output equals the row run alone. Pe
 sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). Admission
 is bounded by ``max_batch`` requests (a guide row is none) and a K/V budget over all rows.
 Failures stay contained (``faults``); a watchdog (``watchdog``) reads the scheduler's
-heartbeat. transformers' own continuous batching takes no per-request
-``past_key_values``: the injected prefix cannot ride on it.
+heartbeat. (transformers' continuous batching takes no per-request ``past_key_values``.)
 Forwards of no row (segments, embeddings, guide heads) run here too (``forwards``).
 """
 
@@ -37,6 +36,7 @@ from injection.engine.prefill.pacing import Pacer
 from injection.engine.sampling import BatchChooser
 from injection.errors import EngineUnavailable, InjectionError, InvalidRequest
 from injection.kvcache.packed import PackedKV
+from injection.model import cpu_threads
 
 __all__ = ["BatchEngine", "RowJob"]
 
@@ -98,6 +98,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         self.clock, self.busy, self.beat_at = clock, False, clock()
         self.counters = dict.fromkeys(COUNTERS + FORWARD_COUNTERS, 0)
         _LIVE.add(self)
+        cpu_threads.reserve(adapter)  # on a CPU: the scheduler thread takes the cores
 
     # -- callers ----------------------------------------------------------------------
     def generate(self, prompt: str, injected: PackedKV | None, alpha: float,
@@ -154,6 +155,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
             self._thread = thread
 
     def _loop(self) -> None:
+        cpu_threads.claim(self.adapter)  # on a CPU: every core, here only
         while True:
             with self._cond:
                 self.busy = False

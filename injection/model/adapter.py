@@ -16,11 +16,10 @@ from __future__ import annotations
 import copy
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, StoppingCriteriaList
+from transformers import DynamicCache, StoppingCriteriaList
 from transformers.cache_utils import DynamicLayer
 
 from injection.base import GenerationOutput, PreferenceModel, SegmentSplit
@@ -30,34 +29,11 @@ from injection.errors import ContextLengthExceeded, InvalidRequest, ModelLoadErr
 from injection.hostmem import KV_COPIES
 from injection.kvcache.packed import PackedKV
 from injection.kvcache.pieces import KVPieces
-from injection.model.cpu_matmul import setup as cpu_matmul_setup
 from injection.model.dtypes import resolve_dtype
 from injection.model.fingerprint import model_fingerprint
 from injection.prompting.template import ChatRenderer, PromptParts
 
-__all__ = ["ModelAdapter", "load_adapter", "resolve_dtype"]
-
-def load_adapter(
-    model_path: str | Path, *, device: str | torch.device | None = None,
-    dtype: str | torch.dtype | None = None, cpu_matmul: str = "auto",
-) -> ModelAdapter:
-    """Load a local HF model dir (offline) into a :class:`ModelAdapter`; on a CPU its
-    decode-shaped products take the faster kernel measured (``cpu_matmul``)."""
-    from transformers import AutoConfig
-
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    try:
-        config = AutoConfig.from_pretrained(model_path, local_files_only=True)
-        torch_dtype = resolve_dtype(dtype, device=dev, config=config)
-        tokenizer = AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-        model = AutoModelForCausalLM.from_pretrained(
-            model_path, dtype=torch_dtype, local_files_only=True
-        )
-    except (OSError, ValueError) as exc:
-        raise ModelLoadError(f"cannot load model from {model_path!r}: {exc}") from exc
-    adapter = ModelAdapter(model.to(dev), tokenizer, device=dev, dtype=torch_dtype)
-    adapter.matmul = cpu_matmul_setup(adapter.model, dev, cpu_matmul)
-    return adapter
+__all__ = ["ModelAdapter", "resolve_dtype"]
 
 
 class ModelAdapter(PreferenceModel):
@@ -89,6 +65,7 @@ class ModelAdapter(PreferenceModel):
         # the batch engine pads, merges and slices plain per-token layers only
         self.supports_batching = self._cache_config is None
         self.matmul: Any = None  # ``cpu_matmul.MatmulChoice`` where load_adapter measured one
+        self.cpu_threads = "engine"  # who computes on a CPU's cores (``cpu_threads.MODES``)
 
     # -- PreferenceModel -----------------------------------------------------------
     def compute_kv(self, text: str) -> PackedKV:

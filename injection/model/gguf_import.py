@@ -167,7 +167,7 @@ def convert_gguf(gguf: str | Path):
 
 def verify_model_dir(path: str | Path) -> str:
     """Check the saved dir is the expected model and loads; returns a one-line summary."""
-    from injection.model.adapter import load_adapter
+    from injection.model.loading import load_adapter
 
     t = time.monotonic()
     try:

@@ -19,7 +19,7 @@ from gpu_worker.serving import enginewatch
 from gpu_worker.serving.limits import Watchdog
 from injection import errors as engine_errors
 from injection.engine.batch import BatchEngine
-from injection.model.adapter import load_adapter
+from injection.model.loading import load_adapter
 from tenants import errors as web_errors
 
 

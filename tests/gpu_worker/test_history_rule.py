@@ -22,7 +22,7 @@ import pytest
 from gpu_worker.serving.chat_service import build_request, recent_history
 from injection.engine.executor import InjectionExecutor
 from injection.metrics import Metrics
-from injection.model.adapter import load_adapter
+from injection.model.loading import load_adapter
 from tenants import actions
 from tenants.budgets.estimate import history_texts
 from tenants.history import TEMPLATE_TOKENS_PER_MESSAGE

@@ -32,9 +32,11 @@ def test_metrics_endpoint_is_closed_without_a_token_outside_debug(settings):
 @pytest.fixture
 def loaded_executor(demo_model_path, redis_client):
     from injection import build_executor, load_adapter
+    from injection.metrics import METRICS
 
     ex = build_executor(load_adapter(str(demo_model_path), device="cpu"),
                         redis_client=redis_client, signing_secret="x" * 32)
+    METRICS.reset()  # process-wide counters: what executors of earlier tests counted
     host._executor, saved = ex, host._executor
     yield ex
     ex.l2.close()

@@ -12,8 +12,9 @@ import os
 
 import pytest
 
-from injection.model.adapter import ModelAdapter, load_adapter
+from injection.model.adapter import ModelAdapter
 from injection.model.demo_model import build_demo_model
+from injection.model.loading import load_adapter
 
 TEST_DEVICE = os.environ.get("KVI_TEST_DEVICE", "cpu")
 

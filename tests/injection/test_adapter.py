@@ -8,7 +8,8 @@ from transformers import AutoModelForCausalLM, Cache, DynamicCache
 
 from injection.errors import InvalidRequest
 from injection.kvcache.packed import PackedKV
-from injection.model.adapter import load_adapter, resolve_dtype
+from injection.model.adapter import resolve_dtype
+from injection.model.loading import load_adapter
 
 PROMPTS = ["What should I cook tonight?", "Plan a rainy day in Lisbon for me."]
 

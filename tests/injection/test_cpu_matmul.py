@@ -13,7 +13,7 @@ from torch import nn
 
 from injection.engine.batch import BatchEngine
 from injection.model import cpu_matmul
-from injection.model.adapter import load_adapter
+from injection.model.loading import load_adapter
 from tests.injection.test_batch import _in_threads
 
 ALL = (False,) + (True,) * max(cpu_matmul.ROWS)

@@ -9,7 +9,7 @@ import torch
 from injection import build_executor
 from injection.base import ExecutionRequest
 from injection.devices import KVTimer
-from injection.model.adapter import load_adapter
+from injection.model.loading import load_adapter
 
 
 def test_kv_timer_on_cpu_reports_host_time_and_no_device_memory():

@@ -206,7 +206,7 @@ def test_user_none_or_empty_is_never_cached(model, l2, chat_messages, preference
 
 
 def test_tenant_user_text_and_model_partition_the_cache(model, mqa_model_path, chat_messages, preference):
-    from injection.model.adapter import load_adapter
+    from injection.model.loading import load_adapter
 
     ex = make(model)
     ex.execute(req(chat_messages, preference))

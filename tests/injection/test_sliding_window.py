@@ -16,7 +16,7 @@ from injection import build_executor
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
 from injection.metrics import Metrics
-from injection.model.adapter import load_adapter
+from injection.model.loading import load_adapter
 from injection.prompting.output_filter import strip_control_chars
 
 WINDOW = 24
