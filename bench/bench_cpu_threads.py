@@ -103,13 +103,13 @@ def report(runs: dict, args, load: list[float], model_name: str) -> None:
                          f"{x['conc']:.1f}", f"{x['seq'] / x['conc']:.2f}x",
                          f"{x['max_ttft']:.0f}"])
         e, s = f["engine"], f["shared"]
-        same = sum(a == b for a, b in zip(texts(runs["engine"][0], kind),
-                                          texts(runs["shared"][0], kind), strict=True))
+        ours, theirs = texts(runs["engine"][0], kind), texts(runs["shared"][0], kind)
+        same = sum(a == b for a, b in zip(ours, theirs, strict=True))
         lines.append(
             f"- {kind}: engine against shared — first token **{e['ttft'] / s['ttft']:.2f}x**, "
             f"batch-1 decode **{e['rate'] / s['rate']:.2f}x**, 8 one after another "
             f"**{e['seq'] / s['seq']:.2f}x** the time, 8 at once **{e['conc'] / s['conc']:.2f}x**"
-            f"; replies identical across modes {same}/{len(texts(runs['engine'][0], kind))}.")
+            f"; replies identical across modes {same}/{len(ours)}.")
     body = "\n".join([  # the heading and intro stand above the section's markers
         f"`.venv/bin/python bench/bench_cpu_threads.py --reps {args.reps}` — {machine()}, "
         f"1-min load {min(load):.1f}–{max(load):.1f}; model {model_name}; one `celery worker "

@@ -14,10 +14,11 @@ loading one took 57 ms at 2 rows against 31 ms on the loading thread, and 113 ms
 So on a CPU:
 
 * ``run_alone(fn)``: the model is loaded and measured on a short-lived thread with every
-  core (``CORES``), whose team ends with it (``model/adapter.py``);
-* ``claim()``: the engine's scheduler thread takes every core for itself, and threads
-  that first run torch after that (request threads, cache writers) run torch on one, so
-  they never start a team that would put the engine's to sleep. What those threads do
+  core (``CORES``), whose team ends with it (``model/loading.py``);
+* ``reserve()`` when an engine is built, ``claim()`` on its scheduler thread: that thread
+  takes every core for itself, and threads that first run torch after that (request
+  threads, cache writers) run torch on one, so they never start a team that would put
+  the engine's to sleep. What those threads do
   (packing K/V, digests, tensors of a few MB) is small beside a decoding step.
 
 A thread that already ran torch keeps its count (``torch.set_num_threads`` is per
