@@ -157,10 +157,11 @@ def adheres(case: Case, reply: str) -> bool:
     return bool(case.check(reply)) and not recited and not evades(reply)
 
 
-def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "") -> list[tuple]:
+def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "",
+             kinds: tuple[str, ...] = ()) -> list[tuple]:
     """(case index, depth, memories, condition) in the profile, ``recall pick`` last."""
     picked = [i for i, c in enumerate(CASES) if split in ("both", c.split)
-              and family in ("", c.family)]
+              and family in ("", c.family) and (not kinds or c.kind in kinds)]
     picked = picked[:: profile["every"]][: limit or None]
     jobs = []
     for (d, n), cell in profile["cells"].items():
@@ -270,6 +271,8 @@ def main() -> None:
     ap.add_argument("--cells", default="", help="instead of the profile's cells, e.g. "
                     "'0x1=platform,- guidance;8x20=platform' (depth x memories = conditions)")
     ap.add_argument("--family", choices=("standing", "preference", "fact"), default="")
+    ap.add_argument("--kinds", default="", help="only these case kinds (comma-separated, "
+                    "e.g. postscript,title)")
     ap.add_argument("--every", type=int, default=0, help="every Nth case (0: the profile's)")
     ap.add_argument("--base", default="platform", help="the condition the others are "
                     "paired against (default: platform, against its variants)")
@@ -296,7 +299,8 @@ def main() -> None:
                             [c.strip() for c in cell.split("=")[1].split(",")]
                             for cell in args.cells.split(";")}
     profile["every"] = args.every or profile["every"]
-    jobs = jobs_for(profile, args.split, args.limit, args.family)
+    jobs = jobs_for(profile, args.split, args.limit, args.family,
+                    tuple(k for k in args.kinds.split(",") if k))
     print(f"{len(jobs)} replies, profile {args.profile}, split {args.split}", flush=True)
     rows = generate(ex, budget, jobs, args.workers, args.partial,
                     {k: v for spec in args.imports for k, v in imported(spec).items()})

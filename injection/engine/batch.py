@@ -7,8 +7,8 @@ and lets finished rows leave. A row's greedy output equals the row run alone. Pe
 sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). Admission
 is bounded by ``max_batch`` requests (a guide row is none) and a K/V budget over all rows.
 Failures stay contained (``faults``); a watchdog (``watchdog``) reads the scheduler's
-heartbeat. (transformers' continuous batching takes no per-request ``past_key_values``.)
-Forwards of no row (segments, embeddings, guide heads) run here too (``forwards``).
+heartbeat. Forwards of no row (segments, embeddings, guide heads) run here too
+(``forwards``); transformers' continuous batching takes no per-request K/V.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from typing import Any
 import torch
 
 from injection.base import GenerationOutput
-from injection.engine import bans, steps
+from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
+from injection.engine.decoding import bans
 from injection.engine.faults import COUNTERS, EngineFaults
 from injection.engine.guidance import contrast
 from injection.engine.prefill.forwards import FORWARD_COUNTERS, EngineForwards
@@ -111,9 +112,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
             capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
             guide: contrast.Guide | None = None, **sampling: Any) -> GenerationOutput:
         """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``;
-        ``capture`` gets the K/V of the first ``capture_tokens`` of ``new_ids`` once the
-        prefill is done (the one-pass miss; ``faults.capture_segment``); ``guide``: the
-        conversation without the memories, contrasted (``contrast.py``; needs 2 rows)."""
+        ``capture`` gets the K/V of the first ``capture_tokens`` of ``new_ids`` once
+        prefilled (``faults``); ``guide``: contrasted (``contrast.py``; 2 rows)."""
         if not new_ids:
             raise InvalidRequest("prompt is empty")
         if prefix is not None:
@@ -122,8 +122,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
                      int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
                      capture=capture, capture_tokens=int(capture_tokens))
-        job.token_map, job.phrases = bans.prepare(self.adapter.tokenizer,
-                                                  sampling.get("constraints", ()))
+        job.token_map, job.phrases = bans.prepare(
+            self.adapter.tokenizer, sampling.get("constraints", ()), self._eos)
         contrast.attach(job, guide, self.max_batch)
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
         return self.submit(job).wait()

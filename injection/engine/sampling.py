@@ -19,7 +19,7 @@ __all__ = ["BatchChooser", "RowSampler"]
 
 class RowSampler:
     """One row's sampling settings (temperature 0: greedy), its seeded generator and its
-    decoding constraints (``engine/bans.py``)."""
+    decoding constraints (``engine/decoding/bans.py``)."""
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  *, device: torch.device | str = "cpu", token_map: Any = None,
@@ -28,6 +28,8 @@ class RowSampler:
         self.token_map = token_map  # where its tokens go (``bans.TokenMap``), or None
         self.forced = forced  # the phrases its reply opens and closes with (``bans.Phrases``)
         self.ending: int | None = None  # where the closing phrase started
+        self.postscript: int | None = None  # where its marker started (-1: none due)
+        self.title: int | None = None  # where its title's ">>" started (-1: closed)
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)

@@ -16,12 +16,25 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
 * ``start:<phrase>`` / ``end:<phrase>``: "Start every reply with 'Ahoy!'", "End each answer
   with the exact phrase 'Good luck!'" ("wrap your reply in double quotes": both ``"``):
   the phrase's tokens forced where the reply opens, and where it would end or where only
-  they still fit (``engine/bans.forced``).
+  they still fit (``engine/decoding/phrases.forced``);
+* ``repeat``: "Begin every answer by repeating my question word for word.": the turn's
+  user message as the opening phrase (``opening``, where the planner knows it);
+* ``ps:<marker>``: "Always add a P.S. at the end of your answers.": a postscript line
+  opened by the marker (``P.S.`` or ``P.P.S.``) where the reply would end, or where only
+  it and a short note still fit, unless the reply already holds it; the model writes the
+  note;
+* ``title``: "Start every answer with a title in double angle brackets, like <<this>>.":
+  ``<<`` opens the reply (after an opening phrase), the model writes the title, and ``>>``
+  closes it at the title's first line break or after ``engine/decoding/phrases.TITLE_TOKENS`` tokens,
+  unless the model closes it itself;
+* ``choice:<a>|<b>|...``: "Only ever reply with 'Yes.', 'No.' or 'Maybe.'": the whole reply
+  is one of the quoted options, the model choosing among them token by token
+  (``engine/decoding/phrases.choices``); the other phrases do not apply to it.
 
 ``detect`` reads them from the tenant's instructions and the member's memories (the
 sentences and memories ``reminder.standing`` calls standing instructions), as data the
 planner puts in the turn's sampling options; the
-engine keeps them (``engine/bans.py``). Fail closed toward the tenant:
+engine keeps them (``engine/decoding/bans.py``). Fail closed toward the tenant:
 a constraint that a quoted literal in the tenant's instructions would break ("Start every
 reply with 'Acme:'" against lowercase) is dropped, and so are contradictory ones and a
 member's opening (closing) phrase where the tenant's instructions say how replies open
@@ -35,11 +48,11 @@ from collections.abc import Sequence
 
 from injection.prompting.reminder import standing
 
-__all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "phrase", "tokenwise", "transform",
-           "violates"]
+__all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "opening", "phrase", "tokenwise",
+           "transform", "violates"]
 
 # a case constraint kept token by token: how a token that breaks it is mended
-# (``engine/bans.py``: "To" -> "to")
+# (``engine/decoding/bans.py``: "To" -> "to")
 FOLDS = {"lowercase": str.lower}
 # ... and one kept on the reply's text instead: the model writes as it would, the member
 # gets it upper-cased (folded token by token, SmolLM2's capitals came out garbled:
@@ -68,6 +81,18 @@ _END = (re.compile(r"\b(?:end|finish|close|conclude|sign\s+off)(?:s|ing)?" + _WI
 _DOUBLE = re.compile(r"\b(?:(?:wrap|enclose|inside|within|quote|surround)\w*\b[^.\n]{0,50}?|"
                      r"start\w*\s+and\s+end\w*\s+with\s+(?:an?\s+)?)double\s+(?:quot|\")",
                      re.I)  # the whole reply in double quotes
+_ASKED = (r"(?:my|the\s+user'?s|the)\s+(?:exact\s+|own\s+|original\s+|whole\s+)?"
+          r"(?:question|request|prompt|message|query)s?\b")
+_REPEAT = re.compile(  # the reply opens with the user's message, as written
+    r"\b(?:repeat|restat|cop[yi]|quot|echo|recit|reproduc)\w*\s+(?:back\s+)?" + _ASKED
+    + r"|\b(?:begin|start|open|preface)\w*\b[^.\n]{0,30}?\bwith\s+" + _ASKED
+    + r"|\bwrit\w*\s+" + _ASKED + r"\s+back\b", re.I)
+_PS = re.compile(r"\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?\b", re.I)
+_TITLE = re.compile(r"\btitle[sd]?\b", re.I)
+_ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
+_ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+reply|pick|"
+                   r"choose|must\s+be|may\s+be)\b", re.I)  # the quoted options are the reply
+_LISTED = re.compile(r":\s*([^:\n/]{1,80}(?:\s/\s[^:\n/]{1,80})+)$")  # after a colon
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
 _SENTENCE = re.compile(r"[.;!?]+\s*")
 _SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
@@ -84,9 +109,9 @@ def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
     literals = _QUOTED.findall(instructions or "")
     tenant = {c for c in tenant if not _broken(c, literals)}
     member = _consistent(set().union(*(_of(t) for t in memories if t and standing(t))))
-    said = {phrase(c)[0] for c in tenant if phrase(c) is not None}
+    said = {_opens(c) for c in tenant if _opens(c) is not None}
     cases = {"lowercase", "uppercase"}
-    member = {c for c in member if (phrase(c) or ("",))[0] not in said
+    member = {c for c in member if _opens(c) not in said
               and not (c in cases and tenant & cases) and not _broken(c, literals)}
     return tuple(sorted(tenant | member))
 
@@ -96,7 +121,8 @@ def kept(memory: str, found: Sequence[str]) -> bool:
     outside quoted phrases) asks for a constraint, and only for ``found`` ones (what
     ``detect`` kept for the turn). One sentence asking for one kept and one other thing
     ("Answer in lowercase, in French.") counts as kept: the reader cannot tell the rest."""
-    masked = _QUOTED.sub(lambda m: "_" * len(m.group()), memory)
+    masked = _PS.sub(lambda m: "_" * len(m.group()),  # "P.S." ends no sentence either
+                     _QUOTED.sub(lambda m: "_" * len(m.group()), memory))
     cuts = [0, *(i for m in _SENTENCE.finditer(masked) for i in m.span()), len(memory)]
     parts = [memory[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
     asked, kept_now = [_of(p) for p in parts if standing(p)], set(found)
@@ -104,9 +130,26 @@ def kept(memory: str, found: Sequence[str]) -> bool:
 
 
 def _broken(constraint: str, literals: Sequence[str]) -> bool:
-    """Whether a quoted literal of the tenant's instructions breaks ``constraint`` (a
-    phrase never: where a literal stands in the reply says nothing)."""
-    return phrase(constraint) is None and any(violates(constraint, lit) for lit in literals)
+    """Whether a quoted literal of the tenant's instructions breaks ``constraint`` (one
+    on every token or the text; a phrase or a title never: where a literal stands in the
+    reply says nothing)."""
+    return ((tokenwise(constraint) or constraint in TRANSFORMS)
+            and any(violates(constraint, lit) for lit in literals))
+
+
+def _opens(constraint: str) -> str | None:
+    """"start" / "end" / "ps" where ``constraint`` says how a reply opens or closes."""
+    return "start" if constraint == "repeat" else (phrase(constraint) or (None,))[0]
+
+
+def opening(constraints: Sequence[str], asked: str) -> tuple[str, ...]:
+    """``constraints`` with ``repeat`` as the opening phrase of the user's message
+    ``asked`` (dropped where it has no text; folded as a case constraint asks)."""
+    asked = " ".join(asked.split())
+    for name in (c for c in constraints if c in FOLDS):
+        asked = FOLDS[name](asked)
+    return tuple(sorted(c for c in (f"start:{asked}" if c == "repeat" else c
+                                    for c in constraints) if c != "start:"))
 
 
 def _consistent(found: set[str]) -> set[str]:
@@ -141,10 +184,35 @@ def _of(text: str) -> set[str]:
             if not _negated(text, m.start()) and (said := m.group("phrase") or "").strip():
                 out.add(f"{kind}:{said.strip()}")
                 break
+    if any(not _negated(text, m.start()) for m in _REPEAT.finditer(text)):
+        out.add("repeat")
+    marks = [m for m in _PS.finditer(text) if not _negated(text, m.start())]
+    if marks:  # "a postscript marked P.P.S": the marker named anywhere
+        out.add("ps:P.P.S." if any(m.group("pp") for m in marks) else "ps:P.S.")
+    out = _choice(text, out)
+    title = _TITLE.search(text)
+    if title and _ANGLE.search(text) and not _negated(text, title.start()):
+        out.add("title")
     double = _DOUBLE.search(text)
     if double and not _negated(text, double.start()):
         out |= {'start:"', 'end:"'}
     return out
+
+
+def _choice(text: str, out: set[str]) -> set[str]:
+    """``out`` with the reply as one of ``text``'s quoted options (at least two, or listed
+    after a colon with " / " between them; asked for alone: "only", "one of", ...; not
+    where a quoted phrase opens or closes the reply),
+    their words no longer banned ("'Yes' or 'No', no other words")."""
+    options, first = [o.strip() for o in _QUOTED.findall(text)], _QUOTED.search(text)
+    if len(options) < 2 and (listed := _LISTED.search(text)):  # "one of: Yes / No / Maybe"
+        options, first = [o.strip() for o in listed.group(1).split(" / ")], listed
+    if (len(options) < 2 or not all(options) or any("|" in o for o in options)
+            or not _ONLY.search(text) or _negated(text, first.start())
+            or any(phrase(c) for c in out)):
+        return out
+    words = {"ban:" + w.lower() for w in options}
+    return {c for c in out if c not in words} | {"choice:" + "|".join(dict.fromkeys(options))}
 
 
 def _negated(clause: str, at: int) -> bool:
@@ -164,15 +232,16 @@ def transform(constraints: Sequence[str], text: str) -> str:
 
 
 def tokenwise(constraint: str) -> bool:
-    """Whether ``constraint`` is kept token by token (a token map: ``engine/bans.py``)."""
-    return constraint not in TRANSFORMS and phrase(constraint) is None
+    """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
+    return (constraint not in (*TRANSFORMS, "repeat", "title")
+            and not constraint.startswith("choice:") and phrase(constraint) is None)
 
 
 def phrase(constraint: str) -> tuple[str, str] | None:
-    """``("start"|"end", text)`` of a phrase the reply opens or closes with; None for the
-    others."""
+    """``("start"|"end"|"ps", text)`` of a phrase the reply opens or closes with (a
+    postscript's marker); None for the others."""
     kind, _, text = constraint.partition(":")
-    return (kind, text) if kind in ("start", "end") and text else None
+    return (kind, text) if kind in ("start", "end", "ps") and text else None
 
 
 def violates(constraint: str, text: str) -> bool:
@@ -187,8 +256,16 @@ def violates(constraint: str, text: str) -> bool:
     if (said := phrase(constraint)) is not None:  # where it is said (a literal says nothing)
         kind, words = said[0], said[1].lower()
         text = text.strip().lower()
+        if kind == "ps":
+            return words.rstrip(".") not in text
         return not (text.startswith(words) if kind == "start" else text.endswith(words))
     if constraint.startswith("ban:"):
         word = constraint[4:]
         return any(w.lower() == word for w in re.findall(r"[A-Za-z]+", text))
+    if constraint == "repeat":  # the message is the planner's: a literal says nothing
+        return False
+    if constraint.startswith("choice:"):
+        return text.strip() not in constraint[7:].split("|")
+    if constraint == "title":
+        return re.search(r"<<[^\n]+>>", text) is None
     raise ValueError(f"unknown constraint {constraint!r}")

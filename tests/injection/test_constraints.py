@@ -1,4 +1,4 @@
-"""Decoding constraints (injection/prompting/constraints.py, injection/engine/bans.py):
+"""Decoding constraints (injection/prompting/constraints.py, injection/engine/decoding/bans.py):
 which standing instructions are read as constraints, the token map they make on the
 demo model's real tokenizer, and the batch engine applying it exactly (a step-by-step
 reference, alone, beside other rows and under a guide); the planner puts them in the
@@ -14,8 +14,8 @@ from transformers import DynamicCache
 
 from injection import build_executor
 from injection.base import ExecutionRequest
-from injection.engine.bans import TokenMap, fold, token_map
 from injection.engine.batch import BatchEngine
+from injection.engine.decoding.bans import TokenMap, fold, token_map
 from injection.engine.guidance.contrast import Guide, combine
 from injection.metrics import Metrics
 from injection.prompting.constraints import detect, kept, transform, violates
@@ -117,7 +117,7 @@ def test_the_token_map_folds_case_and_bans_the_rest(adapter):
 def test_banned_words_are_applied_per_request_never_cached(adapter):
     """The maps a tokenizer keeps are those of the fixed constraints only: a banned word
     (a member's own text) is applied to them per request, the same map as built whole."""
-    from injection.engine import bans
+    from injection.engine.decoding import bans
 
     tok = adapter.tokenizer
     for cons in (("ban:alpha", "ban:the"), ("ban:the", "lowercase", "no_comma")):
@@ -214,7 +214,7 @@ def test_the_engine_opens_and_closes_a_reply_with_its_phrases(adapter):
 
 
 def test_a_phrase_the_reply_already_ends_with_is_not_said_twice(adapter):
-    from injection.engine.bans import Phrases, forced
+    from injection.engine.decoding.bans import Phrases, forced
     from injection.engine.sampling import RowSampler
 
     tok, eos = adapter.tokenizer, adapter._eos_ids()

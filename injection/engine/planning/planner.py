@@ -37,7 +37,7 @@ from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
-from injection.prompting.constraints import detect, transform
+from injection.prompting.constraints import detect, opening, transform
 from injection.prompting.history import fit_history
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import PromptParts, compose_context
@@ -63,7 +63,9 @@ def constrained(sampling: dict[str, Any], req: ExecutionRequest, personal: bool,
     if not on or req.constrain is False:
         return sampling
     memories = [m.text for m in req.memories] or [req.preference_text] if personal else []
-    found = detect(memories, req.instructions)
+    asked = next((m.get("content") or "" for m in reversed(req.messages)
+                  if m.get("role") == "user"), "")
+    found = opening(detect(memories, req.instructions), asked if isinstance(asked, str) else "")
     if not found:
         return sampling
     stream = sampling.get("on_text")

@@ -24,8 +24,9 @@ from typing import Any
 
 import torch
 
-from injection.engine import bans, steps
+from injection.engine import steps
 from injection.engine.batchrow import RowJob
+from injection.engine.decoding import bans
 from injection.engine.guidance import contrast
 
 __all__ = ["GroupPrefill"]

@@ -1,4 +1,5 @@
-"""A row's decoding constraints (``prompting/constraints.py``) applied to its logits.
+"""A row's decoding constraints (``prompting/constraints.py``) applied to its logits (the
+phrases it opens and closes with, its options: ``phrases.py``).
 
 Each constraint tuple becomes one map over the vocabulary, built once per tokenizer:
 ``to[i]`` is ``i`` (the token keeps the constraints), another token ``j`` (a case
@@ -23,10 +24,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.prompting.constraints import FOLDS, phrase, tokenwise, violates
+from injection.engine.decoding.phrases import Phrases, choices, forced, holds, phrases
+from injection.prompting.constraints import FOLDS, tokenwise, violates
 
-__all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "phrases", "prepare", "row",
-           "token_map"]
+__all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "prepare", "row", "token_map"]
 
 _LOCK = threading.Lock()
 
@@ -94,11 +95,13 @@ def token_map(tokenizer: Any, constraints: Sequence[str]) -> TokenMap | None:
     return TokenMap.of(to)
 
 
-def prepare(tokenizer: Any, constraints: Sequence[str]) -> tuple[TokenMap | None,
-                                                                  Phrases | None]:
-    """A row's token map and phrases, built where the request is submitted (its caller's
-    thread, not the engine's loop: a tokenizer's first map takes a fraction of a second)."""
-    return token_map(tokenizer, constraints), phrases(tokenizer, constraints)
+def prepare(tokenizer: Any, constraints: Sequence[str], eos: Sequence[int] = ()
+            ) -> tuple[TokenMap | None, Phrases | None]:
+    """A row's token map and phrases (``eos``: the model's end-of-turn ids), built where
+    the request is submitted (its caller's thread, not the engine's loop: a tokenizer's
+    first map takes a fraction of a second)."""
+    said = phrases(tokenizer, constraints)
+    return token_map(tokenizer, constraints), said and said._replace(eos=tuple(eos))
 
 
 def _build(tokenizer: Any, constraints: tuple[str, ...]) -> torch.Tensor:
@@ -147,56 +150,18 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
         if r.sampler is not None and r.sampler.token_map is not None:
             groups.setdefault(id(r.sampler.token_map), []).append(i)
             maps[id(r.sampler.token_map)] = r.sampler.token_map
-    if not groups:
+    said = [i for i, r in enumerate(rows) if r.sampler is not None
+            and r.sampler.forced is not None]
+    choosing = [i for i in said if rows[i].sampler.forced.choices]
+    holding = [i for i in said if holds(rows[i])]
+    if not groups and not choosing and not holding:
         return logits
     logits = logits.float().clone()
     for key, idx in groups.items():
         at = torch.tensor(idx, device=logits.device)
         logits[at] = fold(logits[at], maps[key])
+    for i in choosing:
+        logits[i] = choices(rows[i].sampler.forced.choices, rows[i].gen, logits[i])
+    for i in holding:
+        logits[i, list(rows[i].sampler.forced.eos)] = float("-inf")
     return logits
-
-
-class Phrases(NamedTuple):
-    """The phrases a reply opens and closes with, as token ids, and the closing text."""
-
-    start: tuple[int, ...]
-    end: tuple[int, ...]
-    end_text: str
-
-
-def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
-    """The ``start:``/``end:`` constraints' phrases encoded (the end after a space), or None."""
-    said = dict(p for p in map(phrase, constraints) if p is not None)
-    if not said:
-        return None
-
-    def ids(text: str) -> tuple[int, ...]:
-        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
-
-    end = said.get("end", "")
-    return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end)
-
-
-def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
-    """The row's next token with its phrases kept: the opening phrase's tokens first; the
-    closing phrase's where the reply would end (an end-of-turn token, unless the reply
-    already ends with the phrase) or where only its tokens still fit ``max_new_tokens``,
-    then the end of turn."""
-    said, n = job.sampler.forced, len(job.gen)
-    if said is None:
-        return token
-    if n < len(said.start):
-        return said.start[n]
-    if not said.end:
-        return token
-    if job.sampler.ending is None:
-        room = n >= job.max_new_tokens - len(said.end)
-        if token in eos and tokenizer.decode(job.gen).strip().lower().endswith(
-                said.end_text.lower()):
-            return token  # said already
-        if token in eos or room:
-            job.sampler.ending = n
-    if job.sampler.ending is None:
-        return token
-    k = n - job.sampler.ending
-    return said.end[k] if k < len(said.end) else next(iter(eos))

@@ -1,0 +1,1 @@
+"""Decoding constraints kept by the batch engine: token maps (``bans``) and phrases."""

@@ -1,0 +1,163 @@
+"""The phrases a reply opens and closes with, kept by the decoder (``prompting/constraints.py``:
+``start:``, ``end:``, ``repeat`` (the user's message as the opening), ``ps:``, ``title``,
+``choice:``), as token ids built once per request (``phrases``).
+
+``forced`` replaces the row's chosen token with the phrase's token due at that point of the
+reply; ``choices`` and ``holds`` are what ``bans.apply`` does to a step's logits: only the
+tokens that go on with one of the options, and no end of turn right after a forced
+opening or postscript marker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+import torch
+
+from injection.prompting.constraints import phrase
+
+__all__ = ["OWN", "PS_NOTE", "TITLE_TOKENS", "Phrases", "choices", "forced", "holds",
+           "phrases"]
+
+OWN = 4  # tokens of its own a reply writes after a forced opening or postscript marker
+
+
+def holds(job: Any) -> bool:
+    """Whether the row may not end yet: an opening phrase ("repeat my question") or a
+    postscript's marker was forced and the model has not yet written ``OWN`` tokens after
+    it (else the reply is the member's own question, or a bare "P.S.")."""
+    said, n, at = job.sampler.forced, len(job.gen), job.sampler.postscript
+    if not said.eos or said.choices:
+        return False
+    return (bool(said.start) and n < len(said.start) + OWN) or (
+        at is not None and at >= 0 and n < at + len(said.ps) + OWN)
+
+
+def choices(options: Sequence[tuple[int, ...]], gen: Sequence[int],
+            scores: torch.Tensor) -> torch.Tensor:
+    """``[V]`` scores with only the tokens that go on with an option the reply ``gen``
+    still begins (the same scores when none goes on: ``forced`` ends it)."""
+    n, gen = len(gen), tuple(gen)
+    nxt = sorted({o[n] for o in options if len(o) > n and o[:n] == gen})
+    if not nxt:
+        return scores
+    out = torch.full_like(scores, float("-inf"))
+    at = torch.tensor(nxt, device=scores.device)
+    out[at] = scores[at]
+    return out
+
+
+class Phrases(NamedTuple):
+    """The phrases a reply opens and closes with, as token ids, and the closing text; a
+    postscript's marker (on a line of its own) and its text."""
+
+    start: tuple[int, ...]
+    end: tuple[int, ...]
+    end_text: str
+    ps: tuple[int, ...] = ()
+    ps_text: str = ""
+    title: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # "<<", ">>" + line break
+    choices: tuple[tuple[int, ...], ...] = ()  # the whole reply is one of them
+    eos: tuple[int, ...] = ()  # not chosen right after a forced opening or marker (``OWN``)
+
+
+def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
+    """The ``start:``/``end:``/``ps:`` constraints' phrases encoded (the end after a space,
+    the postscript after a blank line), or None."""
+    said = dict(p for p in map(phrase, constraints) if p is not None)
+    options = [c[7:].split("|") for c in constraints if c.startswith("choice:")]
+    if not said and "title" not in constraints and not options:
+        return None
+
+    def ids(text: str) -> tuple[int, ...]:
+        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
+
+    if options:  # the reply is one of them: no other phrase applies
+        return Phrases((), (), "", choices=tuple(ids(o) for o in options[0] if ids(o)))
+
+    end, ps = said.get("end", ""), said.get("ps", "")
+    title = (ids("<<"), ids(">>\n")) if "title" in constraints else None
+    return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
+                   ids("\n\n" + ps if ps else ""), ps, title)
+
+
+def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
+    """The row's next token with its phrases kept: the opening phrase's tokens first; the
+    closing phrase's where the reply would end (an end-of-turn token, unless the reply
+    already ends with the phrase) or where only its tokens still fit ``max_new_tokens``,
+    then the end of turn."""
+    said, n = job.sampler.forced, len(job.gen)
+    if said is None:
+        return token
+    if said.choices:  # chosen among them by ``apply``; complete: the end of turn
+        return next(iter(eos)) if tuple(job.gen) in said.choices else token
+    if n < len(said.start):
+        return said.start[n]
+    if (title := _title(job, token, eos, tokenizer)) is not None:
+        return title
+    if (ps := _postscript(job, token, eos, tokenizer)) is not None:
+        return ps
+    if not said.end:
+        return token
+    if job.sampler.ending is None:
+        room = n >= job.max_new_tokens - len(said.end)
+        if token in eos and tokenizer.decode(job.gen).strip().lower().endswith(
+                said.end_text.lower()):
+            return token  # said already
+        if token in eos or room:
+            job.sampler.ending = n
+    if job.sampler.ending is None:
+        return token
+    k = n - job.sampler.ending
+    return said.end[k] if k < len(said.end) else next(iter(eos))
+
+
+PS_NOTE = 12  # reply tokens kept free for a postscript's note (at most a quarter of the reply)
+
+
+def _postscript(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
+    """The postscript's marker token due now, or None: where the reply would end or where
+    only the marker, a note and the closing phrase still fit, unless the reply holds it."""
+    said, sampler, n = job.sampler.forced, job.sampler, len(job.gen)
+    if not said.ps or sampler.postscript == -1:
+        return None
+    if sampler.postscript is None:
+        note = min(PS_NOTE, job.max_new_tokens // 4)
+        room = n >= job.max_new_tokens - len(said.end) - len(said.ps) - note
+        if not (token in eos or room):
+            return None
+        text = tokenizer.decode(job.gen).lower()
+        sampler.postscript = -1 if said.ps_text.lower().rstrip(".") in text else n
+        if sampler.postscript == -1:
+            return None
+    k = n - sampler.postscript
+    return said.ps[k] if k < len(said.ps) else None
+
+
+TITLE_TOKENS = 12  # a title's tokens before ``>>`` closes it
+
+
+def _title(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
+    """The title's bracket token due now, or None: ``<<`` after the opening phrase; ``>>``
+    and a line break where the title would break a line, end the reply or run past
+    ``TITLE_TOKENS``, unless the model wrote ``>>`` itself."""
+    said, sampler, n = job.sampler.forced, job.sampler, len(job.gen)
+    if said.title is None or sampler.title == -1:
+        return None
+    (opens, closes), at = said.title, len(said.start) + len(said.title[0])
+    if n < at:
+        return opens[n - len(said.start)]
+    if sampler.title is None:
+        piece = tokenizer.decode(job.gen[at:] + [token])
+        if ">>" in piece:
+            sampler.title = -1
+            return None
+        if not (n > at and ("\n" in piece or token in eos) or n - at >= TITLE_TOKENS):
+            return None
+        sampler.title = n
+    k = n - sampler.title
+    if k < len(closes):
+        return closes[k]
+    sampler.title = -1
+    return None
