@@ -29,7 +29,11 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
   unless the model closes it itself;
 * ``choice:<a>|<b>|...``: "Only ever reply with 'Yes.', 'No.' or 'Maybe.'": the whole reply
   is one of the quoted options, the model choosing among them token by token
-  (``engine/decoding/phrases.choices``); the other phrases do not apply to it.
+  (``engine/decoding/phrases.choices``); the other phrases do not apply to it;
+* ``max_words:<k>``: "Keep every answer under 20 words." (k = 20; "at most 29 words",
+  "never more than 29 words": k = 30): the reply ends, at a word's end, before its k-th
+  word (counted as IFEval does: runs of letters and digits), at a sentence's end shortly
+  before where it can.
 
 ``detect`` reads them from the tenant's instructions and the member's memories (the
 sentences and memories ``reminder.standing`` calls standing instructions), as data the
@@ -92,6 +96,14 @@ _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
 _ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+reply|pick|"
                    r"choose|must\s+be|may\s+be)\b", re.I)  # the quoted options are the reply
+_FEWER = re.compile(r"\b(?:under|fewer\s+than|less\s+than|below|within)\s+(\d+)\s+words?\b",
+                    re.I)  # fewer than k
+_AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to|"
+                      r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+(\d+)\s+words?\b", re.I)
+_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+(\d+)\s+words?\b",
+                   re.I)  # "never more than k words": at most k
+_REPLY = re.compile(r"\b(?:reply|replies|answer\w*|respon\w*|say)\b", re.I)  # "Only recommend
+# 'Pro' or 'Lite'" names no reply: not the reply's options
 _LISTED = re.compile(r":\s*([^:\n/]{1,80}(?:\s/\s[^:\n/]{1,80})+)$")  # after a colon
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
 _SENTENCE = re.compile(r"[.;!?]+\s*")
@@ -190,6 +202,8 @@ def _of(text: str) -> set[str]:
     if marks:  # "a postscript marked P.P.S": the marker named anywhere
         out.add("ps:P.P.S." if any(m.group("pp") for m in marks) else "ps:P.S.")
     out = _choice(text, out)
+    if (k := _word_limit(text)) is not None:
+        out.add(f"max_words:{k}")
     title = _TITLE.search(text)
     if title and _ANGLE.search(text) and not _negated(text, title.start()):
         out.add("title")
@@ -201,18 +215,26 @@ def _of(text: str) -> set[str]:
 
 def _choice(text: str, out: set[str]) -> set[str]:
     """``out`` with the reply as one of ``text``'s quoted options (at least two, or listed
-    after a colon with " / " between them; asked for alone: "only", "one of", ...; not
-    where a quoted phrase opens or closes the reply),
-    their words no longer banned ("'Yes' or 'No', no other words")."""
+    after a colon with " / " between them), asked for alone ("only", "one of", ...) as the
+    reply; not where a quoted phrase opens or closes the reply. Their words are no longer
+    banned ("'Yes' or 'No', no other words")."""
     options, first = [o.strip() for o in _QUOTED.findall(text)], _QUOTED.search(text)
     if len(options) < 2 and (listed := _LISTED.search(text)):  # "one of: Yes / No / Maybe"
         options, first = [o.strip() for o in listed.group(1).split(" / ")], listed
     if (len(options) < 2 or not all(options) or any("|" in o for o in options)
-            or not _ONLY.search(text) or _negated(text, first.start())
+            or not (_ONLY.search(text) and _REPLY.search(text)) or _negated(text, first.start())
             or any(phrase(c) for c in out)):
         return out
     words = {"ban:" + w.lower() for w in options}
     return {c for c in out if c not in words} | {"choice:" + "|".join(dict.fromkeys(options))}
+
+
+def _word_limit(text: str) -> int | None:
+    """k where ``text`` asks for replies of fewer than k words (the tightest asked)."""
+    limits = [int(m.group(1)) + (pattern is not _FEWER)
+              for pattern, neg in ((_FEWER, False), (_AT_MOST, False), (_MORE, True))
+              for m in pattern.finditer(text) if _negated(text, m.start()) == neg]
+    return min(limits) if limits and min(limits) > 1 else None
 
 
 def _negated(clause: str, at: int) -> bool:
@@ -234,7 +256,8 @@ def transform(constraints: Sequence[str], text: str) -> str:
 def tokenwise(constraint: str) -> bool:
     """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
     return (constraint not in (*TRANSFORMS, "repeat", "title")
-            and not constraint.startswith("choice:") and phrase(constraint) is None)
+            and not constraint.startswith(("choice:", "max_words:"))
+            and phrase(constraint) is None)
 
 
 def phrase(constraint: str) -> tuple[str, str] | None:
@@ -264,6 +287,8 @@ def violates(constraint: str, text: str) -> bool:
         return any(w.lower() == word for w in re.findall(r"[A-Za-z]+", text))
     if constraint == "repeat":  # the message is the planner's: a literal says nothing
         return False
+    if constraint.startswith("max_words:"):
+        return len(re.findall(r"\w+", text)) >= int(constraint[10:])
     if constraint.startswith("choice:"):
         return text.strip() not in constraint[7:].split("|")
     if constraint == "title":

@@ -32,6 +32,11 @@ READ = [
     ("Never answer with just 'yes' or 'no'.", ()),
     ("Reply with just one of these: Sure / No way", ("choice:Sure|No way",)),
     ("Reply with one of: yes, no.", ()),  # a comma list: not read
+    ("Only recommend 'Acme Pro' or 'Acme Lite' to customers.", ()),  # not the reply's text
+    ("Keep every answer under 20 words.", ("max_words:20",)),
+    ("Never write more than 29 words when you reply.", ("max_words:30",)),
+    ("Answer in at most 15 words, please.", ("max_words:16",)),
+    ("Don't keep your answers under 50 words.", ()),
     ("Only start replies with 'Hi' or 'Hey'.", ("start:Hi",)),
 ]
 
@@ -131,6 +136,14 @@ def test_a_title_opens_the_reply_and_is_closed_at_its_line_break(adapter):
     own = _job(tok, "<<Packing>", said)  # the model closes it itself
     close = tok(">", add_special_tokens=False)["input_ids"][0]
     assert forced(own, close, eos, tok) == close and forced(own, nl, eos, tok) == nl
+    from injection.engine.decoding.phrases import OWN, holds
+
+    said = said._replace(eos=tuple(eos))  # as ``bans.prepare`` builds it
+    own.sampler.forced = said
+    own.gen.append(close)
+    assert holds(own)  # a bare title is no reply: OWN tokens of its own first
+    own.gen += [nl] * OWN
+    assert not holds(own)
 
 
 def test_the_engine_titles_a_reply_on_the_demo_model(adapter):
@@ -186,3 +199,50 @@ def test_no_end_of_turn_right_after_a_forced_opening_or_marker(adapter):
     assert torch.isinf(bans.apply([job], scores)[0, eos]).all()
     job.gen += [5] * OWN
     assert torch.isfinite(bans.apply([job], scores)[0, eos]).all()
+
+
+def test_a_closing_phrase_comes_at_a_sentence_end_just_before_the_cut(adapter):
+    """Within ``EARLY`` tokens of where only the phrase still fits, a sentence that has
+    just ended brings it in (not cut mid-sentence); further from the cut it does not."""
+    from injection.engine.decoding.phrases import EARLY, _ended
+
+    assert _ended("Take a coat.") and _ended('He said "go!" ') and not _ended("steps:\n\n1.")
+
+    tok, eos = adapter.tokenizer, adapter._eos_ids()
+    said = phrases(tok, ("end:Bye.",))
+    body = tok("Pack light. Take a coat.", add_special_tokens=False)["input_ids"]
+    far = _job(tok, "Pack light. Take a coat.", said, max_new=len(body) + len(said.end) + EARLY + 1)
+    assert forced(far, 7, eos, tok) == 7
+    near = _job(tok, "Pack light. Take a coat.", said, max_new=len(body) + len(said.end) + EARLY)
+    assert forced(near, 7, eos, tok) == said.end[0]
+    mid = _job(tok, "Pack light. Take a", said, max_new=len(body) + len(said.end) + 2)
+    assert forced(mid, 7, eos, tok) == 7  # mid-sentence: until only the phrase fits
+
+
+def test_a_word_limit_ends_the_reply_at_a_word_or_sentence_end(adapter):
+    tok, eos = adapter.tokenizer, adapter._eos_ids()
+    stop, said = next(iter(eos)), phrases(tok, ("max_words:20",))
+    word, piece = (tok(t, add_special_tokens=False)["input_ids"][0] for t in (" word", "ish"))
+    job = _job(tok, " ".join(["one"] * 12), said)
+    assert forced(job, word, eos, tok) == word  # 13 words, mid-sentence: free
+    job = _job(tok, " ".join(["one"] * 13) + ".", said)
+    assert forced(job, word, eos, tok) == stop  # a sentence ended within EARLY_WORDS
+    job = _job(tok, " ".join(["one"] * 19), said)
+    assert forced(job, word, eos, tok) == stop  # the 20th word: never
+    assert forced(job, piece, eos, tok) == piece  # "oneish": goes on with the 19th
+    ends = phrases(tok, ("end:Bye now.", "max_words:20"))
+    job = _job(tok, " ".join(["one"] * 17), ends)
+    assert forced(job, word, eos, tok) == ends.end[0]  # its closing phrase's words count
+
+
+def test_the_engine_keeps_a_word_limit_on_the_demo_model(adapter):
+    ids = adapter.renderer.encode(adapter.render_chat(ASK), first=True)
+    eng = BatchEngine(adapter, max_batch=4)
+    try:
+        out, plain = (eng.run(None, 1.0, ids, 80, **kw)
+                      for kw in ({"constraints": ("max_words:10",)}, {}))
+    finally:
+        eng.close()
+    text = adapter.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert not violates("max_words:10", text) and out.finish_reason == "stop", text
+    assert violates("max_words:10", adapter.tokenizer.decode(plain.token_ids))

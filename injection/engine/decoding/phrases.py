@@ -1,6 +1,6 @@
 """The phrases a reply opens and closes with, kept by the decoder (``prompting/constraints.py``:
 ``start:``, ``end:``, ``repeat`` (the user's message as the opening), ``ps:``, ``title``,
-``choice:``), as token ids built once per request (``phrases``).
+``choice:``, ``max_words:``), as token ids built once per request (``phrases``).
 
 ``forced`` replaces the row's chosen token with the phrase's token due at that point of the
 reply; ``choices`` and ``holds`` are what ``bans.apply`` does to a step's logits: only the
@@ -10,6 +10,7 @@ opening or postscript marker.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -24,14 +25,16 @@ OWN = 4  # tokens of its own a reply writes after a forced opening or postscript
 
 
 def holds(job: Any) -> bool:
-    """Whether the row may not end yet: an opening phrase ("repeat my question") or a
-    postscript's marker was forced and the model has not yet written ``OWN`` tokens after
-    it (else the reply is the member's own question, or a bare "P.S.")."""
+    """Whether the row may not end yet: an opening phrase ("repeat my question"), a title
+    or a postscript's marker was forced and the model has not yet written ``OWN`` tokens
+    after it (else the reply is the member's own question, a bare title or "P.S.")."""
     said, n, at = job.sampler.forced, len(job.gen), job.sampler.postscript
     if not said.eos or said.choices:
         return False
-    return (bool(said.start) and n < len(said.start) + OWN) or (
-        at is not None and at >= 0 and n < at + len(said.ps) + OWN)
+    titled = job.sampler.titled
+    return ((bool(said.start) and n < len(said.start) + OWN)
+            or (titled is not None and n < titled + OWN)
+            or (at is not None and at >= 0 and n < at + len(said.ps) + OWN))
 
 
 def choices(options: Sequence[tuple[int, ...]], gen: Sequence[int],
@@ -60,6 +63,7 @@ class Phrases(NamedTuple):
     title: tuple[tuple[int, ...], tuple[int, ...]] | None = None  # "<<", ">>" + line break
     choices: tuple[tuple[int, ...], ...] = ()  # the whole reply is one of them
     eos: tuple[int, ...] = ()  # not chosen right after a forced opening or marker (``OWN``)
+    words: int = 0  # the reply has fewer words than this (0: no limit)
 
 
 def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
@@ -67,7 +71,8 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     the postscript after a blank line), or None."""
     said = dict(p for p in map(phrase, constraints) if p is not None)
     options = [c[7:].split("|") for c in constraints if c.startswith("choice:")]
-    if not said and "title" not in constraints and not options:
+    limits = [int(c[10:]) for c in constraints if c.startswith("max_words:")]
+    if not said and "title" not in constraints and not options and not limits:
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -79,14 +84,15 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     end, ps = said.get("end", ""), said.get("ps", "")
     title = (ids("<<"), ids(">>\n")) if "title" in constraints else None
     return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
-                   ids("\n\n" + ps if ps else ""), ps, title)
+                   ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]))
 
 
 def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
     """The row's next token with its phrases kept: the opening phrase's tokens first; the
     closing phrase's where the reply would end (an end-of-turn token, unless the reply
-    already ends with the phrase) or where only its tokens still fit ``max_new_tokens``,
-    then the end of turn."""
+    already ends with the phrase), where only its tokens still fit ``max_new_tokens`` or
+    at a sentence's end just before (``_due``), or where a word limit is reached
+    (``_word_limit``), then the end of turn."""
     said, n = job.sampler.forced, len(job.gen)
     if said is None:
         return token
@@ -98,19 +104,60 @@ def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
         return title
     if (ps := _postscript(job, token, eos, tokenizer)) is not None:
         return ps
+    if job.sampler.ending is None and _word_limit(job, token, tokenizer):
+        if not said.end:
+            return next(iter(eos))
+        job.sampler.ending = n
     if not said.end:
         return token
     if job.sampler.ending is None:
-        room = n >= job.max_new_tokens - len(said.end)
         if token in eos and tokenizer.decode(job.gen).strip().lower().endswith(
                 said.end_text.lower()):
             return token  # said already
-        if token in eos or room:
+        if _due(job, token, eos, tokenizer, len(said.end)):
             job.sampler.ending = n
     if job.sampler.ending is None:
         return token
     k = n - job.sampler.ending
     return said.end[k] if k < len(said.end) else next(iter(eos))
+
+
+EARLY = 16  # a closing phrase or postscript comes at a sentence's end this close to the cut
+
+
+def _due(job: Any, token: int, eos: Any, tokenizer: Any, need: int) -> bool:
+    """Whether a closing phrase (a postscript) of ``need`` tokens starts now: the reply
+    would end, only it still fits ``max_new_tokens``, or a sentence has just ended within
+    ``EARLY`` tokens of that (so the reply is not cut mid-sentence for it)."""
+    left = job.max_new_tokens - need - len(job.gen)
+    if token in eos or left <= 0:
+        return True
+    return left <= EARLY and _ended(tokenizer.decode(job.gen[-3:]))
+
+
+_WORD = re.compile(r"\w+")
+_END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*\s*$")  # a word's end, then .!? ("1." is a list's)
+
+
+def _ended(text: str) -> bool:
+    """Whether ``text`` ends a sentence (a word, then ".", "!" or "?")."""
+    return _END.search(text) is not None
+EARLY_WORDS = 6  # a word-limited reply ends at a sentence's end this close to its limit
+
+
+def _word_limit(job: Any, token: int, tokenizer: Any) -> bool:
+    """Whether a word-limited reply closes now: ``token`` would start its last allowed word
+    (the closing phrase's words counted in), or a sentence has just ended within
+    ``EARLY_WORDS`` of that. A word is never cut: a token that goes on with one passes."""
+    said = job.sampler.forced
+    if not said.words or not job.gen:
+        return False
+    text = tokenizer.decode(job.gen)
+    used = len(_WORD.findall(text)) + len(_WORD.findall(said.end_text))
+    grows = len(_WORD.findall(text + tokenizer.decode([token]))) > len(_WORD.findall(text))
+    if grows and used + 1 >= said.words:
+        return True
+    return used + 1 + EARLY_WORDS >= said.words and _ended(text)
 
 
 PS_NOTE = 12  # reply tokens kept free for a postscript's note (at most a quarter of the reply)
@@ -124,8 +171,7 @@ def _postscript(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
         return None
     if sampler.postscript is None:
         note = min(PS_NOTE, job.max_new_tokens // 4)
-        room = n >= job.max_new_tokens - len(said.end) - len(said.ps) - note
-        if not (token in eos or room):
+        if not _due(job, token, eos, tokenizer, len(said.end) + len(said.ps) + note):
             return None
         text = tokenizer.decode(job.gen).lower()
         sampler.postscript = -1 if said.ps_text.lower().rstrip(".") in text else n
@@ -151,7 +197,7 @@ def _title(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
     if sampler.title is None:
         piece = tokenizer.decode(job.gen[at:] + [token])
         if ">>" in piece:
-            sampler.title = -1
+            sampler.title, sampler.titled = -1, n + 1
             return None
         if not (n > at and ("\n" in piece or token in eos) or n - at >= TITLE_TOKENS):
             return None
@@ -159,5 +205,5 @@ def _title(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
     k = n - sampler.title
     if k < len(closes):
         return closes[k]
-    sampler.title = -1
+    sampler.title, sampler.titled = -1, n
     return None
