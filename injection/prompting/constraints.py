@@ -155,13 +155,17 @@ def _opens(constraint: str) -> str | None:
 
 
 def opening(constraints: Sequence[str], asked: str) -> tuple[str, ...]:
-    """``constraints`` with ``repeat`` as the opening phrase of the user's message
-    ``asked`` (dropped where it has no text; folded as a case constraint asks)."""
+    """``constraints`` with ``repeat``'s opening phrase, the user's message ``asked``
+    (folded as a case constraint asks), beside it (what ``kept`` reads); both dropped
+    where it has no text."""
     asked = " ".join(asked.split())
     for name in (c for c in constraints if c in FOLDS):
         asked = FOLDS[name](asked)
-    return tuple(sorted(c for c in (f"start:{asked}" if c == "repeat" else c
-                                    for c in constraints) if c != "start:"))
+    if "repeat" not in constraints:
+        return tuple(constraints)
+    if not asked:
+        return tuple(c for c in constraints if c != "repeat")
+    return tuple(sorted({*constraints, f"start:{asked}"}))
 
 
 def _consistent(found: set[str]) -> set[str]:

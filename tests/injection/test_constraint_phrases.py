@@ -52,9 +52,10 @@ def test_the_tenants_opening_wins_and_repeat_becomes_the_users_message():
     assert detect(member) == ("lowercase", "repeat")
     assert detect(member, "Start every reply with 'acme:'.") == ("lowercase", "start:acme:")
     assert opening(("no_comma", "repeat"), " What is\n 2+2? ") == (
-        "no_comma", "start:What is 2+2?")
+        "no_comma", "repeat", "start:What is 2+2?")
     assert opening(("repeat",), "  ") == ()  # nothing to repeat
-    assert opening(("lowercase", "repeat"), "Why Not?") == ("lowercase", "start:why not?")
+    assert opening(("lowercase", "repeat"), "Why Not?") == (
+        "lowercase", "repeat", "start:why not?")
     assert not violates("ps:P.S.", "Done. p.s. bring a coat") and violates("ps:P.S.", "Done.")
 
 
@@ -65,7 +66,7 @@ def test_the_planner_opens_with_the_turns_user_message(adapter):
     history = [{"role": "user", "content": "Hi."}, {"role": "assistant", "content": "Hello!"},
                *ASK]
     plan = on.plan(ExecutionRequest("t", "u", history, echo))
-    assert plan.sampling["constraints"] == (f"start:{ASK[0]['content']}",)
+    assert plan.sampling["constraints"] == ("repeat", f"start:{ASK[0]['content']}")
     assert "constraints" not in on.plan(ExecutionRequest("t", "u", ASK, echo,
                                                          constrain=False)).sampling
 
@@ -246,3 +247,19 @@ def test_the_engine_keeps_a_word_limit_on_the_demo_model(adapter):
     text = adapter.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("max_words:10", text) and out.finish_reason == "stop", text
     assert violates("max_words:10", adapter.tokenizer.decode(plain.token_ids))
+
+
+def test_a_repeated_question_is_kept_so_not_guided_by_default(adapter, monkeypatch):
+    """The turn's constraints hold ``repeat`` beside its opening phrase, so the default
+    guide (for a standing instruction the decoder does not keep) leaves it alone."""
+    from injection.engine.guidance import contrast
+    from injection.model.fingerprint import model_key
+
+    text = TextOnly(adapter.tokenizer)
+    monkeypatch.setitem(contrast.MEASURED_DEFAULTS, model_key(text), 1.0)
+    echo = "Begin every answer by repeating my question word for word."
+    found = planner(text, batching=True).plan(
+        ExecutionRequest("t", "u", ASK, echo)).sampling["constraints"]
+    assert contrast.resolve(text, None, [echo], found) == 0.0
+    assert contrast.resolve(text, None, [echo], ()) == 1.0  # constraints off: guided
+    assert contrast.resolve(text, None, ["Always answer in French."], found) == 1.0
