@@ -85,13 +85,14 @@ _END = (re.compile(r"\b(?:end|finish|close|conclude|sign\s+off)(?:s|ing)?" + _WI
 _DOUBLE = re.compile(r"\b(?:(?:wrap|enclose|inside|within|quote|surround)\w*\b[^.\n]{0,50}?|"
                      r"start\w*\s+and\s+end\w*\s+with\s+(?:an?\s+)?)double\s+(?:quot|\")",
                      re.I)  # the whole reply in double quotes
-_ASKED = (r"(?:my|the\s+user'?s|the)\s+(?:exact\s+|own\s+|original\s+|whole\s+)?"
+_ASKED = (r"(?:my|the\s+user'?s)\s+(?:exact\s+|own\s+|original\s+|whole\s+)?"
           r"(?:question|request|prompt|message|query)s?\b")
 _REPEAT = re.compile(  # the reply opens with the user's message, as written
     r"\b(?:repeat|restat|cop[yi]|quot|echo|recit|reproduc)\w*\s+(?:back\s+)?" + _ASKED
     + r"|\b(?:begin|start|open|preface)\w*\b[^.\n]{0,30}?\bwith\s+" + _ASKED
     + r"|\bwrit\w*\s+" + _ASKED + r"\s+back\b", re.I)
-_PS = re.compile(r"\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?\b", re.I)
+_PS = re.compile(r"(?<![A-Za-z]\.)\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?\b",
+                 re.I)  # not "U.P.S."
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
 _ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+reply|pick|"

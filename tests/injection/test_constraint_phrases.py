@@ -27,6 +27,8 @@ READ = [
     ("End each reply with a short postscript.", ("ps:P.S.",)),
     ("Add a postscript, marked P.P.S., to what you write.", ("ps:P.P.S.",)),
     ("Never add a postscript to your answers.", ()),
+    ("Always send my parcels with U.P.S. when you answer about shipping.", ()),
+    ("Always copy the message of the day into your replies.", ()),
     ("Only ever reply with 'Yes.', 'No.' or 'Maybe.'", ("choice:Yes.|No.|Maybe.",)),
     ("Reply with 'Yes' or 'No' only, no other words.", ("choice:Yes|No",)),
     ("Never answer with just 'yes' or 'no'.", ()),
