@@ -50,6 +50,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from injection.prompting.readers import NEG, QUOTED, choice, negated, word_limit
 from injection.prompting.reminder import standing
 
 __all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "opening", "phrase", "tokenwise",
@@ -63,16 +64,12 @@ FOLDS = {"lowercase": str.lower}
 # "TOKYLES: HERE")
 TRANSFORMS = {"uppercase": str.upper}
 
-_NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
-                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
-_BUT = re.compile(r"\b(?:but|except|other\s+than|only)\b", re.I)  # "nothing but ...": positive
 _LOWER = re.compile(r"lower[\s-]?case|small\s+letters", re.I)
 _UPPER = re.compile(r"upper[\s-]?case|capital\s+letters?|\b(?:in|all|block)\s+(?:all\s+)?"
                     r"(?:caps|capitals)\b|all[\s-]caps|block\s+letters", re.I)
 _CAPITALS = re.compile(r"\bcapitals?\b(?!\s+(?:of|city|cities))", re.I)  # "never capitals"
 _COMMA = re.compile(r"\bcommas?\b|comma[\s-]free", re.I)
 _WORDS = re.compile(r"\bwords?\b|\bsay\b|\bsaying\b|\bterms?\b", re.I)
-_QUOTED = re.compile(r"(?<![A-Za-z])[\"'‘“]([^\"'’”]+?)[\"'’”](?![A-Za-z])")
 _Q = (r"(?<![A-Za-z])[\"'‘“](?P<phrase>[^\"’”\n]+?)[\"'’”]"
       r"(?![A-Za-z])")  # a quoted phrase (apostrophes inside it allowed)
 _WITH = (r"\b[^\"'‘“\n]{0,40}?\bwith\s+(?:(?:the|this)\s+)?(?:exact\s+)?"
@@ -95,17 +92,6 @@ _PS = re.compile(r"(?<![A-Za-z]\.)\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?
                  re.I)  # not "U.P.S."
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
-_ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+reply|pick|"
-                   r"choose|must\s+be|may\s+be)\b", re.I)  # the quoted options are the reply
-_FEWER = re.compile(r"\b(?:under|fewer\s+than|less\s+than|below|within)\s+(\d+)\s+words?\b",
-                    re.I)  # fewer than k
-_AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to|"
-                      r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+(\d+)\s+words?\b", re.I)
-_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+(\d+)\s+words?\b",
-                   re.I)  # "never more than k words": at most k
-_REPLY = re.compile(r"\b(?:reply|replies|answer\w*|respon\w*|say)\b", re.I)  # "Only recommend
-# 'Pro' or 'Lite'" names no reply: not the reply's options
-_LISTED = re.compile(r":\s*([^:\n/]{1,80}(?:\s/\s[^:\n/]{1,80})+)$")  # after a colon
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
 _SENTENCE = re.compile(r"[.;!?]+\s*")
 _SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
@@ -119,7 +105,7 @@ def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
     instructions do, is left out; so are contradictory ones from one side."""
     tenant = _consistent(set().union(*(_of(s) for s in _SENTENCES.split(instructions or "")
                                        if standing(s))))
-    literals = _QUOTED.findall(instructions or "")
+    literals = QUOTED.findall(instructions or "")
     tenant = {c for c in tenant if not _broken(c, literals)}
     member = _consistent(set().union(*(_of(t) for t in memories if t and standing(t))))
     said = {_opens(c) for c in tenant if _opens(c) is not None}
@@ -135,7 +121,7 @@ def kept(memory: str, found: Sequence[str]) -> bool:
     ``detect`` kept for the turn). One sentence asking for one kept and one other thing
     ("Answer in lowercase, in French.") counts as kept: the reader cannot tell the rest."""
     masked = _PS.sub(lambda m: "_" * len(m.group()),  # "P.S." ends no sentence either
-                     _QUOTED.sub(lambda m: "_" * len(m.group()), memory))
+                     QUOTED.sub(lambda m: "_" * len(m.group()), memory))
     cuts = [0, *(i for m in _SENTENCE.finditer(masked) for i in m.span()), len(memory)]
     parts = [memory[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
     asked, kept_now = [_of(p) for p in parts if standing(p)], set(found)
@@ -179,75 +165,45 @@ def _of(text: str) -> set[str]:
     lower = upper = False
     for clause in _CLAUSE.split(text):
         for m in _LOWER.finditer(clause):
-            lower, upper = lower or not _negated(clause, m.start()), upper or _negated(
+            lower, upper = lower or not negated(clause, m.start()), upper or negated(
                 clause, m.start())
         for m in _UPPER.finditer(clause):
-            neg = _negated(clause, m.start())  # "never in all caps": no shouting, that is all
+            neg = negated(clause, m.start())  # "never in all caps": no shouting, that is all
             before = clause[:m.start() + m.group().find(m.group().split()[-1])].split() or [""]
             lower = lower or (neg and not _SHOUT.match(before[-1]))
             upper = upper or not neg
-        lower = lower or any(_negated(clause, m.start()) for m in _CAPITALS.finditer(clause)
+        lower = lower or any(negated(clause, m.start()) for m in _CAPITALS.finditer(clause)
                              if not _SHOUT.match((clause[:m.start()].split() or [""])[-1]))
     for sentence in _SENTENCE.split(text):
-        if _COMMA.search(sentence) and _NEG.search(sentence):
+        if _COMMA.search(sentence) and NEG.search(sentence):
             out.add("no_comma")
-        if _WORDS.search(sentence) and _NEG.search(sentence):
-            out |= {f"ban:{w.lower()}" for w in _QUOTED.findall(sentence)
+        if _WORDS.search(sentence) and NEG.search(sentence):
+            out |= {f"ban:{w.lower()}" for w in QUOTED.findall(sentence)
                     if re.fullmatch(r"[A-Za-z]+", w.strip())}
     if lower != upper:
         out.add("lowercase" if lower else "uppercase")
     for kind, patterns in (("start", _START), ("end", _END)):  # the first asked, not negated
         for m in (m for pattern in patterns for m in pattern.finditer(text)):
-            if not _negated(text, m.start()) and (said := m.group("phrase") or "").strip():
+            if not negated(text, m.start()) and (said := m.group("phrase") or "").strip():
                 out.add(f"{kind}:{said.strip()}")
                 break
-    if any(not _negated(text, m.start()) for m in _REPEAT.finditer(text)):
+    if any(not negated(text, m.start()) for m in _REPEAT.finditer(text)):
         out.add("repeat")
-    marks = [m for m in _PS.finditer(text) if not _negated(text, m.start())]
+    marks = [m for m in _PS.finditer(text) if not negated(text, m.start())]
     if marks:  # "a postscript marked P.P.S": the marker named anywhere
         out.add("ps:P.P.S." if any(m.group("pp") for m in marks) else "ps:P.S.")
-    out = _choice(text, out)
-    if (k := _word_limit(text)) is not None:
+    if not any(phrase(c) for c in out) and (options := choice(text)):  # "'Yes' or 'No', no
+        words = {"ban:" + w.lower() for w in options}  # other words": not banned then
+        out = {c for c in out if c not in words} | {"choice:" + "|".join(options)}
+    if (k := word_limit(text)) is not None:
         out.add(f"max_words:{k}")
     title = _TITLE.search(text)
-    if title and _ANGLE.search(text) and not _negated(text, title.start()):
+    if title and _ANGLE.search(text) and not negated(text, title.start()):
         out.add("title")
     double = _DOUBLE.search(text)
-    if double and not _negated(text, double.start()):
+    if double and not negated(text, double.start()):
         out |= {'start:"', 'end:"'}
     return out
-
-
-def _choice(text: str, out: set[str]) -> set[str]:
-    """``out`` with the reply as one of ``text``'s quoted options (at least two, or listed
-    after a colon with " / " between them), asked for alone ("only", "one of", ...) as the
-    reply; not where a quoted phrase opens or closes the reply. Their words are no longer
-    banned ("'Yes' or 'No', no other words")."""
-    options, first = [o.strip() for o in _QUOTED.findall(text)], _QUOTED.search(text)
-    if len(options) < 2 and (listed := _LISTED.search(text)):  # "one of: Yes / No / Maybe"
-        options, first = [o.strip() for o in listed.group(1).split(" / ")], listed
-    if (len(options) < 2 or not all(options) or any("|" in o for o in options)
-            or not (_ONLY.search(text) and _REPLY.search(text)) or _negated(text, first.start())
-            or any(phrase(c) for c in out)):
-        return out
-    words = {"ban:" + w.lower() for w in options}
-    return {c for c in out if c not in words} | {"choice:" + "|".join(dict.fromkeys(options))}
-
-
-def _word_limit(text: str) -> int | None:
-    """k where ``text`` asks for replies of fewer than k words (the tightest asked)."""
-    limits = [int(m.group(1)) + (pattern is not _FEWER)
-              for pattern, neg in ((_FEWER, False), (_AT_MOST, False), (_MORE, True))
-              for m in pattern.finditer(text) if _negated(text, m.start()) == neg]
-    return min(limits) if limits and min(limits) > 1 else None
-
-
-def _negated(clause: str, at: int) -> bool:
-    """Whether a negation comes in the six words before ``at`` in ``clause`` (and no "but"
-    after it: "nothing but capitals" asks for them)."""
-    before = " ".join(clause[:at].split()[-6:])
-    neg = list(_NEG.finditer(before))
-    return bool(neg) and not _BUT.search(before[neg[-1].end():])
 
 
 def transform(constraints: Sequence[str], text: str) -> str:

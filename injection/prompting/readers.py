@@ -1,0 +1,53 @@
+"""How a standing instruction's words are read (``constraints.py``): negation, quoted
+literals, the options a reply is to be one of, and a word limit."""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["NEG", "QUOTED", "choice", "negated", "word_limit"]
+
+NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
+                 r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
+_BUT = re.compile(r"\b(?:but|except|other\s+than|only)\b", re.I)  # "nothing but ...": positive
+QUOTED = re.compile(r"(?<![A-Za-z])[\"'‘“]([^\"'’”]+?)[\"'’”](?![A-Za-z])")
+_ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+reply|pick|"
+                   r"choose|must\s+be|may\s+be)\b", re.I)  # the quoted options are the reply
+_REPLY = re.compile(r"\b(?:reply|replies|answer\w*|respon\w*|say)\b", re.I)  # "Only recommend
+# 'Pro' or 'Lite'" names no reply: not the reply's options
+_LISTED = re.compile(r":\s*([^:\n/]{1,80}(?:\s/\s[^:\n/]{1,80})+)$")  # after a colon
+_FEWER = re.compile(r"\b(?:under|fewer\s+than|less\s+than|below|within)\s+(\d+)\s+words?\b",
+                    re.I)  # fewer than k
+_AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to|"
+                      r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+(\d+)\s+words?\b", re.I)
+_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+(\d+)\s+words?\b",
+                   re.I)  # "never more than k words": at most k
+
+
+def negated(clause: str, at: int) -> bool:
+    """Whether a negation comes in the six words before ``at`` in ``clause`` (and no "but"
+    after it: "nothing but capitals" asks for them)."""
+    before = " ".join(clause[:at].split()[-6:])
+    neg = list(NEG.finditer(before))
+    return bool(neg) and not _BUT.search(before[neg[-1].end():])
+
+
+def choice(text: str) -> list[str]:
+    """The options ``text`` asks the whole reply to be one of: at least two, quoted or
+    listed after a colon with " / " between them, asked for alone ("only", "one of", ...)
+    as the reply, not negated; [] for none."""
+    options, first = [o.strip() for o in QUOTED.findall(text)], QUOTED.search(text)
+    if len(options) < 2 and (listed := _LISTED.search(text)):  # "one of: Yes / No / Maybe"
+        options, first = [o.strip() for o in listed.group(1).split(" / ")], listed
+    if (len(options) < 2 or not all(options) or any("|" in o for o in options)
+            or not (_ONLY.search(text) and _REPLY.search(text)) or negated(text, first.start())):
+        return []
+    return list(dict.fromkeys(options))
+
+
+def word_limit(text: str) -> int | None:
+    """k where ``text`` asks for replies of fewer than k words (the tightest asked)."""
+    limits = [int(m.group(1)) + (pattern is not _FEWER)
+              for pattern, neg in ((_FEWER, False), (_AT_MOST, False), (_MORE, True))
+              for m in pattern.finditer(text) if negated(text, m.start()) == neg]
+    return min(limits) if limits and min(limits) > 1 else None
