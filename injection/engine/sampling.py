@@ -29,8 +29,8 @@ class RowSampler:
         self.forced = forced  # the phrases its reply opens and closes with (``bans.Phrases``)
         self.ending: int | None = None  # where the closing phrase started
         self.postscript: int | None = None  # where its marker started (-1: none due)
-        self.title: int | None = None  # where its title's ">>" started (-1: closed)
-        self.titled: int | None = None  # the reply's length when its title closed
+        self.title: int | None = None  # where its title's ">>" started
+        self.titled: int | None = None  # the reply's length when its title closed (done)
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)

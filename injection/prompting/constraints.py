@@ -50,7 +50,7 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from injection.prompting.readers import NEG, QUOTED, choice, negated, word_limit
+from injection.prompting.readers import NEG, QUOTED, choice, negated, word_count, word_limit
 from injection.prompting.reminder import standing
 
 __all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "opening", "phrase", "tokenwise",
@@ -249,7 +249,7 @@ def violates(constraint: str, text: str) -> bool:
     if constraint == "repeat":  # the message is the planner's: a literal says nothing
         return False
     if constraint.startswith("max_words:"):
-        return len(re.findall(r"\w+", text)) >= int(constraint[10:])
+        return word_count(text) >= int(constraint[10:])
     if constraint.startswith("choice:"):
         return text.strip() not in constraint[7:].split("|")
     if constraint == "title":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "choice", "negated", "word_limit"]
+__all__ = ["NEG", "QUOTED", "choice", "negated", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
@@ -20,6 +20,7 @@ _FEWER = re.compile(r"\b(?:under|fewer\s+than|less\s+than|below|within)\s+(\d+)\
                     re.I)  # fewer than k
 _AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to|"
                       r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+(\d+)\s+words?\b", re.I)
+_WORD = re.compile(r"\w+")
 _MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+(\d+)\s+words?\b",
                    re.I)  # "never more than k words": at most k
 
@@ -43,6 +44,11 @@ def choice(text: str) -> list[str]:
             or not (_ONLY.search(text) and _REPLY.search(text)) or negated(text, first.start())):
         return []
     return list(dict.fromkeys(options))
+
+
+def word_count(text: str) -> int:
+    """``text``'s words as IFEval counts them (runs of letters, digits and ``_``)."""
+    return len(_WORD.findall(text))
 
 
 def word_limit(text: str) -> int | None:

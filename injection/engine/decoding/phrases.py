@@ -16,7 +16,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.prompting.constraints import phrase
+from injection.prompting.constraints import phrase, violates
+from injection.prompting.readers import word_count
 
 __all__ = ["OWN", "PS_NOTE", "TITLE_TOKENS", "Phrases", "choices", "forced", "holds",
            "phrases"]
@@ -79,7 +80,7 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
         return tuple(tokenizer(text, add_special_tokens=False)["input_ids"]) if text else ()
 
     if options:  # the reply is one of them: no other phrase applies
-        return Phrases((), (), "", choices=tuple(ids(o) for o in options[0] if ids(o)))
+        return Phrases((), (), "", choices=tuple(i for i in map(ids, options[0]) if i))
 
     end, ps = said.get("end", ""), said.get("ps", "")
     title = (ids("<<"), ids(">>\n")) if "title" in constraints else None
@@ -135,13 +136,14 @@ def _due(job: Any, token: int, eos: Any, tokenizer: Any, need: int) -> bool:
     return left <= EARLY and _ended(tokenizer.decode(job.gen[-3:]))
 
 
-_WORD = re.compile(r"\w+")
 _END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*\s*$")  # a word's end, then .!? ("1." is a list's)
 
 
 def _ended(text: str) -> bool:
     """Whether ``text`` ends a sentence (a word, then ".", "!" or "?")."""
     return _END.search(text) is not None
+
+
 EARLY_WORDS = 6  # a word-limited reply ends at a sentence's end this close to its limit
 
 
@@ -153,8 +155,9 @@ def _word_limit(job: Any, token: int, tokenizer: Any) -> bool:
     if not said.words or not job.gen:
         return False
     text = tokenizer.decode(job.gen)
-    used = len(_WORD.findall(text)) + len(_WORD.findall(said.end_text))
-    grows = len(_WORD.findall(text + tokenizer.decode([token]))) > len(_WORD.findall(text))
+    written = word_count(text)
+    used = written + word_count(said.end_text)
+    grows = word_count(text + tokenizer.decode([token])) > written
     if grows and used + 1 >= said.words:
         return True
     return used + 1 + EARLY_WORDS >= said.words and _ended(text)
@@ -173,9 +176,9 @@ def _postscript(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
         note = min(PS_NOTE, job.max_new_tokens // 4)
         if not _due(job, token, eos, tokenizer, len(said.end) + len(said.ps) + note):
             return None
-        text = tokenizer.decode(job.gen).lower()
-        sampler.postscript = -1 if said.ps_text.lower().rstrip(".") in text else n
-        if sampler.postscript == -1:
+        held = not violates(f"ps:{said.ps_text}", tokenizer.decode(job.gen))
+        sampler.postscript = -1 if held else n
+        if held:
             return None
     k = n - sampler.postscript
     return said.ps[k] if k < len(said.ps) else None
@@ -189,7 +192,7 @@ def _title(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
     and a line break where the title would break a line, end the reply or run past
     ``TITLE_TOKENS``, unless the model wrote ``>>`` itself."""
     said, sampler, n = job.sampler.forced, job.sampler, len(job.gen)
-    if said.title is None or sampler.title == -1:
+    if said.title is None or sampler.titled is not None:
         return None
     (opens, closes), at = said.title, len(said.start) + len(said.title[0])
     if n < at:
@@ -197,7 +200,7 @@ def _title(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
     if sampler.title is None:
         piece = tokenizer.decode(job.gen[at:] + [token])
         if ">>" in piece:
-            sampler.title, sampler.titled = -1, n + 1
+            sampler.titled = n + 1
             return None
         if not (n > at and ("\n" in piece or token in eos) or n - at >= TITLE_TOKENS):
             return None
@@ -205,5 +208,5 @@ def _title(job: Any, token: int, eos: Any, tokenizer: Any) -> int | None:
     k = n - sampler.title
     if k < len(closes):
         return closes[k]
-    sampler.title, sampler.titled = -1, n
+    sampler.titled = n
     return None
