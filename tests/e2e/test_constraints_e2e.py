@@ -68,3 +68,25 @@ def test_request_then_tenant_then_default(live_server, gpu_worker, carol, settin
     assert status == 200, body
     reply = body["choices"][0]["message"]["content"]
     assert reply and not any(violates(c, reply) for c in KEPT)  # /v1: the default, on
+
+
+def test_a_repeated_question_through_the_worker(live_server, gpu_worker, settings,
+                                                demo_model_path):
+    """The one constraint built from the request itself: the planner in the worker opens
+    the reply with this turn's message, and the client sees both in ``cache.constraints``;
+    off, the reply does not open with it."""
+    settings.MODEL_PATH = str(demo_model_path)
+    tenant = actions.do_create_tenant("acme", "Acme")
+    member = actions.do_add_member(
+        tenant, "erin", preference="Begin every answer by repeating my question word for word.")
+    key, ask = actions.do_create_api_token(member), "Where is the old harbour?"
+    bodies = []
+    for switch in ({}, {"constraints": False}):
+        status, body = post(live_server.url, "/api/chat", key, {
+            "message": ask, "max_new_tokens": 24, "contrast": 0, **switch})
+        assert status == 200, (body, gpu_worker.log_tail())
+        bodies.append(body)
+    on, off = bodies
+    assert on["cache"]["constraints"] == ["repeat", f"start:{ask}"]
+    assert on["reply"].startswith(ask) and not off["reply"].startswith(ask)
+    assert off["cache"]["constraints"] == []
