@@ -31,6 +31,7 @@ class RowSampler:
         self.postscript: int | None = None  # where its marker started (-1: none due)
         self.title: int | None = None  # where its title's ">>" started
         self.titled: int | None = None  # the reply's length when its title closed (done)
+        self.bullets: list[int] = []  # where each of its bullet points' "*" was forced
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)

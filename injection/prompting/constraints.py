@@ -33,7 +33,9 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
 * ``max_words:<k>``: "Keep every answer under 20 words." (k = 20; "at most 29 words",
   "never more than 29 words": k = 30): the reply ends, at a word's end, before its k-th
   word (counted as IFEval does: runs of letters and digits), at a sentence's end shortly
-  before where it can.
+  before where it can;
+* ``bullets:<n>``: "Always answer as exactly 3 bullet points.": the reply is n lines, each
+  opened by ``*`` (``engine/decoding/bullets.py``), and ends after the n-th.
 
 ``detect`` reads them from the tenant's instructions and the member's memories (the
 sentences and memories ``reminder.standing`` calls standing instructions), as data the
@@ -50,7 +52,15 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from injection.prompting.readers import NEG, QUOTED, choice, negated, word_count, word_limit
+from injection.prompting.readers import (
+    NEG,
+    QUOTED,
+    bullet_count,
+    choice,
+    negated,
+    word_count,
+    word_limit,
+)
 from injection.prompting.reminder import standing
 
 __all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "opening", "phrase", "tokenwise",
@@ -92,6 +102,7 @@ _PS = re.compile(r"(?<![A-Za-z]\.)\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?
                  re.I)  # not "U.P.S."
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
+_BULLET = re.compile(r"^[ \t]*(?:\*[^*\n]|-)", re.M)  # a bullet point's line
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
 _SENTENCE = re.compile(r"[.;!?]+\s*")
 _SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
@@ -197,6 +208,8 @@ def _of(text: str) -> set[str]:
         out = {c for c in out if c not in words} | {"choice:" + "|".join(options)}
     if (k := word_limit(text)) is not None:
         out.add(f"max_words:{k}")
+    if (k := bullet_count(text)) is not None:
+        out.add(f"bullets:{k}")
     title = _TITLE.search(text)
     if title and _ANGLE.search(text) and not negated(text, title.start()):
         out.add("title")
@@ -217,7 +230,7 @@ def transform(constraints: Sequence[str], text: str) -> str:
 def tokenwise(constraint: str) -> bool:
     """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
     return (constraint not in (*TRANSFORMS, "repeat", "title")
-            and not constraint.startswith(("choice:", "max_words:"))
+            and not constraint.startswith(("choice:", "max_words:", "bullets:"))
             and phrase(constraint) is None)
 
 
@@ -254,4 +267,6 @@ def violates(constraint: str, text: str) -> bool:
         return text.strip() not in constraint[7:].split("|")
     if constraint == "title":
         return re.search(r"<<[^\n]+>>", text) is None
+    if constraint.startswith("bullets:"):  # lines as IFEval counts them ("* x", "- x")
+        return len(_BULLET.findall(text)) != int(constraint[8:])
     raise ValueError(f"unknown constraint {constraint!r}")

@@ -1,11 +1,11 @@
 """How a standing instruction's words are read (``constraints.py``): negation, quoted
-literals, the options a reply is to be one of, and a word limit."""
+literals, the options a reply is to be one of, a word limit and a bullet count."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "choice", "negated", "word_count", "word_limit"]
+__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "negated", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
@@ -57,3 +57,26 @@ def word_limit(text: str) -> int | None:
               for pattern, neg in ((_FEWER, False), (_AT_MOST, False), (_MORE, True))
               for m in pattern.finditer(text) if negated(text, m.start()) == neg]
     return min(limits) if limits and min(limits) > 1 else None
+
+
+_NUMBERS = {"one": 1, "two": 2, "three": 3, "four": 4, "five": 5, "six": 6, "seven": 7,
+            "eight": 8, "nine": 9, "ten": 10}
+_BULLETS = re.compile(  # "exactly 3 bullet points", "two markdown bullets", "four bulleted items"
+    r"\b(\d+|" + "|".join(_NUMBERS) + r")\s+(?:(?:markdown|short|brief|concise|clear|simple|"
+    r"separate|distinct|key|main|plain)\s+){0,2}(?:bullet(?:ed)?[\s-]*"
+    r"(?:points?|items?|lines?)|bullets)\b", re.I)
+_BOUND = re.compile(r"\b(?:at\s+(?:least|most)|up\s+to|or\s+(?:more|fewer|less)|more\s+than|"
+                    r"fewer\s+than|less\s+than|no\s+more\s+than|between|max\w*|min\w*)\W*"
+                    r"(?:\w+\W+){0,2}$", re.I)
+
+
+def bullet_count(text: str) -> int | None:
+    """n where ``text`` asks for replies of exactly n bullet points (1 to 10; not "at most
+    3", not negated); None for none."""
+    for m in _BULLETS.finditer(text):
+        n = int(m.group(1)) if m.group(1).isdigit() else _NUMBERS[m.group(1).lower()]
+        bounded = _BOUND.search(text[:m.start()]) or re.match(
+            r"\W*(?:or\s+(?:more|fewer|less)|at\s+(?:most|least))\b", text[m.end():], re.I)
+        if 1 <= n <= 10 and not bounded and not negated(text, m.start()):
+            return n
+    return None

@@ -207,7 +207,8 @@ def test_no_end_of_turn_right_after_a_forced_opening_or_marker(adapter):
 def test_a_closing_phrase_comes_at_a_sentence_end_just_before_the_cut(adapter):
     """Within ``EARLY`` tokens of where only the phrase still fits, a sentence that has
     just ended brings it in (not cut mid-sentence); further from the cut it does not."""
-    from injection.engine.decoding.phrases import EARLY, _ended
+    from injection.engine.decoding.phrases import EARLY
+    from injection.engine.decoding.text import ended as _ended
 
     assert _ended("Take a coat.") and _ended('He said "go!" ') and not _ended("steps:\n\n1.")
 

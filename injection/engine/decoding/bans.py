@@ -24,7 +24,9 @@ from typing import Any, NamedTuple
 
 import torch
 
+from injection.engine.decoding.bullets import first
 from injection.engine.decoding.phrases import Phrases, choices, forced, holds, phrases
+from injection.engine.decoding.text import token_texts
 from injection.prompting.constraints import FOLDS, tokenwise, violates
 
 __all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "prepare", "row", "token_map"]
@@ -32,20 +34,12 @@ __all__ = ["Phrases", "TokenMap", "apply", "fold", "forced", "prepare", "row", "
 _LOCK = threading.Lock()
 
 
-def _texts(tokenizer: Any) -> list[str]:
-    texts = getattr(tokenizer, "_kvinject_token_texts", None)
-    if texts is None:
-        texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
-        tokenizer._kvinject_token_texts = texts
-    return texts
-
-
 def _words(tokenizer: Any) -> dict[str, list[int]]:
     """Each word (letters, lower-cased) -> the tokens whose text holds it (``ban:``)."""
     words = getattr(tokenizer, "_kvinject_token_words", None)
     if words is None:
         special, words = set(tokenizer.all_special_ids), {}
-        for i, text in enumerate(_texts(tokenizer)):
+        for i, text in enumerate(token_texts(tokenizer)):
             if i in special:
                 continue
             for w in {w.lower() for w in re.findall(r"[A-Za-z]+", text)}:
@@ -105,7 +99,7 @@ def prepare(tokenizer: Any, constraints: Sequence[str], eos: Sequence[int] = ()
 
 
 def _build(tokenizer: Any, constraints: tuple[str, ...]) -> torch.Tensor:
-    texts, special = _texts(tokenizer), set(tokenizer.all_special_ids)
+    texts, special = token_texts(tokenizer), set(tokenizer.all_special_ids)
     index = {t: i for i, t in enumerate(texts) if i not in special}
     case = next((c for c in constraints if c in FOLDS), None)
     to = []
@@ -154,7 +148,9 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
             and r.sampler.forced is not None]
     choosing = [i for i in said if rows[i].sampler.forced.choices]
     holding = [i for i in said if holds(rows[i])]
-    if not groups and not choosing and not holding:
+    starting = [i for i in said if rows[i].sampler.forced.bullets is not None
+                and rows[i].sampler.bullets]  # a point's first token (``bullets.first``)
+    if not groups and not choosing and not holding and not starting:
         return logits
     logits = logits.float().clone()
     for key, idx in groups.items():
@@ -164,4 +160,6 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
         logits[i] = choices(rows[i].sampler.forced.choices, rows[i].gen, logits[i])
     for i in holding:
         logits[i, list(rows[i].sampler.forced.eos)] = float("-inf")
+    for i in starting:
+        logits[i] = first(rows[i], logits[i])
     return logits

@@ -10,12 +10,14 @@ opening or postscript marker.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 import torch
 
+from injection.engine.decoding.bullets import Bullets, bullets
+from injection.engine.decoding.bullets import step as bullet_step
+from injection.engine.decoding.text import ended
 from injection.prompting.constraints import phrase, violates
 from injection.prompting.readers import word_count
 
@@ -32,8 +34,9 @@ def holds(job: Any) -> bool:
     said, n, at = job.sampler.forced, len(job.gen), job.sampler.postscript
     if not said.eos or said.choices:
         return False
-    titled = job.sampler.titled
+    titled, marks = job.sampler.titled, job.sampler.bullets
     return ((bool(said.start) and n < len(said.start) + OWN)
+            or (bool(marks) and n < marks[-1] + 1 + OWN)
             or (titled is not None and n < titled + OWN)
             or (at is not None and at >= 0 and n < at + len(said.ps) + OWN))
 
@@ -65,6 +68,7 @@ class Phrases(NamedTuple):
     choices: tuple[tuple[int, ...], ...] = ()  # the whole reply is one of them
     eos: tuple[int, ...] = ()  # not chosen right after a forced opening or marker (``OWN``)
     words: int = 0  # the reply has fewer words than this (0: no limit)
+    bullets: Bullets | None = None  # the reply is exactly n bullet points
 
 
 def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
@@ -73,7 +77,8 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     said = dict(p for p in map(phrase, constraints) if p is not None)
     options = [c[7:].split("|") for c in constraints if c.startswith("choice:")]
     limits = [int(c[10:]) for c in constraints if c.startswith("max_words:")]
-    if not said and "title" not in constraints and not options and not limits:
+    points = bullets(tokenizer, constraints)
+    if not said and "title" not in constraints and not options and not limits and not points:
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -85,7 +90,8 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     end, ps = said.get("end", ""), said.get("ps", "")
     title = (ids("<<"), ids(">>\n")) if "title" in constraints else None
     return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
-                   ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]))
+                   ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]),
+                   bullets=points)
 
 
 def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
@@ -103,6 +109,7 @@ def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
         return said.start[n]
     if (title := _title(job, token, eos, tokenizer)) is not None:
         return title
+    token = _points(job, token, eos, tokenizer)
     if (ps := _postscript(job, token, eos, tokenizer)) is not None:
         return ps
     if job.sampler.ending is None and _word_limit(job, token, tokenizer):
@@ -133,15 +140,7 @@ def _due(job: Any, token: int, eos: Any, tokenizer: Any, need: int) -> bool:
     left = job.max_new_tokens - need - len(job.gen)
     if token in eos or left <= 0:
         return True
-    return left <= EARLY and _ended(tokenizer.decode(job.gen[-3:]))
-
-
-_END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*\s*$")  # a word's end, then .!? ("1." is a list's)
-
-
-def _ended(text: str) -> bool:
-    """Whether ``text`` ends a sentence (a word, then ".", "!" or "?")."""
-    return _END.search(text) is not None
+    return left <= EARLY and ended(tokenizer.decode(job.gen[-3:]))
 
 
 EARLY_WORDS = 6  # a word-limited reply ends at a sentence's end this close to its limit
@@ -160,7 +159,21 @@ def _word_limit(job: Any, token: int, tokenizer: Any) -> bool:
     grows = word_count(text + tokenizer.decode([token])) > written
     if grows and used + 1 >= said.words:
         return True
-    return used + 1 + EARLY_WORDS >= said.words and _ended(text)
+    return used + 1 + EARLY_WORDS >= said.words and ended(text)
+
+
+def _points(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
+    """The token with the reply's bullet points kept (``bullets.step``), once its title is
+    closed and until its closing phrase or postscript starts."""
+    said, sampler = job.sampler.forced, job.sampler
+    if (said.bullets is None or sampler.ending is not None
+            or (sampler.postscript is not None and sampler.postscript >= 0)
+            or (said.title is not None and sampler.titled is None)):
+        return token
+    reserve = len(said.end) + (len(said.ps) + min(PS_NOTE, job.max_new_tokens // 4)
+                               if said.ps else 0)
+    opened = len(said.start) if sampler.titled is None else sampler.titled
+    return bullet_step(job, token, eos, tokenizer, opened, reserve)
 
 
 PS_NOTE = 12  # reply tokens kept free for a postscript's note (at most a quarter of the reply)
