@@ -32,6 +32,7 @@ class RowSampler:
         self.title: int | None = None  # where its title's ">>" started
         self.titled: int | None = None  # the reply's length when its title closed (done)
         self.bullets: list[int] = []  # where each of its bullet points' "*" was forced
+        self.highlights: list[int] = []  # where its highlights' stars stand (open, close, ..)
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:
             self.generator = torch.Generator(device=device)

@@ -35,7 +35,10 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
   word (counted as IFEval does: runs of letters and digits), at a sentence's end shortly
   before where it can;
 * ``bullets:<n>``: "Always answer as exactly 3 bullet points.": the reply is n lines, each
-  opened by ``*`` (``engine/decoding/bullets.py``), and ends after the n-th.
+  opened by ``*`` (``engine/decoding/bullets.py``), and ends after the n-th;
+* ``highlights:<n>``: "Highlight at least two phrases with markdown, like *this*.": the
+  reply's first n sentences open with a ``*highlighted*`` span
+  (``engine/decoding/highlights.py``); not beside ``bullets:`` (a line's star is a point).
 
 ``detect`` reads them from the tenant's instructions and the member's memories (the
 sentences and memories ``reminder.standing`` calls standing instructions), as data the
@@ -57,6 +60,7 @@ from injection.prompting.readers import (
     QUOTED,
     bullet_count,
     choice,
+    highlight_count,
     negated,
     word_count,
     word_limit,
@@ -167,7 +171,10 @@ def opening(constraints: Sequence[str], asked: str) -> tuple[str, ...]:
 
 
 def _consistent(found: set[str]) -> set[str]:
-    """``found`` without contradictions: lowercase and capitals both asked: neither."""
+    """``found`` without contradictions: lowercase and capitals both asked: neither; bullet
+    points and highlights: the points (a star opening a line is a point)."""
+    if any(c.startswith("bullets:") for c in found):
+        found = {c for c in found if not c.startswith("highlights:")}
     return found - {"lowercase", "uppercase"} if {"lowercase", "uppercase"} <= found else found
 
 
@@ -210,6 +217,8 @@ def _of(text: str) -> set[str]:
         out.add(f"max_words:{k}")
     if (k := bullet_count(text)) is not None:
         out.add(f"bullets:{k}")
+    if (k := highlight_count(text)) is not None:
+        out.add(f"highlights:{k}")
     title = _TITLE.search(text)
     if title and _ANGLE.search(text) and not negated(text, title.start()):
         out.add("title")
@@ -230,7 +239,7 @@ def transform(constraints: Sequence[str], text: str) -> str:
 def tokenwise(constraint: str) -> bool:
     """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
     return (constraint not in (*TRANSFORMS, "repeat", "title")
-            and not constraint.startswith(("choice:", "max_words:", "bullets:"))
+            and not constraint.startswith(("choice:", "max_words:", "bullets:", "highlights:"))
             and phrase(constraint) is None)
 
 
@@ -269,4 +278,8 @@ def violates(constraint: str, text: str) -> bool:
         return re.search(r"<<[^\n]+>>", text) is None
     if constraint.startswith("bullets:"):  # lines as IFEval counts them ("* x", "- x")
         return len(_BULLET.findall(text)) != int(constraint[8:])
+    if constraint.startswith("highlights:"):  # as IFEval counts them: *x* and **x**
+        spans = [h.strip("*").strip() for h in re.findall(r"\*[^\n*]*\*", text)]
+        bold = [h[2:-2].strip() for h in re.findall(r"\*\*[^\n*]*\*\*", text)]
+        return sum(map(bool, spans + bold)) < int(constraint[11:])
     raise ValueError(f"unknown constraint {constraint!r}")

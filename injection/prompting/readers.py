@@ -1,11 +1,12 @@
 """How a standing instruction's words are read (``constraints.py``): negation, quoted
-literals, the options a reply is to be one of, a word limit and a bullet count."""
+literals, the options a reply is to be one of, a word limit, a bullet count and highlights."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "negated", "word_count", "word_limit"]
+__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "highlight_count", "negated",
+           "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
@@ -80,3 +81,28 @@ def bullet_count(text: str) -> int | None:
         if 1 <= n <= 10 and not bounded and not negated(text, m.start()):
             return n
     return None
+
+
+_MARK = re.compile(r"\b(?:highlight|emphasi[sz]|mark(?!down))\w*", re.I)
+_MARKDOWN = re.compile(r"\*[^*\s][^*\n]*\*|\basterisks?\b|\bmarkdown\b|\bitalics?\b|\bbold\b",
+                       re.I)
+_N = r"(\d+|" + "|".join(_NUMBERS) + r")"
+_AT_LEAST = re.compile(r"\bat\s+least\s+(?:(once)|(twice)|" + _N + r")\b|\b" + _N
+                       + r"\s+(?:or\s+more\s+)?(?:\w+\s+)?(?:parts?|phrases?|sections?|passages?|"
+                       r"spans?|terms?|words?)\b", re.I)
+
+
+def highlight_count(text: str) -> int | None:
+    """n where ``text`` asks for at least n sections highlighted with markdown asterisks
+    ("Highlight at least two parts with *this*", "emphasise a phrase in *asterisks*": 1
+    where no count is said; 1 to 10), not negated; None for none."""
+    mark = _MARK.search(text)
+    if mark is None or not _MARKDOWN.search(text) or negated(text, mark.start()):
+        return None
+    m = _AT_LEAST.search(text)
+    if m is None:
+        return 1
+    said = next(g for g in m.groups() if g)
+    n = {"once": 1, "twice": 2}.get(said.lower()) or (
+        int(said) if said.isdigit() else _NUMBERS[said.lower()])
+    return n if 1 <= n <= 10 else None

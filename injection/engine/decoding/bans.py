@@ -25,6 +25,7 @@ from typing import Any, NamedTuple
 import torch
 
 from injection.engine.decoding.bullets import first
+from injection.engine.decoding.highlights import mask
 from injection.engine.decoding.phrases import Phrases, choices, forced, holds, phrases
 from injection.engine.decoding.text import token_texts
 from injection.prompting.constraints import FOLDS, tokenwise, violates
@@ -150,7 +151,8 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
     holding = [i for i in said if holds(rows[i])]
     starting = [i for i in said if rows[i].sampler.forced.bullets is not None
                 and rows[i].sampler.bullets]  # a point's first token (``bullets.first``)
-    if not groups and not choosing and not holding and not starting:
+    marking = [i for i in said if rows[i].sampler.forced.highlights is not None]
+    if not groups and not choosing and not holding and not starting and not marking:
         return logits
     logits = logits.float().clone()
     for key, idx in groups.items():
@@ -162,4 +164,6 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
         logits[i, list(rows[i].sampler.forced.eos)] = float("-inf")
     for i in starting:
         logits[i] = first(rows[i], logits[i])
+    for i in marking:
+        logits[i] = mask(rows[i], logits[i])
     return logits

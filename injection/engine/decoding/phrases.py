@@ -5,7 +5,8 @@
 ``forced`` replaces the row's chosen token with the phrase's token due at that point of the
 reply; ``choices`` and ``holds`` are what ``bans.apply`` does to a step's logits: only the
 tokens that go on with one of the options, and no end of turn right after a forced
-opening or postscript marker.
+opening or postscript marker. Bullet points and highlighted spans are kept in their own
+modules (``bullets.py``, ``highlights.py``), called from ``forced`` once a title is closed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,8 @@ import torch
 
 from injection.engine.decoding.bullets import Bullets, bullets
 from injection.engine.decoding.bullets import step as bullet_step
+from injection.engine.decoding.highlights import Highlights, highlights, open_spans
+from injection.engine.decoding.highlights import step as highlight_step
 from injection.engine.decoding.text import ended
 from injection.prompting.constraints import phrase, violates
 from injection.prompting.readers import word_count
@@ -37,6 +40,8 @@ def holds(job: Any) -> bool:
     titled, marks = job.sampler.titled, job.sampler.bullets
     return ((bool(said.start) and n < len(said.start) + OWN)
             or (bool(marks) and n < marks[-1] + 1 + OWN)
+            or (said.highlights is not None and (
+                open_spans(job)[0] < said.highlights.count or open_spans(job)[1]))
             or (titled is not None and n < titled + OWN)
             or (at is not None and at >= 0 and n < at + len(said.ps) + OWN))
 
@@ -69,6 +74,7 @@ class Phrases(NamedTuple):
     eos: tuple[int, ...] = ()  # not chosen right after a forced opening or marker (``OWN``)
     words: int = 0  # the reply has fewer words than this (0: no limit)
     bullets: Bullets | None = None  # the reply is exactly n bullet points
+    highlights: Highlights | None = None  # ... has at least n *highlighted* spans
 
 
 def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
@@ -77,8 +83,9 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     said = dict(p for p in map(phrase, constraints) if p is not None)
     options = [c[7:].split("|") for c in constraints if c.startswith("choice:")]
     limits = [int(c[10:]) for c in constraints if c.startswith("max_words:")]
-    points = bullets(tokenizer, constraints)
-    if not said and "title" not in constraints and not options and not limits and not points:
+    points, spans = bullets(tokenizer, constraints), highlights(tokenizer, constraints)
+    if (not said and "title" not in constraints and not options and not limits and not points
+            and not spans):
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -91,7 +98,7 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     title = (ids("<<"), ids(">>\n")) if "title" in constraints else None
     return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
                    ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]),
-                   bullets=points)
+                   bullets=points, highlights=None if points else spans)
 
 
 def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
@@ -163,17 +170,19 @@ def _word_limit(job: Any, token: int, tokenizer: Any) -> bool:
 
 
 def _points(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
-    """The token with the reply's bullet points kept (``bullets.step``), once its title is
-    closed and until its closing phrase or postscript starts."""
+    """The token with the reply's bullet points or highlights kept (``bullets.step``,
+    ``highlights.step``), once its title is closed and until its closing phrase or
+    postscript starts."""
     said, sampler = job.sampler.forced, job.sampler
-    if (said.bullets is None or sampler.ending is not None
+    if ((said.bullets is None and said.highlights is None) or sampler.ending is not None
             or (sampler.postscript is not None and sampler.postscript >= 0)
             or (said.title is not None and sampler.titled is None)):
         return token
     reserve = len(said.end) + (len(said.ps) + min(PS_NOTE, job.max_new_tokens // 4)
                                if said.ps else 0)
     opened = len(said.start) if sampler.titled is None else sampler.titled
-    return bullet_step(job, token, eos, tokenizer, opened, reserve)
+    keep = bullet_step if said.bullets is not None else highlight_step
+    return keep(job, token, eos, tokenizer, opened, reserve)
 
 
 PS_NOTE = 12  # reply tokens kept free for a postscript's note (at most a quarter of the reply)

@@ -1,0 +1,130 @@
+"""A reply with at least n ``*highlighted*`` spans (injection/prompting/constraints.py
+``highlights:<n>``, kept by injection/engine/decoding/highlights.py): how it is read, how
+IFEval counts the spans, each step of the decoder on SmolLM2's tokenizer (``" *"`` is one
+of its tokens; the demo tokenizer has none, so the decoder leaves it alone there), and the
+batch engine keeping it on the default model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from injection.engine.batch import BatchEngine
+from injection.engine.decoding import bans
+from injection.engine.decoding.highlights import WORDS
+from injection.engine.decoding.phrases import forced
+from injection.engine.sampling import RowSampler
+from injection.prompting.constraints import detect, kept, violates
+from tests.injection.test_planner import ASK
+
+READ = [
+    ("Highlight at least two parts of every answer with markdown, like *this*.",
+     ("highlights:2",)),
+    ("Always emphasise a key phrase in *asterisks*.", ("highlights:1",)),
+    ("Mark three key terms in each reply in bold.", ("highlights:3",)),
+    ("Use *italics* to highlight something at least twice per answer.", ("highlights:2",)),
+    ("Never highlight anything with asterisks.", ()),
+    ("Mark your answers with a score out of 10.", ()),  # no markdown
+    ("Use bold for headings.", ()),  # no highlighting asked
+]
+
+
+@pytest.mark.parametrize(("memory", "want"), READ)
+def test_highlights_are_read_as_a_constraint(memory, want):
+    assert detect([memory]) == want
+    assert kept(memory, want) == bool(want)  # kept by the decoder: no guide by default
+
+
+def test_bullet_points_win_over_highlights_and_spans_count_as_ifeval_counts_them():
+    assert detect(["Answer in exactly 2 bullet points.", "Highlight a phrase with *this*."]
+                  ) == ("bullets:2",)
+    assert not violates("highlights:2", "*Pack light* and **take a coat**.")
+    assert violates("highlights:2", "*Pack light* and ** ** or * *.")
+    assert violates("highlights:1", "Pack *\nlight*.")  # a span does not cross a line
+
+
+
+
+@pytest.fixture(scope="module")
+def smol_tok(real_model_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(real_model_path))
+
+
+def _row(tok, constraints, eos, max_new: int = 64):
+    said = bans.prepare(tok, constraints, eos)[1]
+
+    class Job:
+        sampler = RowSampler(forced=said)
+        max_new_tokens = max_new
+        gen: list[int] = []
+
+    Job.sampler.token_map = None
+    return Job
+
+
+def _ids(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_a_span_opens_the_reply_and_the_next_sentence_and_closes_at_a_clause(smol_tok):
+    tok = smol_tok
+    eos = sorted({tok.eos_token_id, *_ids(tok, "<|im_end|>")})
+    job = _row(tok, ("highlights:2",), eos)
+
+    def step(piece: str) -> str:  # the model picks ``piece`` (one token): what is written
+        (t,) = _ids(tok, piece)
+        job.gen.append(forced(job, t, eos, tok))
+        return tok.decode(job.gen[-1:])
+
+    assert step(" Pack") == "*"  # the reply's first token: the star (the model's word lost)
+    out = bans.apply([job], torch.zeros(1, len(tok)))[0]
+    assert torch.isinf(out[_ids(tok, " Pack")[0]]) and torch.isfinite(out[_ids(tok, "Pack")[0]])
+    assert [step(p) for p in ("Pack", " light", ",")] == ["Pack", " light", "*"]  # a clause
+    assert [step(p) for p in (",", " then", " go", ".", " Take")] == [
+        ",", " then", " go", ".", " *"]  # the next sentence opens a span
+    out = bans.apply([job], torch.zeros(1, len(tok)))[0]
+    assert torch.isinf(out[_ids(tok, " Take")[0]]) and torch.isinf(out[_ids(tok, "Pack")[0]])
+    assert torch.isfinite(out[_ids(tok, "Take")[0]])  # glued, and not the first span's word
+    assert torch.isinf(out[eos]).all()  # the second span is not closed yet
+    assert [step(p) for p in ("Take", " a", " coat", " with", " with")] == [
+        "Take", " a", " coat", "*", " with"]  # closed after WORDS words, not after "a"
+    text = tok.decode(job.gen)
+    assert text == "*Pack light*, then go. *Take a coat* with", text
+    assert not violates("highlights:2", text) and WORDS == 3
+    out = bans.apply([job], torch.zeros(1, len(tok)))[0]
+    assert torch.isfinite(out[eos]).all() and torch.isinf(out[_ids(tok, "*")[0]])
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_spans_still_come_when_a_sentence_runs_to_the_cut(smol_tok):
+    tok = smol_tok
+    eos = sorted({tok.eos_token_id, *_ids(tok, "<|im_end|>")})
+    job = _row(tok, ("highlights:3",), eos, max_new=48)
+    word = _ids(tok, " and")[0]
+    while len(job.gen) < job.max_new_tokens:  # one long sentence, never a clause's end
+        job.gen.append(forced(job, word, eos, tok))
+    text = tok.decode(job.gen)
+    assert not violates("highlights:3", text), text
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_the_engine_highlights_replies_on_the_default_model(real_model_path):
+    from injection import load_adapter
+
+    smol = load_adapter(str(real_model_path), device="cpu")
+    ids = smol.renderer.encode(smol.render_chat(ASK), first=True)
+    eng = BatchEngine(smol, max_batch=4)
+    try:
+        out, plain = (eng.run(None, 1.0, ids, 48, **kw)
+                      for kw in ({"constraints": ("highlights:2",)}, {}))
+    finally:
+        eng.close()
+    text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    assert text.startswith("*") and not violates("highlights:2", text), text
+    assert violates("highlights:2", smol.tokenizer.decode(plain.token_ids))
