@@ -37,7 +37,7 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
 * ``bullets:<n>``: "Always answer as exactly 3 bullet points.": the reply is n lines, each
   opened by ``*`` (``engine/decoding/bullets.py``), and ends after the n-th;
 * ``highlights:<n>``: "Highlight at least two phrases with markdown, like *this*.": the
-  reply's first n sentences open with a ``*highlighted*`` span
+  reply's sentences after its first open with a ``*highlighted*`` span until n are closed
   (``engine/decoding/highlights.py``); not beside ``bullets:`` (a line's star is a point).
 
 ``detect`` reads them from the tenant's instructions and the member's memories (the

@@ -1,4 +1,4 @@
-"""A reply with at least n ``*highlighted*`` spans (injection/prompting/constraints.py
+"""A reply with at least n ``*highlighted*`` spans after its first sentence (injection/prompting/constraints.py
 ``highlights:<n>``, kept by injection/engine/decoding/highlights.py): how it is read, how
 IFEval counts the spans, each step of the decoder on SmolLM2's tokenizer (``" *"`` is one
 of its tokens; the demo tokenizer has none, so the decoder leaves it alone there), and the
@@ -80,12 +80,13 @@ def test_a_span_opens_the_reply_and_the_next_sentence_and_closes_at_a_clause(smo
         job.gen.append(forced(job, t, eos, tok))
         return tok.decode(job.gen[-1:])
 
-    assert step(" Pack") == "*"  # the reply's first token: the star (the model's word lost)
+    assert [step(p) for p in ("Sleep", " well", ".")] == ["Sleep", " well", "."]  # its own
+    assert step(" Pack") == " *"  # the next sentence opens a span (the model's word lost)
     out = bans.apply([job], torch.zeros(1, len(tok)))[0]
     assert torch.isinf(out[_ids(tok, " Pack")[0]]) and torch.isfinite(out[_ids(tok, "Pack")[0]])
     assert [step(p) for p in ("Pack", " light", ",")] == ["Pack", " light", "*"]  # a clause
     assert [step(p) for p in (",", " then", " go", ".", " Take")] == [
-        ",", " then", " go", ".", " *"]  # the next sentence opens a span
+        ",", " then", " go", ".", " *"]  # and the next
     out = bans.apply([job], torch.zeros(1, len(tok)))[0]
     assert torch.isinf(out[_ids(tok, " Take")[0]]) and torch.isinf(out[_ids(tok, "Pack")[0]])
     assert torch.isfinite(out[_ids(tok, "Take")[0]])  # glued, and not the first span's word
@@ -93,7 +94,7 @@ def test_a_span_opens_the_reply_and_the_next_sentence_and_closes_at_a_clause(smo
     assert [step(p) for p in ("Take", " a", " coat", " with", " with")] == [
         "Take", " a", " coat", "*", " with"]  # closed after WORDS words, not after "a"
     text = tok.decode(job.gen)
-    assert text == "*Pack light*, then go. *Take a coat* with", text
+    assert text == "Sleep well. *Pack light*, then go. *Take a coat* with", text
     assert not violates("highlights:2", text) and WORDS == 3
     out = bans.apply([job], torch.zeros(1, len(tok)))[0]
     assert torch.isfinite(out[eos]).all() and torch.isinf(out[_ids(tok, "*")[0]])
@@ -126,5 +127,5 @@ def test_the_engine_highlights_replies_on_the_default_model(real_model_path):
     finally:
         eng.close()
     text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-    assert text.startswith("*") and not violates("highlights:2", text), text
+    assert not violates("highlights:2", text), text
     assert violates("highlights:2", smol.tokenizer.decode(plain.token_ids))

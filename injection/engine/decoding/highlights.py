@@ -1,8 +1,9 @@
 """A reply with at least n highlighted sections, markdown ``*like this*``
 (``prompting/constraints.py``, ``highlights:<n>``), kept by the decoder.
 
-The reply's first n sentences open with a highlighted span: a forced ``*`` (`` *`` after a
-space), then the model's words, glued to the star (a first token with no space before it:
+The reply's sentences after its first (so it states its answer first: a span opening the
+reply drew SmolLM2 into reciting the memory, "*Highlight at least* two key phrases ...")
+open with a highlighted span until n are closed: a forced ``*`` (`` *`` after a space), then the model's words, glued to the star (a first token with no space before it:
 "*The", not "* The", which markdown does not emphasise; not the first token of an earlier
 span: greedy, SmolLM2 repeated "*Pack a lighter*" line after line), then a ``*`` where the span's
 first clause ends (the model's punctuation or line break comes after it), where it has
@@ -101,7 +102,7 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
     if done >= said.count or token in eos:
         return token
     left = job.max_new_tokens - reserve - n
-    at_start = n == opened or (n > 0 and "\n" in texts[job.gen[-1]])
+    at_start = n > opened and "\n" in texts[job.gen[-1]]  # a line's start, not the reply's
     sentence = n > opened and ended("".join(texts[t] for t in job.gen[-3:]))
     squeezed = left <= (said.count - done) * ROOM and piece[:1].isspace()
     if at_start or ((sentence or squeezed) and piece[:1] == " "):
