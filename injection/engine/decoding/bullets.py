@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.text import ended, token_texts
+from injection.engine.decoding.text import only, tail_ended, token_texts
 
 __all__ = ["EARLY", "SLACK", "Bullets", "bullets", "first", "step"]
 
@@ -59,12 +59,9 @@ def first(job: Any, scores: torch.Tensor) -> torch.Tensor:
     marks, said = job.sampler.bullets, job.sampler.forced.bullets
     if not marks or marks[-1] != len(job.gen) - 1:
         return scores
-    allowed = said.spaced.to(scores.device, non_blocking=True).clone()
+    allowed = said.spaced.clone()
     allowed[[job.gen[m + 1] for m in marks[:-1]]] = False
-    n = min(allowed.shape[0], scores.shape[0])
-    out = torch.full_like(scores, float("-inf"))
-    out[:n] = torch.where(allowed[:n], scores[:n], out[:n])
-    return out if torch.isfinite(out).any() else scores
+    return only(scores, allowed)
 
 
 def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: int) -> int:
@@ -75,7 +72,7 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
     if said is None or n < opened:
         return token
     texts = token_texts(tokenizer)
-    at_line = n == opened and not marks or (n > 0 and "\n" in texts[job.gen[-1]])
+    at_line = (n == opened and not marks) or (n > 0 and "\n" in texts[job.gen[-1]])
     if at_line and len(marks) < said.count:
         if n > 0 and not marks and "\n" not in texts[job.gen[-1]]:
             return said.newline  # after an opening phrase: the points on lines of their own
@@ -89,7 +86,7 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
         return next(iter(eos)) if last else said.newline
     if last:  # the reply ends at a sentence's end near its last token
         left = job.max_new_tokens - reserve - n
-        done = left <= EARLY and ended("".join(texts[t] for t in job.gen[-3:]))
+        done = left <= EARLY and tail_ended(job.gen, texts)
         return next(iter(eos)) if done else token
     room = job.max_new_tokens - reserve - n - 1  # after a line break now
     if room <= (said.count - len(marks)) * POINT or _due(job, token, texts, marks,
@@ -107,5 +104,5 @@ def _due(job: Any, token: int, texts: list[str], marks: list[int], count: int,
     used = n - start
     if used < share:
         return False
-    return ended("".join(texts[t] for t in job.gen[-3:])) or (
+    return tail_ended(job.gen, texts) or (
         used >= share + SLACK and texts[token][:1].isspace())

@@ -3,14 +3,14 @@
 
 The reply's sentences after its first (so it states its answer first: a span opening the
 reply drew SmolLM2 into reciting the memory, "*Highlight at least* two key phrases ...")
-open with a highlighted span until n are closed: a forced ``*`` (`` *`` after a space), then the model's words, glued to the star (a first token with no space before it:
-"*The", not "* The", which markdown does not emphasise; not the first token of an earlier
-span: greedy, SmolLM2 repeated "*Pack a lighter*" line after line), then a ``*`` where the span's
-first clause ends (the model's punctuation or line break comes after it), where it has
-``WORDS`` words and the last is no function word ("*Pack for a* trip": ``BINDING``), or
-``TOKENS`` tokens on at a word's start. The model's own ``*``
-closes an open span; outside one it may not write one (an unpaired star would pair with
-the next span). Where sentences run long and only the spans still to come fit
+open with a highlighted span until n are closed: a forced ``*`` (`` *`` after a space),
+then the model's words, glued to the star (a first token with no space before it: "*The",
+not "* The", which markdown does not emphasise; not the first token of an earlier span:
+greedy, SmolLM2 repeated "*Pack a lighter*" line after line), then a ``*`` where the
+span's first clause ends (the model's punctuation or line break comes after it), where it
+has ``WORDS`` words and the last is no function word ("*Pack for a* trip": ``BINDING``),
+or ``TOKENS`` tokens on at a word's start. The model's own ``*`` closes an open span;
+outside one it may not write one (an unpaired star would pair with the next span). Where sentences run long and only the spans still to come fit
 (``ROOM`` tokens each), a span opens at the next word instead; the end of turn waits
 until the n-th is closed (``phrases.holds``).
 """
@@ -21,9 +21,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.text import ended, token_texts
+from injection.engine.decoding.text import only, tail_ended, token_texts
 
-__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "highlights", "mask", "open_spans", "step"]
+__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "highlights", "mask",
+           "open_spans", "step"]
 
 WORDS = 3  # a span closes before its next word once it has this many
 TOKENS = 8  # ... or before the next word this many tokens on, clause or not
@@ -35,13 +36,13 @@ BINDING = frozenset(  # a span does not close after these words (it would split 
 
 class Highlights(NamedTuple):
     """n spans, the ``*`` and ``" *"`` tokens, which tokens may start a span (a word with no
-    space before it) and which hold a star (``[V]`` bool each)."""
+    space before it) and which hold no star (``[V]`` bool each)."""
 
     count: int
     star: int
     spaced_star: int
     glued: torch.Tensor
-    starred: torch.Tensor
+    starless: torch.Tensor
 
 
 def highlights(tokenizer: Any, constraints: Any) -> Highlights | None:
@@ -55,7 +56,7 @@ def highlights(tokenizer: Any, constraints: Any) -> Highlights | None:
     texts = token_texts(tokenizer)
     glued = torch.tensor([t[:1].isalnum() for t in texts])
     return Highlights(max(counts), star[0], spaced[0], glued,
-                      torch.tensor(["*" in t for t in texts]))
+                      torch.tensor(["*" not in t for t in texts]))
 
 
 def open_spans(job: Any) -> tuple[int, bool]:
@@ -72,14 +73,10 @@ def mask(job: Any, scores: torch.Tensor) -> torch.Tensor:
         keep = said.glued.clone()
         keep[[job.gen[m + 1] for m in marks[:-1:2]]] = False
     elif not marks or len(marks) % 2 == 0:
-        keep = ~said.starred
+        keep = said.starless
     else:
         return scores
-    n = min(keep.shape[0], scores.shape[0])
-    out = scores.clone()
-    out[:n] = torch.where(keep[:n].to(scores.device), scores[:n],
-                          torch.full_like(scores[:n], float("-inf")))
-    return out if torch.isfinite(out).any() else scores
+    return only(scores, keep)
 
 
 def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: int) -> int:
@@ -103,7 +100,7 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
         return token
     left = job.max_new_tokens - reserve - n
     at_start = n > opened and "\n" in texts[job.gen[-1]]  # a line's start, not the reply's
-    sentence = n > opened and ended("".join(texts[t] for t in job.gen[-3:]))
+    sentence = n > opened and tail_ended(job.gen, texts)
     squeezed = left <= (said.count - done) * ROOM and piece[:1].isspace()
     if at_start or ((sentence or squeezed) and piece[:1] == " "):
         marks.append(n)

@@ -40,10 +40,15 @@ def holds(job: Any) -> bool:
     titled, marks = job.sampler.titled, job.sampler.bullets
     return ((bool(said.start) and n < len(said.start) + OWN)
             or (bool(marks) and n < marks[-1] + 1 + OWN)
-            or (said.highlights is not None and (
-                open_spans(job)[0] < said.highlights.count or open_spans(job)[1]))
+            or (said.highlights is not None and _spans_due(job))
             or (titled is not None and n < titled + OWN)
             or (at is not None and at >= 0 and n < at + len(said.ps) + OWN))
+
+
+def _spans_due(job: Any) -> bool:
+    """Whether a highlighted span is open, or fewer than the row's n are closed."""
+    closed, inside = open_spans(job)
+    return inside or closed < job.sampler.forced.highlights.count
 
 
 def choices(options: Sequence[tuple[int, ...]], gen: Sequence[int],

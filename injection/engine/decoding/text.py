@@ -4,9 +4,12 @@ text (built once per tokenizer) and where a sentence ends."""
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["ended", "token_texts"]
+import torch
+
+__all__ = ["ended", "only", "tail_ended", "token_texts"]
 
 
 def token_texts(tokenizer: Any) -> list[str]:
@@ -24,3 +27,19 @@ _END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*\s*$")  # a word's end, then .!? ("1.
 def ended(text: str) -> bool:
     """Whether ``text`` ends a sentence (a word, then ".", "!" or "?")."""
     return _END.search(text) is not None
+
+
+def tail_ended(gen: Sequence[int], texts: list[str]) -> bool:
+    """Whether the reply ``gen`` (token ids; ``texts``: ``token_texts``) has just ended a
+    sentence (its last three tokens read by ``ended``)."""
+    return ended("".join(texts[t] for t in gen[-3:]))
+
+
+def only(scores: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """A row's ``[V]`` scores with every token outside ``keep`` (``[V']`` bool, the
+    tokenizer's vocabulary; padding columns past it dropped) at -inf; the same scores
+    where that would leave no token."""
+    n = min(keep.shape[0], scores.shape[0])
+    out = torch.full_like(scores, float("-inf"))
+    out[:n] = torch.where(keep[:n].to(scores.device, non_blocking=True), scores[:n], out[:n])
+    return out if torch.isfinite(out).any() else scores
