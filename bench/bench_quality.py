@@ -214,7 +214,42 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
     missing = sorted({j[3] for j in todo if j[3] not in CONDS})
     if missing:
         raise SystemExit(f"imported conditions without every reply (--import): {missing}")
-    print(f"  {len(jobs) - len(todo)} stored, {len(todo)} to generate", flush=True)
+    late = [j for j in todo if _derivable(j, jobs)]
+    todo = [j for j in todo if j not in late]
+    print(f"  {len(jobs) - len(todo) - len(late)} stored, {len(todo) + len(late)} to generate",
+          flush=True)
+    _run(ex, budget, todo, workers, partial, done)
+    derived = _derive(late, done)
+    _run(ex, budget, [j for j in late if _key(j) not in derived], workers, partial, done)
+    if late:
+        print(f"  {len(derived)} of {len(late)} '- guidance' replies are the platform's "
+              "(no guide ran for them)", flush=True)
+    if partial:
+        Path(partial).write_text(json.dumps(done))
+    return done
+
+
+def _derivable(job: tuple, jobs: list[tuple]) -> bool:
+    """A ``- guidance`` job whose ``platform`` twin is in the run: where the platform runs no
+    guide (its guide forward tokens are 0: guidance is not applied to that member), the
+    reply without guidance is the platform's, token for token (greedy; tests/injection
+    test the switch), so it is copied instead of generated again (``_derive``)."""
+    return job[3] == "- guidance" and (*job[:3], "platform") in jobs
+
+
+def _derive(late: list[tuple], done: dict) -> set[str]:
+    """The keys of ``late`` copied from their ``platform`` twin (``_derivable``)."""
+    out = set()
+    for job in late:
+        twin = done.get(_key((*job[:3], "platform")))
+        if twin is not None and twin["guide"] == 0 and _key(job) not in done:
+            done[_key(job)] = {**twin, "derived": True}
+            out.add(_key(job))
+    return out
+
+
+def _run(ex, budget: int, todo: list[tuple], workers: int, partial: str, done: dict) -> None:
+    """Generate ``todo`` into ``done`` (``generate``), saving ``partial`` as it goes."""
     defaults, t0 = _defaults(ex), time.perf_counter()
 
     def one(job):
@@ -237,7 +272,6 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
                     if partial:
                         Path(partial).write_text(json.dumps(done))
     _set_switches(ex, (), defaults)
-    return done
 
 
 def imported(spec: str) -> dict[str, dict]:
