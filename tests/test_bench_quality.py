@@ -101,3 +101,15 @@ def test_profiles_pair_every_condition_on_the_same_cases():
     assert all(CASES[i].split == "validation" for i, *_ in jobs)
     tail = [j[3] for j in jobs[-len(by_cell[(8, 20, "- recall pick")]):]]
     assert set(tail) == {"- recall pick"}  # the module switch runs last, in a phase
+
+
+def test_a_reply_without_guidance_is_copied_only_where_the_platform_ran_no_guide():
+    jobs = [(1, 0, 1, "platform"), (1, 0, 1, "- guidance"), (2, 0, 1, "platform"),
+            (2, 0, 1, "- guidance"), (3, 8, 1, "- guidance")]
+    late = [j for j in jobs if bench_quality._derivable(j, jobs)]
+    assert late == [(1, 0, 1, "- guidance"), (2, 0, 1, "- guidance")]  # no twin: generated
+    done = {"1|0|1|platform": {"text": "unguided", "guide": 0},
+            "2|0|1|platform": {"text": "guided", "guide": 90}}
+    assert bench_quality._derive(late, done) == {"1|0|1|- guidance"}
+    assert done["1|0|1|- guidance"] == {"text": "unguided", "guide": 0, "derived": True}
+    assert "2|0|1|- guidance" not in done  # its guide ran: generated without guidance
