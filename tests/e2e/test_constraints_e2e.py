@@ -90,3 +90,26 @@ def test_a_repeated_question_through_the_worker(live_server, gpu_worker, setting
     assert on["cache"]["constraints"] == ["repeat", f"start:{ask}"]
     assert on["reply"].startswith(ask) and not off["reply"].startswith(ask)
     assert off["cache"]["constraints"] == []
+
+
+def test_bullet_points_through_the_worker(live_server, gpu_worker, settings, demo_model_path):
+    """A count of bullet points read from the member's memory in the worker and kept: the
+    /v1 reply is exactly that many points as IFEval counts them, every line a ``* `` point;
+    ``/api/chat`` lists it in ``cache.constraints``, and off the model writes no such list."""
+    settings.MODEL_PATH = str(demo_model_path)
+    tenant = actions.do_create_tenant("acme", "Acme")
+    member = actions.do_add_member(
+        tenant, "dana", preference="Always answer in exactly 3 bullet points.")
+    key, ask = actions.do_create_api_token(member), "How do I keep a garden alive?"
+    status, body = post(live_server.url, "/v1/chat/completions", key, {
+        "model": "kvinject", "max_tokens": 48, "temperature": 0,
+        "messages": [{"role": "user", "content": ask}]})
+    assert status == 200, (body, gpu_worker.log_tail())
+    reply = body["choices"][0]["message"]["content"]
+    assert not violates("bullets:3", reply), reply
+    assert all(line.startswith("* ") for line in reply.strip().split("\n")), reply
+    bodies = [post(live_server.url, "/api/chat", key, {
+        "message": ask, "max_new_tokens": 48, **switch})[1] for switch in ({}, {"constraints": False})]
+    assert bodies[0]["cache"]["constraints"] == ["bullets:3"], bodies[0]
+    assert bodies[0]["reply"] == reply  # greedy: the same reply through both APIs
+    assert bodies[1]["cache"]["constraints"] == [] and violates("bullets:3", bodies[1]["reply"])
