@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 from memory_cases import ALCOHOL, GLUTEN, MEATS, SHELLFISH
 from personalisation_cases import avoids, mentions
-from quality_questions import FACTS, PREFERENCES, QUESTIONS, STANDING
+from quality_questions import FACTS, LENGTH_PREFERENCES, PREFERENCES, QUESTIONS, STANDING
 
 
 class Case(NamedTuple):
@@ -79,9 +79,9 @@ def _standing() -> list[Case]:
     return out
 
 
-def _preferences() -> list[Case]:
+def _preferences(entries: list[tuple] = PREFERENCES) -> list[Case]:
     out = []
-    for kind, split, memory, check, questions in PREFERENCES:
+    for kind, split, memory, check, questions in entries:
         fn = _pref_check(check)
         out += [Case("preference", kind, split, memory, q, fn) for q in questions]
     return out
@@ -127,7 +127,9 @@ def _facts() -> list[Case]:
     return out
 
 
-CASES: list[Case] = [*_standing(), *_preferences(), *_facts()]
+# the length preferences last: the cases before keep their index (quality_questions.py)
+CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
+                     *_preferences(LENGTH_PREFERENCES)]
 
 
 def family_split(family: str, split: str) -> list[Case]:

@@ -429,3 +429,27 @@ FACTS: list[tuple] = [
      [("the University of Edinburgh", "Edinburgh"), ("Sorbonne",), ("Heidelberg",), ("McGill",),
       ("Trinity College Dublin", "Trinity")]),
 ]
+
+# Added 2026-11-28 with the sentence limit (``max_sentences:<n>``), written before it was
+# measured: length preferences beside the tuning set's "short answers". Appended after the
+# facts (``quality_cases.CASES``) so the 303 cases before keep their index (partial files,
+# a case's place among the 20-memory fillers). Checks: the whole reply is 1..n sentences.
+_AT_MOST_1 = ("regex", r"^(?:[^.!?]*[.!?]){1}\s*$")
+_AT_MOST_2 = ("regex", r"^(?:[^.!?]*[.!?]){1,2}\s*$")
+LENGTH_PREFERENCES: list[tuple] = [
+    ("one sentence", "tuning", "Answer in one sentence only.", _AT_MOST_1, [
+        "Why is the sky blue?", "How does a thermostat control a heater?",
+        "What makes a bridge strong?", "Why do leaves change colour in autumn?",
+        "How do submarines dive and surface?"]),
+    ("under n sentences", "validation", "Keep every answer under three sentences.", _AT_MOST_2, [
+        "How does a battery store energy?", "Why do onions make people cry?",
+        "What causes the tides?", "How is glass made?"]),
+    ("under n sentences", "validation", "I prefer brief replies, one sentence if you can.",
+     _AT_MOST_1, [
+        "How do bees make honey?", "Why does bread rise?",
+        "What is inflation?", "How does a compass work?"]),
+    ("under n sentences", "validation", "Answer me in no more than two sentences, please.",
+     _AT_MOST_2, [
+        "How do volcanoes form?", "Why do we have leap years?",
+        "How does a microwave oven heat food?", "What does the liver do?"]),
+]

@@ -34,6 +34,10 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
   "never more than 29 words": k = 30): the reply ends, at a word's end, before its k-th
   word (counted as IFEval does: runs of letters and digits), at a sentence's end shortly
   before where it can;
+* ``max_sentences:<n>``: "Answer in one or two sentences." (n = 2; "fewer than 3
+  sentences": 2; "a one-sentence answer": 1): the reply ends after its n-th sentence, or
+  at a sentence's end shortly before ``max_new_tokens`` would cut one; not beside bullet
+  points or highlights (their lines and spans decide where the reply ends);
 * ``bullets:<n>``: "Always answer as exactly 3 bullet points.": the reply is n lines, each
   opened by ``*`` (``engine/decoding/bullets.py``), and ends after the n-th;
 * ``highlights:<n>``: "Highlight at least two phrases with markdown, like *this*.": the
@@ -62,6 +66,8 @@ from injection.prompting.readers import (
     choice,
     highlight_count,
     negated,
+    sentence_count,
+    sentence_limit,
     word_count,
     word_limit,
 )
@@ -172,9 +178,12 @@ def opening(constraints: Sequence[str], asked: str) -> tuple[str, ...]:
 
 def _consistent(found: set[str]) -> set[str]:
     """``found`` without contradictions: lowercase and capitals both asked: neither; bullet
-    points and highlights: the points (a star opening a line is a point)."""
+    points and highlights: the points (a star opening a line is a point); a sentence limit
+    beside either: the points or spans."""
     if any(c.startswith("bullets:") for c in found):
         found = {c for c in found if not c.startswith("highlights:")}
+    if any(c.startswith(("bullets:", "highlights:")) for c in found):
+        found = {c for c in found if not c.startswith("max_sentences:")}
     return found - {"lowercase", "uppercase"} if {"lowercase", "uppercase"} <= found else found
 
 
@@ -215,6 +224,8 @@ def _of(text: str) -> set[str]:
         out = {c for c in out if c not in words} | {"choice:" + "|".join(options)}
     if (k := word_limit(text)) is not None:
         out.add(f"max_words:{k}")
+    if (k := sentence_limit(text)) is not None:
+        out.add(f"max_sentences:{k}")
     if (k := bullet_count(text)) is not None:
         out.add(f"bullets:{k}")
     if (k := highlight_count(text)) is not None:
@@ -239,7 +250,8 @@ def transform(constraints: Sequence[str], text: str) -> str:
 def tokenwise(constraint: str) -> bool:
     """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
     return (constraint not in (*TRANSFORMS, "repeat", "title")
-            and not constraint.startswith(("choice:", "max_words:", "bullets:", "highlights:"))
+            and not constraint.startswith(("choice:", "max_words:", "max_sentences:", "bullets:",
+                                             "highlights:"))
             and phrase(constraint) is None)
 
 
@@ -276,6 +288,8 @@ def violates(constraint: str, text: str) -> bool:
         return text.strip() not in constraint[7:].split("|")
     if constraint == "title":
         return re.search(r"<<[^\n]+>>", text) is None
+    if constraint.startswith("max_sentences:"):
+        return sentence_count(text) > int(constraint[14:])
     if constraint.startswith("bullets:"):  # lines as IFEval counts them ("* x", "- x")
         return len(_BULLET.findall(text)) != int(constraint[8:])
     if constraint.startswith("highlights:"):  # as IFEval counts them: *x* and **x**

@@ -1,12 +1,13 @@
 """How a standing instruction's words are read (``constraints.py``): negation, quoted
-literals, the options a reply is to be one of, a word limit, a bullet count and highlights."""
+literals, the options a reply is to be one of, a word limit, a sentence limit, a bullet count
+and highlights."""
 
 from __future__ import annotations
 
 import re
 
 __all__ = ["NEG", "QUOTED", "bullet_count", "choice", "highlight_count", "negated",
-           "word_count", "word_limit"]
+           "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
@@ -106,3 +107,42 @@ def highlight_count(text: str) -> int | None:
     n = {"once": 1, "twice": 2}.get(said.lower()) or (
         int(said) if said.isdigit() else _NUMBERS[said.lower()])
     return n if 1 <= n <= 10 else None
+
+
+_COUNT = r"(\d+|" + "|".join(_NUMBERS) + r"|a\s+single|single)"
+_SENTENCES = r"(?:\s+(?:short|brief|concise|simple|clear|full|complete))?[\s-]+sentences?\b"
+_SENT_AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to|"
+                           r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+" + _COUNT + _SENTENCES, re.I)
+_SENT_FEWER = re.compile(r"\b(?:fewer\s+than|less\s+than|under|below)\s+" + _COUNT + _SENTENCES,
+                         re.I)  # fewer than n: at most n - 1
+_SENT_MORE = re.compile(r"\b(?:more|longer)\s+than\s+" + _COUNT + _SENTENCES, re.I)  # negated
+_SENT_PLAIN = re.compile(r"\b(?:in|of|to|with|within|as|using|by)\s+(?:just\s+|only\s+|one\s+"
+                         r"or\s+|two\s+or\s+)?" + _COUNT + _SENTENCES + r"(?!\s+(?:or\s+more|"
+                         r"at\s+least|minimum))|\b" + _COUNT + r"-sentences?\b", re.I)
+_SENT_END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*(?=\s|$)")  # a word's end, then .!? ("1." no)
+
+
+def _number(said: str) -> int:
+    said = said.lower()
+    return 1 if "single" in said else int(said) if said.isdigit() else _NUMBERS[said]
+
+
+def sentence_limit(text: str) -> int | None:
+    """n where ``text`` asks for replies of at most n sentences (1 to 10): "in one or two
+    sentences" and "no more than 2 sentences" (2), "fewer than 3 sentences" (2), "never more
+    than two sentences" (2), "a one-sentence answer" (1); not "at least 3 sentences", "3 or
+    more", nor negated ("never answer in one sentence"); the tightest asked; None for none."""
+    limits = []
+    for pattern, neg in ((_SENT_FEWER, False), (_SENT_AT_MOST, False), (_SENT_MORE, True),
+                         (_SENT_PLAIN, False)):
+        for m in pattern.finditer(text):
+            said = next((g for g in m.groups() if g), None)
+            if said is not None and negated(text, m.start()) == neg:
+                limits.append(_number(said) - (pattern is _SENT_FEWER))
+    limits = [n for n in limits if 1 <= n <= 10]
+    return min(limits) if limits else None
+
+
+def sentence_count(text: str) -> int:
+    """``text``'s sentence ends: a word, then ".", "!" or "?", then a space or the end."""
+    return len(_SENT_END.findall(text))

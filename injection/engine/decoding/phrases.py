@@ -1,6 +1,6 @@
 """The phrases a reply opens and closes with, kept by the decoder (``prompting/constraints.py``:
 ``start:``, ``end:``, ``repeat`` (the user's message as the opening), ``ps:``, ``title``,
-``choice:``, ``max_words:``), as token ids built once per request (``phrases``).
+``choice:``, ``max_words:``, ``max_sentences:``), as token ids built once per request (``phrases``).
 
 ``forced`` replaces the row's chosen token with the phrase's token due at that point of the
 reply; ``choices`` and ``holds`` are what ``bans.apply`` does to a step's logits: only the
@@ -20,9 +20,9 @@ from injection.engine.decoding.bullets import Bullets, bullets
 from injection.engine.decoding.bullets import step as bullet_step
 from injection.engine.decoding.highlights import Highlights, highlights, open_spans
 from injection.engine.decoding.highlights import step as highlight_step
-from injection.engine.decoding.text import ended
+from injection.engine.decoding.text import ended, tail_ended, token_texts
 from injection.prompting.constraints import phrase, violates
-from injection.prompting.readers import word_count
+from injection.prompting.readers import sentence_count, word_count
 
 __all__ = ["OWN", "PS_NOTE", "TITLE_TOKENS", "Phrases", "choices", "forced", "holds",
            "phrases"]
@@ -78,6 +78,7 @@ class Phrases(NamedTuple):
     choices: tuple[tuple[int, ...], ...] = ()  # the whole reply is one of them
     eos: tuple[int, ...] = ()  # not chosen right after a forced opening or marker (``OWN``)
     words: int = 0  # the reply has fewer words than this (0: no limit)
+    sentences: int = 0  # ... at most this many sentences (0: no limit)
     bullets: Bullets | None = None  # the reply is exactly n bullet points
     highlights: Highlights | None = None  # ... has at least n *highlighted* spans
 
@@ -88,9 +89,10 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     said = dict(p for p in map(phrase, constraints) if p is not None)
     options = [c[7:].split("|") for c in constraints if c.startswith("choice:")]
     limits = [int(c[10:]) for c in constraints if c.startswith("max_words:")]
+    most = [int(c[14:]) for c in constraints if c.startswith("max_sentences:")]
     points, spans = bullets(tokenizer, constraints), highlights(tokenizer, constraints)
-    if (not said and "title" not in constraints and not options and not limits and not points
-            and not spans):
+    if (not said and "title" not in constraints and not options and not limits and not most
+            and not points and not spans):
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -103,15 +105,15 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     title = (ids("<<"), ids(">>\n")) if "title" in constraints else None
     return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
                    ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]),
-                   bullets=points, highlights=None if points else spans)
+                   sentences=min(most or [0]), bullets=points, highlights=None if points else spans)
 
 
 def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
     """The row's next token with its phrases kept: the opening phrase's tokens first; the
     closing phrase's where the reply would end (an end-of-turn token, unless the reply
     already ends with the phrase), where only its tokens still fit ``max_new_tokens`` or
-    at a sentence's end just before (``_due``), or where a word limit is reached
-    (``_word_limit``), then the end of turn."""
+    at a sentence's end just before (``_due``), or where a word or sentence limit is
+    reached (``_word_limit``, ``_sentence_limit``), then the end of turn."""
     said, n = job.sampler.forced, len(job.gen)
     if said is None:
         return token
@@ -124,7 +126,8 @@ def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
     token = _points(job, token, eos, tokenizer)
     if (ps := _postscript(job, token, eos, tokenizer)) is not None:
         return ps
-    if job.sampler.ending is None and _word_limit(job, token, tokenizer):
+    if job.sampler.ending is None and (_word_limit(job, token, tokenizer)
+                                       or _sentence_limit(job, token, tokenizer)):
         if not said.end:
             return next(iter(eos))
         job.sampler.ending = n
@@ -172,6 +175,20 @@ def _word_limit(job: Any, token: int, tokenizer: Any) -> bool:
     if grows and used + 1 >= said.words:
         return True
     return used + 1 + EARLY_WORDS >= said.words and ended(text)
+
+
+def _sentence_limit(job: Any, token: int, tokenizer: Any) -> bool:
+    """Whether a sentence-limited reply closes now: it has just ended its n-th sentence and
+    ``token`` would start another (a space or a line break first), or it has just ended one
+    within ``EARLY`` tokens of ``max_new_tokens`` (its closing phrase counted), which would
+    cut the next in half."""
+    said, texts = job.sampler.forced, token_texts(tokenizer)
+    if not said.sentences or not job.gen or not tail_ended(job.gen, texts):
+        return False
+    if job.max_new_tokens - len(said.end) - len(job.gen) <= EARLY:
+        return True
+    piece = texts[token] if token < len(texts) else ""
+    return piece[:1].isspace() and sentence_count(tokenizer.decode(job.gen)) >= said.sentences
 
 
 def _points(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
