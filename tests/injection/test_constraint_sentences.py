@@ -8,12 +8,11 @@ import pytest
 
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
-from injection.engine.decoding import bans
 from injection.engine.decoding.phrases import EARLY, forced
-from injection.engine.sampling import RowSampler
 from injection.prompting.constraints import detect, kept, violates
 from injection.prompting.readers import sentence_count
 from tests.injection.test_batch import _in_threads
+from tests.injection.test_constraint_highlights import _ids, _row
 from tests.injection.test_planner import ASK, TextOnly, planner
 
 READ = [
@@ -57,20 +56,6 @@ def test_sentences_are_counted_at_a_words_end_then_a_stop():
     assert violates("max_sentences:1", "Rest. Drink water!")
 
 
-def _job(said, max_new: int = 64):
-    class Job:
-        sampler = RowSampler(forced=said)
-        max_new_tokens = max_new
-        gen: list[int] = []
-
-    Job.sampler.token_map = None
-    return Job
-
-
-def _ids(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
-
-
 def _write(job, tok, eos, text: str) -> list[int]:
     """The row's tokens when the model picks ``text``'s tokens one by one, then the end."""
     for pick in [*_ids(tok, text), eos[0]]:
@@ -83,13 +68,12 @@ def _write(job, tok, eos, text: str) -> list[int]:
 
 def test_the_reply_ends_where_its_nth_sentence_ends(adapter):
     tok, eos = adapter.tokenizer, sorted(adapter._eos_ids())
-    said = bans.prepare(tok, ("max_sentences:2",), eos)[1]
-    gen = _write(_job(said), tok, eos, "Rest well. Drink some water. Then sleep all night.")
+    gen = _write(_row(tok, ("max_sentences:2",), eos), tok, eos,
+                 "Rest well. Drink some water. Then sleep all night.")
     assert gen[-1] in eos and tok.decode(gen[:-1]) == "Rest well. Drink some water."
-    one = bans.prepare(tok, ("max_sentences:1",), eos)[1]
-    gen = _write(_job(one), tok, eos, "Rest well.\nDrink some water.")
+    gen = _write(_row(tok, ("max_sentences:1",), eos), tok, eos, "Rest well.\nDrink some water.")
     assert tok.decode(gen[:-1]) == "Rest well."  # a line break starts the next one
-    gen = _write(_job(one), tok, eos, "Use 2.5 litres. Then rest.")
+    gen = _write(_row(tok, ("max_sentences:1",), eos), tok, eos, "Use 2.5 litres. Then rest.")
     assert tok.decode(gen[:-1]) == "Use 2.5 litres."  # "2." ends no sentence
 
 
@@ -97,19 +81,18 @@ def test_near_the_cut_the_reply_ends_at_a_sentences_end(adapter):
     """Where ``max_new_tokens`` would cut the next sentence, the reply ends at this one's
     end (within ``EARLY`` tokens of the cut), under its limit."""
     tok, eos = adapter.tokenizer, sorted(adapter._eos_ids())
-    said = bans.prepare(tok, ("max_sentences:2",), eos)[1]
-    first = "Rest well and drink some water."
+    first, two = "Rest well and drink some water.", ("max_sentences:2",)
     n = len(_ids(tok, first))
-    gen = _write(_job(said, max_new=n + EARLY), tok, eos, first + " Then sleep all night.")
+    gen = _write(_row(tok, two, eos, n + EARLY), tok, eos, first + " Then sleep all night.")
     assert tok.decode(gen[:-1]) == first
-    gen = _write(_job(said, max_new=n + EARLY + 1), tok, eos, first + " Then sleep.")
+    gen = _write(_row(tok, two, eos, n + EARLY + 1), tok, eos, first + " Then sleep.")
     assert tok.decode(gen[:-1]) == first + " Then sleep."  # room: the second sentence
 
 
 def test_a_closing_phrase_comes_after_the_last_sentence(adapter):
     tok, eos = adapter.tokenizer, sorted(adapter._eos_ids())
-    said = bans.prepare(tok, ("end:Good luck!", "max_sentences:1"), eos)[1]
-    gen = _write(_job(said), tok, eos, "Rest well. Drink some water.")
+    gen = _write(_row(tok, ("end:Good luck!", "max_sentences:1"), eos), tok, eos,
+                 "Rest well. Drink some water.")
     assert tok.decode(gen[:-1]) == "Rest well. Good luck!"
 
 
