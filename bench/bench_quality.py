@@ -24,10 +24,10 @@ against the system message and the platform without each mechanism. Cost per mec
 extra forward tokens per reply (guide rows, reminder tokens) from the results.
 
 Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]`` (~430 replies,
-15-20 min on 2 cores; the default ``full``, ~2,200 replies (its "- guidance" ones copied where no guide ran:
-``_derivable``),
-is what ``make bench`` runs: ~95 min on 2 idle cores by the cells' own rates, over 90; no session
-has yet had the machine to itself for one whole run, so ``--partial`` resumes it)
+15-20 min on 2 cores). The default ``full`` (~2,200 replies; its "- guidance" ones copied where no
+guide ran: ``_derivable``) is what ``make bench`` runs: over 90 min on 2 cores (2026-11-28, the
+machine idle but for two demo requests: depth 8's replies took 6.3 s each, 100 in 626 s, so its 606
+~64 min alone); no session has had the machine for one whole run yet: ``--partial`` resumes one
 (IFEval's verifiers come with ``make install``); ``--partial FILE`` keeps the replies and
 resumes; ``--write-docs TAG`` writes the tables as section TAG of
 docs/benchmarks/quality.md (docs/BENCHMARKS.md's quality section summarises them).
@@ -100,7 +100,7 @@ PROFILES: dict[str, dict] = {
         (8, 1): ["system message", "platform"],
         (8, 20): ["system message", "platform", "- recall pick"],
     }},
-    # ``make bench`` (~2,200 replies, ~95 min on 2 idle cores): every case where defaults
+    # ``make bench`` (~2,200 replies, over 90 min on 2 idle cores): every case where defaults
     # are decided, every 3rd case (``"every"``) at the other depths and with 20 memories
     "full": {"every": 1, "cells": {
         (0, 1): ["platform", "- guidance"],
