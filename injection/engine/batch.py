@@ -224,7 +224,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         if not resume and not job.prefilled:
             job.reset(self.adapter.tokenizer, self.adapter.device)
         ids, done = job.prefill_ids(resume), job.prefilled
-        size = self.pacer.chunk(len(ids) - done, decoding=bool(self._rows))
+        size = self.pacer.chunk(len(ids) - done, decoding=self._paced())
         t0 = self.clock()
         past, logits, guided = contrast.prefill(  # a guided row: with its guide, if it can
             self.adapter, job, ids[done:done + size], job.chunk_cache,

@@ -96,3 +96,47 @@ def test_alone_a_long_prompt_is_prefilled_in_chunks_of_the_cap(adapter):
     finally:
         eng.close()
     assert calls[:3] == [256, 256, 88]  # nobody decoding: nothing to pace against
+
+
+def test_a_burst_larger_than_the_running_batch_is_prefilled_together_unpaced(adapter):
+    """Three long prompts queue while one short row decodes: more wait than run, so they
+    are prefilled as when idle, in one forward of the three (paced, each would come alone
+    in 30-token chunks: the test above); every reply is the one it gets alone."""
+    prompt, kv = _row(adapter, PREFS[0], "What should I cook tonight?")
+    longs = [_long_prompt(adapter, 120 + k)[k:] for k in range(3)]  # 120 tokens, different
+    clock, calls, ref = _Clock(), [], {}
+
+    def before(_n, kw):
+        rows, q = kw["input_ids"].shape
+        calls.append((rows, q))
+        clock.t += 0.004 * q * rows if q > 1 else 0.08
+        if (rows, q) == (1, 1) and calls.count((1, 1)) == 1:  # the short row decodes
+            _until(lambda: ref["eng"].stats()["waiting"] >= 3, "the burst queued")
+
+    eng = ref["eng"] = BatchEngine(_with_model(adapter, _Faulty(adapter.model, before)),
+                                   max_batch=4, prefill_chunk=256, pace=1.5, clock=clock,
+                                   group_prefill=4)
+    out: dict = {}
+    try:
+        threads = [threading.Thread(target=lambda: out.setdefault(
+            "short", eng.generate(prompt, kv, 1.0, 40)))]
+        threads[0].start()
+        _until(lambda: calls.count((1, 1)) >= 1, "the short row decoding")
+        for k, ids in enumerate(longs):
+            threads.append(threading.Thread(target=lambda k=k, ids=ids: out.setdefault(
+                k, eng.run(None, 1.0, ids, 4))))
+            threads[-1].start()
+        for t in threads:
+            t.join(60)
+    finally:
+        eng.close()
+    assert (3, 120) in calls  # the three in one forward, whole
+    assert not [q for rows, q in calls[1:] if rows == 1 and q > 1]  # no chunk of one alone
+    assert eng.stats()["group_prefills"] == 1 and eng.stats()["prefill_chunks"] == 0
+    alone = BatchEngine(adapter, max_batch=1, prefill_chunk=0)
+    try:
+        for k, ids in enumerate(longs):
+            assert out[k].token_ids == alone.run(None, 1.0, ids, 4).token_ids
+        assert out["short"].token_ids == adapter.generate(prompt, kv, 1.0, 40).token_ids
+    finally:
+        alone.close()

@@ -63,22 +63,33 @@ class GroupPrefill:
 
     def _group(self, first: RowJob) -> list[RowJob]:
         """``first`` and the groupable rows queued right behind it (popped)."""
-        group = [first]
-        if self.group_prefill <= 1 or not self._groupable(first):
+        group, paced = [first], self._paced()
+        if self.group_prefill <= 1 or not self._groupable(first, paced):
             return group
         with self._cond:
             while (self._waiting and len(group) < self.group_prefill
-                   and self._groupable(self._waiting[0]) and self._room(group)):
+                   and self._groupable(self._waiting[0], paced) and self._room(group)):
                 group.append(self._waiting.popleft())
             self._grouped = group if len(group) > 1 else []  # abort() fails them too
         return group
 
-    def _groupable(self, job: RowJob) -> bool:
+    def _groupable(self, job: RowJob, paced: bool) -> bool:
         return (not job.abandoned and not job.solo and not job.emitted() and not job.prefilled
                 and job.chunk_cache is None
                 and (job.guide is None or contrast.shares_forward(job, len(job.new_ids)))
-                and self.pacer.chunk(len(job.new_ids), decoding=bool(self._rows))
-                == len(job.new_ids))
+                and self.pacer.chunk(len(job.new_ids), decoding=paced) == len(job.new_ids))
+
+    def _paced(self) -> bool:
+        """Whether a prefill now is paced (``pacing.Pacer``): while requests decode and no
+        more wait than decode (the row being admitted counted as waiting). A long prompt
+        arriving among running streams then comes in chunks that stall them little; a burst
+        larger than the running batch is prefilled as when idle (grouped, chunks of the cap):
+        the few running rows stall once, the many waiting get their first tokens sooner, and
+        no small chunk pays a whole forward's fixed cost (on the 2-core CPU about two
+        decoding steps). 8 requests with 8 exchanges of history sent at once: 22.7 s paced,
+        9.7 s unpaced (docs/BENCHMARKS.md, engine latency)."""
+        running = self._requests()
+        return 0 < running and len(self._waiting) + 1 <= running
 
     def _room(self, group: list[RowJob]) -> bool:
         rows = len(self._rows) + sum(_width(j) for j in [*group, self._waiting[0]])

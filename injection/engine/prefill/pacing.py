@@ -7,7 +7,8 @@ tokens, not in time: 512 tokens cost about one decoding step on a GPU and ten on
 what the engine measured, so that it costs about ``budget`` decoding steps of the rows
 running now: ``chunk = budget * step_seconds / prefill_seconds_per_token``, between
 ``floor`` and the ``cap`` (the memory bound, ``prefill_chunk``). With no row decoding
-there is nobody to stall: the chunk is the cap.
+there is nobody to stall: the chunk is the cap; nor does the engine pace a burst of more
+waiting rows than running ones (``grouping.GroupPrefill._paced``).
 
 Both rates are exponential moving averages of the engine's own clock readings (the
 engine's injectable ``clock``): the per-token cost is the ratio of the averaged seconds
