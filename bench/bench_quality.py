@@ -113,9 +113,9 @@ PROFILES: dict[str, dict] = {
 }
 
 
-def worker_executor(adapter, batch: int):
+def worker_executor(adapter, batch: int, pace: float | None = 0.0):
     """The executor the worker builds, with the worker's defaults (config/settings.py) and
-    no Redis (L1 only); its prefill unpaced (below)."""
+    no Redis (L1 only); its prefill unpaced unless ``pace`` (None: the worker's)."""
     for name in ("DATABASE_URL", "REDIS_URL", "KV_CACHE_REDIS_URL"):  # no servers needed
         os.environ.setdefault(name, "postgres://bench@localhost/bench" if name[0] == "D"
                               else "redis://localhost:1/0")
@@ -126,9 +126,9 @@ def worker_executor(adapter, batch: int):
         adapter, l2_enabled=False, batch_max=batch, alpha_cap=ALPHA_CAP,
         batch_kv_budget_bytes=s.WORKER_BATCH_KV_BUDGET_BYTES,
         batch_join_wait_ms=s.WORKER_BATCH_JOIN_WAIT_MS, batch_prefill_chunk=s.WORKER_PREFILL_CHUNK,
-        # no pacing: it bounds running streams' stalls at the cost of throughput, and the
+        # here no pacing: it bounds running streams' stalls at the cost of throughput, and the
         # replies are the same token for token (greedy); 32 depth-8 replies took 40 s, 74 s paced
-        batch_prefill_pace=0.0,
+        batch_prefill_pace=s.WORKER_PREFILL_PACE if pace is None else pace,
         batch_prefill_group=None if s.WORKER_PREFILL_GROUP < 0 else s.WORKER_PREFILL_GROUP,
         conversation_max_bytes=s.KV_CONVERSATION_MAX_BYTES,
         conversation_prefill_opening=s.KV_CONVERSATION_PREFILL_OPENING,
