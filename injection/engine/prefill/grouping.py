@@ -86,8 +86,8 @@ class GroupPrefill:
         larger than the running batch is prefilled as when idle (grouped, chunks of the cap):
         the few running rows stall once, the many waiting get their first tokens sooner, and
         no small chunk pays a whole forward's fixed cost (on the 2-core CPU about two
-        decoding steps). 8 requests with 8 exchanges of history sent at once: 22.7 s paced,
-        9.7 s unpaced (docs/BENCHMARKS.md, engine latency)."""
+        decoding steps). 8 requests with 8 exchanges of history sent at once: 9.8 s when paced,
+        5.5 s as now, 6.9 s one after another (docs/BENCHMARKS.md, burst)."""
         running = self._requests()
         return 0 < running and len(self._waiting) + 1 <= running
 
