@@ -64,6 +64,7 @@ from injection.prompting.readers import (
     QUOTED,
     bullet_count,
     choice,
+    forbids,
     highlight_count,
     negated,
     sentence_count,
@@ -205,8 +206,9 @@ def _of(text: str) -> set[str]:
         if _COMMA.search(sentence) and NEG.search(sentence):
             out.add("no_comma")
         if _WORDS.search(sentence) and NEG.search(sentence):
-            out |= {f"ban:{w.lower()}" for w in QUOTED.findall(sentence)
-                    if re.fullmatch(r"[A-Za-z]+", w.strip())}
+            out |= {f"ban:{m.group(1).lower()}" for m in QUOTED.finditer(sentence)
+                    if re.fullmatch(r"[A-Za-z]+", m.group(1).strip())
+                    and forbids(sentence, m.start(), m.end())}
     if lower != upper:
         out.add("lowercase" if lower else "uppercase")
     for kind, patterns in (("start", _START), ("end", _END)):  # the first asked, not negated

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "highlight_count", "negated",
+__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "forbids", "highlight_count", "negated",
            "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
@@ -33,6 +33,24 @@ def negated(clause: str, at: int) -> bool:
     before = " ".join(clause[:at].split()[-6:])
     neg = list(NEG.finditer(before))
     return bool(neg) and not _BUT.search(before[neg[-1].end():])
+
+
+_LAPSE = re.compile(r"\b(?:forget(?:ting|s)?|forgot|fail(?:s|ing)?|miss(?:es|ing)?|"
+                    r"lack(?:s|ing)?)\b", re.I)  # a negation too: "never forget to use 'x'"
+_NOT_NEG = re.compile(r"\bno\s+(?:matter|exceptions?)\b", re.I)  # an intensifier
+
+
+def _negations(text: str) -> int:
+    text = _NOT_NEG.sub(" ", text)
+    return len(NEG.findall(text)) + len(_LAPSE.findall(text))
+
+
+def forbids(sentence: str, start: int, end: int) -> bool:
+    """Whether ``sentence`` forbids the literal at ``start:end``: an odd number of
+    negations before it ("Never use 'x'"; "never answer without 'x'" asks for it), or, with
+    none before, after it ("Keep 'x' out of your answers"; "use 'x', never forget it")."""
+    before = _negations(sentence[:start])
+    return (before or _negations(sentence[end:])) % 2 == 1
 
 
 def choice(text: str) -> list[str]:

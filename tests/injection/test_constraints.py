@@ -36,6 +36,12 @@ READ = [
     ("Don't use the words 'very' or 'really' when you reply.", ("ban:really", "ban:very")),
     ("Keep the word \u201cliterally\u201d out of your answers.", ("ban:literally",)),
     ("Never say 'thank you so much' in replies.", ()),  # a phrase, not a word: not banned
+    # a double negation asks for the word: never banned
+    ("Never answer without using the word 'thunder'.", ()),
+    ("Don't forget to use the word 'indeed' in your answers.", ()),
+    ("Use the word 'garden' in each reply and never forget it.", ()),
+    ("Never use the word 'basically', no exceptions.", ("ban:basically",)),
+    ("Don't forget: never say the word 'moist' to me.", ("ban:moist",)),
     ("Always reply in French.", ()),
     ("Start every reply with 'Ahoy!' please.", ("start:Ahoy!",)),
     ("Close each answer with the exact phrase 'That's all.'", ("end:That's all.",)),
