@@ -207,8 +207,7 @@ def _of(text: str) -> set[str]:
             out.add("no_comma")
         if _WORDS.search(sentence) and NEG.search(sentence):
             out |= {f"ban:{m.group(1).lower()}" for m in QUOTED.finditer(sentence)
-                    if re.fullmatch(r"[A-Za-z]+", m.group(1).strip())
-                    and forbids(sentence, m.start(), m.end())}
+                    if re.fullmatch(r"\s*[A-Za-z]+\s*", m.group(1)) and forbids(sentence, *m.span())}
     if lower != upper:
         out.add("lowercase" if lower else "uppercase")
     for kind, patterns in (("start", _START), ("end", _END)):  # the first asked, not negated
