@@ -24,12 +24,11 @@ against the system message and the platform without each mechanism. Cost per mec
 extra forward tokens per reply (guide rows, reminder tokens) from the results.
 
 Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]`` (~430 replies,
-15-20 min on 2 cores). The default ``full`` (~2,200 replies; its "- guidance" ones copied where no
-guide ran: ``_derivable``) is what ``make bench`` runs: over 90 min on 2 cores (2026-11-28, the
-machine idle but for two demo requests: depth 8's replies took 6.3 s each, 100 in 626 s, so its 606
-~64 min alone); no session has had the machine for one whole run yet: ``--partial`` resumes one
-(IFEval's verifiers come with ``make install``); ``--partial FILE`` keeps the replies and
-resumes; ``--write-docs TAG`` writes the tables as section TAG of
+15-20 min on 2 cores). The default ``full`` (4,320 replies; its "- guidance" ones copied where no
+guide ran: ``_derivable``) is what ``make bench`` runs: 50 min on 2 cores (2026-11-29; the replies
+sent 8 at a time to an unpaced executor, as one after another token for token; the first 3,843 in
+39 min on an idle machine). IFEval's verifiers come with ``make install``; ``--partial FILE`` keeps
+the replies and resumes; ``--write-docs TAG`` writes the tables as section TAG of
 docs/benchmarks/quality.md (docs/BENCHMARKS.md's quality section summarises them).
 """
 
@@ -92,19 +91,20 @@ CONDS: dict[str, dict] = {
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens", "guide_idle")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
-    # day to day (~15-20 min on 2 cores): injected with no mechanism is the system message
-    # token for token, so "- guidance" stands for it at depth 0 and "system message" for
-    # "- both" at depth 8
+    # day to day (~15-20 min on 2 cores): injected with no mechanism (guidance, reminder and
+    # decoding constraints off) is the system message token for token, so "system message"
+    # stands for "- every mechanism" at both depths
     "quick": {"every": 5, "cells": {
-        (0, 1): ["platform", "- guidance"],
+        (0, 1): ["system message", "platform", "- guidance"],
         (8, 1): ["system message", "platform"],
         (8, 20): ["system message", "platform", "- recall pick"],
     }},
-    # ``make bench`` (~2,200 replies, over 90 min on 2 idle cores): every case where defaults
-    # are decided, every 3rd case (``"every"``) at the other depths and with 20 memories
+    # ``make bench`` (4,320 replies, 50 min on 2 cores, 2026-11-29): every case with each
+    # mechanism on and off where defaults are decided (depths 0 and 8), every 3rd case
+    # (``"every"``) at the other depths and with 20 memories
     "full": {"every": 1, "cells": {
-        (0, 1): ["platform", "- guidance"],
-        (8, 1): ["system message", "platform"],
+        (0, 1): ["no memory", "system message", "platform", "- guidance", "- constraints"],
+        (8, 1): ["system message", "platform", "- reminder", "- constraints"],
         (4, 1): {"conds": ["system message", "platform"], "every": 3},
         (16, 1): {"conds": ["system message", "platform"], "every": 3},
         (0, 20): {"conds": ["platform", "- guidance"], "every": 3},

@@ -1,5 +1,7 @@
 """The quality benchmark's cases (bench/bench_quality.py): 153 standing instructions, 75
-preferences, 75 facts about the member, each with an objective check, in a fixed split.
+preferences, 75 facts about the member, each with an objective check, in a fixed split;
+added since, each set written before it was run: 17 length preferences and 40 validation
+standing instructions of the types guidance runs for (quality_questions.py).
 
 Written for this benchmark: no case is taken from an issue, bench/memory_cases.py or
 bench/personalisation_cases.py (their distractor exchanges and filler memories are reused:
@@ -23,7 +25,15 @@ from typing import NamedTuple
 
 from memory_cases import ALCOHOL, GLUTEN, MEATS, SHELLFISH
 from personalisation_cases import avoids, mentions
-from quality_questions import FACTS, LENGTH_PREFERENCES, PREFERENCES, QUESTIONS, STANDING
+from quality_questions import (
+    FACTS,
+    GUIDED_MORE,
+    GUIDED_QUESTIONS,
+    LENGTH_PREFERENCES,
+    PREFERENCES,
+    QUESTIONS,
+    STANDING,
+)
 
 
 class Case(NamedTuple):
@@ -127,9 +137,19 @@ def _facts() -> list[Case]:
     return out
 
 
-# the length preferences last: the cases before keep their index (quality_questions.py)
+def _guided_more() -> list[Case]:
+    """40 validation cases of the instruction types guidance runs for (GUIDED_MORE)."""
+    out = []
+    for j, (kind, phrase, args) in enumerate(GUIDED_MORE):
+        question = GUIDED_QUESTIONS[(j * 7) % len(GUIDED_QUESTIONS)]
+        out.append(Case("standing", kind, "validation", phrase, question,
+                        verifier(kind, args, question)))
+    return out
+
+
+# later additions last: the cases before keep their index (quality_questions.py)
 CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
-                     *_preferences(LENGTH_PREFERENCES)]
+                     *_preferences(LENGTH_PREFERENCES), *_guided_more()]
 
 
 def family_split(family: str, split: str) -> list[Case]:
