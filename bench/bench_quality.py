@@ -23,8 +23,8 @@ with its 95 % Wilson interval, and paired differences (wins/losses, exact McNema
 against the system message and the platform without each mechanism. Cost per mechanism:
 extra forward tokens per reply (guide rows, reminder tokens) from the results.
 
-Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]`` (~430 replies,
-15-20 min on 2 cores). The default ``full`` (4,320 replies; its "- guidance" ones copied where no
+Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]`` (576 replies,
+7.3 min on 2 cores, 2026-11-29). The default ``full`` (4,320 replies; its "- guidance" ones copied where no
 guide ran: ``_derivable``) is what ``make bench`` runs: 50 min on 2 cores (2026-11-29; the replies
 sent 8 at a time to an unpaced executor, as one after another token for token; the first 3,843 in
 39 min on an idle machine; its replies: bench/results/quality-full-2026-11-29.json.gz, gunzip it
@@ -92,7 +92,7 @@ CONDS: dict[str, dict] = {
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens", "guide_idle")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
-    # day to day (~15-20 min on 2 cores): injected with no mechanism (guidance, reminder and
+    # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
     # decoding constraints off) is the system message token for token, so "system message"
     # stands for "- every mechanism" at both depths
     "quick": {"every": 5, "cells": {
