@@ -8,8 +8,7 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
 
 * ``lowercase``: "Reply in lowercase only." / "never use capital letters": no token with an
   upper-case letter;
-* ``uppercase``: "Write all your answers in capital letters.": the reply upper-cased
-  (``TRANSFORMS``);
+* ``uppercase``: "Write all your answers in capital letters.": upper-cased (``TRANSFORMS``);
 * ``no_comma``: "Never use commas.": no token with a comma;
 * ``ban:<word>``: "Never use the words 'very' or 'really'.": no token that is the word
   (any case; a quoted single word);
@@ -89,7 +88,7 @@ _LOWER = re.compile(r"lower[\s-]?case|small\s+letters", re.I)
 _UPPER = re.compile(r"upper[\s-]?case|capital\s+letters?|\b(?:in|all|block)\s+(?:all\s+)?"
                     r"(?:caps|capitals)\b|all[\s-]caps|block\s+letters", re.I)
 _CAPITALS = re.compile(r"\bcapitals?\b(?!\s+(?:of|city|cities))", re.I)  # "never capitals"
-_COMMA = re.compile(r"\bcommas?\b|comma[\s-]free", re.I)
+_COMMA = re.compile(r"\bcomma(?=s?\b|[\s-]free)", re.I)  # the word: "comma-free" counts its "free"
 _WORDS = re.compile(r"\bwords?\b|\bsay\b|\bsaying\b|\bterms?\b", re.I)
 _Q = (r"(?<![A-Za-z])[\"'‘“](?P<phrase>[^\"’”\n]+?)[\"'’”]"
       r"(?![A-Za-z])")  # a quoted phrase (apostrophes inside it allowed)
@@ -203,7 +202,8 @@ def _of(text: str) -> set[str]:
         lower = lower or any(negated(clause, m.start()) for m in _CAPITALS.finditer(clause)
                              if not _SHOUT.match((clause[:m.start()].split() or [""])[-1]))
     for sentence in _SENTENCE.split(text):
-        if _COMMA.search(sentence) and NEG.search(sentence):
+        if NEG.search(sentence) and any(forbids(sentence, *m.span())
+                                        for m in _COMMA.finditer(sentence)):
             out.add("no_comma")
         if _WORDS.search(sentence) and NEG.search(sentence):
             out |= {f"ban:{m.group(1).lower()}" for m in QUOTED.finditer(sentence)

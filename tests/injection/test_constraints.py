@@ -33,6 +33,8 @@ READ = [
     ("Never use commas in your answers.", ("no_comma",)),
     ("Commas confuse my screen reader: reply with none.", ("no_comma",)),
     ("Use commas sparingly when you reply.", ()),
+    ("Keep every reply comma-free.", ("no_comma",)),
+    ("Don't forget to use commas between the items of a list.", ()),  # asks for them
     ("Don't use the words 'very' or 'really' when you reply.", ("ban:really", "ban:very")),
     ("Keep the word \u201cliterally\u201d out of your answers.", ("ban:literally",)),
     ("Never say 'thank you so much' in replies.", ()),  # a phrase, not a word: not banned
