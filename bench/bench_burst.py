@@ -68,8 +68,8 @@ def main() -> None:
                 ex.engine.pacer.budget = paces[key[0]]
                 secs, texts, slowest = timed(ex, budget, depth, key[1])
                 got[key].append((secs, slowest))
-                same &= texts == (texts_of or texts)
-                texts_of = texts_of or texts
+                texts_of = texts_of or texts  # the depth's first replies: the reference
+                same &= texts == texts_of
                 print(depth, key, f"{secs:.2f} s", flush=True)
         for k, pace in paces.items():
             alone, burst = ([s for s, _ in got[(k, o)][1:]] for o in (False, True))
