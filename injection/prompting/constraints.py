@@ -41,7 +41,10 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
   opened by ``*`` (``engine/decoding/bullets.py``), and ends after the n-th;
 * ``highlights:<n>``: "Highlight at least two phrases with markdown, like *this*.": the
   reply's sentences after its first open with a ``*highlighted*`` span until n are closed
-  (``engine/decoding/highlights.py``); not beside ``bullets:`` (a line's star is a point).
+  (``engine/decoding/highlights.py``); not beside ``bullets:`` (a line's star is a point);
+* ``word:<word>:<n>``: "Work the word 'garden' into every answer." (n = 1), "Say 'indeed' at
+  least twice." (n = 2): the word opens a sentence where the reply would end, until it holds
+  it n times (``engine/decoding/keywords.py``); not where it is also banned.
 
 ``detect`` reads them from the tenant's instructions and the member's memories (the
 sentences and memories ``reminder.standing`` calls standing instructions), as data the
@@ -65,15 +68,15 @@ from injection.prompting.readers import (
     choice,
     forbids,
     highlight_count,
+    keywords,
     negated,
-    sentence_count,
     sentence_limit,
-    word_count,
     word_limit,
 )
 from injection.prompting.reminder import standing
+from injection.prompting.verdicts import phrase, required, violates
 
-__all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "opening", "phrase", "tokenwise",
+__all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "opening", "phrase", "required", "tokenwise",
            "transform", "violates"]
 
 # a case constraint kept token by token: how a token that breaks it is mended
@@ -112,7 +115,6 @@ _PS = re.compile(r"(?<![A-Za-z]\.)\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?
                  re.I)  # not "U.P.S."
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
-_BULLET = re.compile(r"^[ \t]*(?:\*[^*\n]|-)", re.M)  # a bullet point's line
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
 _SENTENCE = re.compile(r"[.;!?]+\s*")
 _SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
@@ -184,6 +186,8 @@ def _consistent(found: set[str]) -> set[str]:
         found = {c for c in found if not c.startswith("highlights:")}
     if any(c.startswith(("bullets:", "highlights:")) for c in found):
         found = {c for c in found if not c.startswith("max_sentences:")}
+    both = {w for w in (required(c) for c in found) if w and f"ban:{w[0]}" in found}
+    found -= {f"ban:{w}" for w, _ in both} | {f"word:{w}:{n}" for w, n in both}
     return found - {"lowercase", "uppercase"} if {"lowercase", "uppercase"} <= found else found
 
 
@@ -220,9 +224,13 @@ def _of(text: str) -> set[str]:
     marks = [m for m in _PS.finditer(text) if not negated(text, m.start())]
     if marks:  # "a postscript marked P.P.S": the marker named anywhere
         out.add("ps:P.P.S." if any(m.group("pp") for m in marks) else "ps:P.S.")
+    said = {phrase(c)[1].lower() for c in out if phrase(c)}
+    for sentence in _SENTENCE.split(text):  # a word it opens or closes with: said already
+        out |= {f"word:{w}:{n}" for w, n in keywords(sentence) if w not in said}
     if not any(phrase(c) for c in out) and (options := choice(text)):  # "'Yes' or 'No', no
         words = {"ban:" + w.lower() for w in options}  # other words": not banned then
-        out = {c for c in out if c not in words} | {"choice:" + "|".join(options)}
+        out = {c for c in out if c not in words and not c.startswith("word:")} | {
+            "choice:" + "|".join(options)}
     if (k := word_limit(text)) is not None:
         out.add(f"max_words:{k}")
     if (k := sentence_limit(text)) is not None:
@@ -252,49 +260,5 @@ def tokenwise(constraint: str) -> bool:
     """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
     return (constraint not in (*TRANSFORMS, "repeat", "title")
             and not constraint.startswith(("choice:", "max_words:", "max_sentences:", "bullets:",
-                                             "highlights:"))
+                                             "highlights:", "word:"))
             and phrase(constraint) is None)
-
-
-def phrase(constraint: str) -> tuple[str, str] | None:
-    """``("start"|"end"|"ps", text)`` of a phrase the reply opens or closes with (a
-    postscript's marker); None for the others."""
-    kind, _, text = constraint.partition(":")
-    return (kind, text) if kind in ("start", "end", "ps") and text else None
-
-
-def violates(constraint: str, text: str) -> bool:
-    """Whether ``text`` breaks ``constraint`` (for a phrase: the text does not open or
-    close with it)."""
-    if constraint == "lowercase":
-        return any(c.isupper() for c in text)
-    if constraint == "uppercase":
-        return any(c.islower() for c in text)
-    if constraint == "no_comma":
-        return "," in text
-    if (said := phrase(constraint)) is not None:  # where it is said (a literal says nothing)
-        kind, words = said[0], said[1].lower()
-        text = text.strip().lower()
-        if kind == "ps":
-            return words.rstrip(".") not in text
-        return not (text.startswith(words) if kind == "start" else text.endswith(words))
-    if constraint.startswith("ban:"):
-        word = constraint[4:]
-        return any(w.lower() == word for w in re.findall(r"[A-Za-z]+", text))
-    if constraint == "repeat":  # the message is the planner's: a literal says nothing
-        return False
-    if constraint.startswith("max_words:"):
-        return word_count(text) >= int(constraint[10:])
-    if constraint.startswith("choice:"):
-        return text.strip() not in constraint[7:].split("|")
-    if constraint == "title":
-        return re.search(r"<<[^\n]+>>", text) is None
-    if constraint.startswith("max_sentences:"):
-        return sentence_count(text) > int(constraint[14:])
-    if constraint.startswith("bullets:"):  # lines as IFEval counts them ("* x", "- x")
-        return len(_BULLET.findall(text)) != int(constraint[8:])
-    if constraint.startswith("highlights:"):  # as IFEval counts them: *x* and **x**
-        spans = [h.strip("*").strip() for h in re.findall(r"\*[^\n*]*\*", text)]
-        bold = [h[2:-2].strip() for h in re.findall(r"\*\*[^\n*]*\*\*", text)]
-        return sum(map(bool, spans + bold)) < int(constraint[11:])
-    raise ValueError(f"unknown constraint {constraint!r}")

@@ -1,13 +1,13 @@
 """How a standing instruction's words are read (``constraints.py``): negation, quoted
-literals, the options a reply is to be one of, a word limit, a sentence limit, a bullet count
-and highlights."""
+literals, the options a reply is to be one of, a word limit, a sentence limit, a bullet count,
+highlights and the words a reply is to hold."""
 
 from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "forbids", "highlight_count", "negated",
-           "sentence_count", "sentence_limit", "word_count", "word_limit"]
+__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "forbids", "highlight_count", "keywords",
+           "negated", "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
@@ -164,3 +164,39 @@ def sentence_limit(text: str) -> int | None:
 def sentence_count(text: str) -> int:
     """``text``'s sentence ends: a word, then ".", "!" or "?", then a space or the end."""
     return len(_SENT_END.findall(text))
+
+
+_INCLUDE = re.compile(  # a verb that puts a word in the reply ("work 'x' into", "say 'x'")
+    r"\b(?:us(?:e|es|ing)|includ(?:e|es|ing)|mention(?:s|ing)?|contain(?:s|ing)?|"
+    r"say(?:s|ing)?|put(?:s|ting)?|work(?:s|ing)?|add(?:s|ing)?|insert(?:s|ing)?|repeat\w*|"
+    r"weav(?:e|es|ing)|sprinkl(?:e|es|ing)|incorporat\w*|feature|appear\w*|slip)\b", re.I)
+_INSTEAD = re.compile(r"\b(?:instead\s+of|rather\s+than|in\s+place\s+of|than)\s*$", re.I)
+_TIMES = re.compile(r"\b(?:at\s+least\s+)?(?:(once)|(twice)|(thrice)|" + _N + r"\s+times)"
+                    r"(?:\s+or\s+more)?\b|\b(more\s+than\s+once|multiple\s+times|several\s+"
+                    r"times|repeatedly)\b", re.I)
+_CAPPED = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to|"
+                     r"fewer\s+than|less\s+than|only|max\w*)\s*$", re.I)
+
+
+def keywords(sentence: str) -> list[tuple[str, int]]:
+    """The quoted words (one to three, letters only) ``sentence`` asks every reply to hold,
+    lower-cased, each with how often (at least; "twice", "2 times or more", "more than
+    once": 2; 1 where none is said): a word it puts in the reply ("Work 'x' into your
+    answers", "Say 'x' at least twice"), not forbidden ("never use 'x'"), not one instead
+    of which another comes, nor a count it caps ("at most twice"); [] for none."""
+    if not _INCLUDE.search(sentence):
+        return []
+    n = 1
+    if (m := _TIMES.search(sentence)) is not None:
+        if _CAPPED.search(sentence[:m.start()]):
+            return []
+        said = next(g for g in m.groups() if g).lower()
+        n = ({"once": 1, "twice": 2, "thrice": 3}.get(said)
+             or (_NUMBERS.get(said) or (int(said) if said.isdigit() else 2)))
+    out = []
+    for m in QUOTED.finditer(sentence):
+        said = " ".join(m.group(1).split())
+        if (re.fullmatch(r"[A-Za-z]+(?: [A-Za-z]+){0,2}", said) and 1 <= n <= 10
+                and not forbids(sentence, *m.span()) and not _INSTEAD.search(sentence[:m.start()])):
+            out.append((said.lower(), n))
+    return out

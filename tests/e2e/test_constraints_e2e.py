@@ -16,8 +16,8 @@ from tests.e2e.chat_http import post
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
-RULE = "Never use capital letters or commas when you reply."
-KEPT = ["lowercase", "no_comma"]
+RULE = "Never use capital letters or commas when you reply. Work the word 'harbour' into each answer."
+KEPT = ["lowercase", "no_comma", "word:harbour:1"]
 
 
 @pytest.fixture

@@ -52,3 +52,11 @@ def chat_prompt(adapter, chat_messages) -> str:
 @pytest.fixture(scope="session")
 def preference() -> str:
     return "I am a vegetarian and I do not like spicy food. I prefer quiet restaurants."
+
+
+@pytest.fixture(scope="module")
+def smol_tok(real_model_path):
+    """SmolLM2's tokenizer (the decoding constraints' step tests)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(real_model_path))

@@ -9,13 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from injection.engine.batch import BatchEngine
 from injection.engine.decoding import bans
 from injection.engine.decoding.highlights import WORDS
 from injection.engine.decoding.phrases import forced
-from injection.engine.sampling import RowSampler
 from injection.prompting.constraints import detect, kept, violates
-from tests.injection.test_planner import ASK
+from tests.injection.decoding_rows import engine_replies, eos_ids
+from tests.injection.decoding_rows import ids as _ids
+from tests.injection.decoding_rows import row as _row
 
 READ = [
     ("Highlight at least two parts of every answer with markdown, like *this*.",
@@ -45,34 +45,11 @@ def test_bullet_points_win_over_highlights_and_spans_count_as_ifeval_counts_them
 
 
 
-@pytest.fixture(scope="module")
-def smol_tok(real_model_path):
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(real_model_path))
-
-
-def _row(tok, constraints, eos, max_new: int = 64):
-    said = bans.prepare(tok, constraints, eos)[1]
-
-    class Job:
-        sampler = RowSampler(forced=said)
-        max_new_tokens = max_new
-        gen: list[int] = []
-
-    Job.sampler.token_map = None
-    return Job
-
-
-def _ids(tok, text: str) -> list[int]:
-    return tok(text, add_special_tokens=False)["input_ids"]
-
-
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_a_span_opens_the_reply_and_the_next_sentence_and_closes_at_a_clause(smol_tok):
     tok = smol_tok
-    eos = sorted({tok.eos_token_id, *_ids(tok, "<|im_end|>")})
+    eos = eos_ids(tok)
     job = _row(tok, ("highlights:2",), eos)
 
     def step(piece: str) -> str:  # the model picks ``piece`` (one token): what is written
@@ -104,7 +81,7 @@ def test_a_span_opens_the_reply_and_the_next_sentence_and_closes_at_a_clause(smo
 @pytest.mark.real_model
 def test_spans_still_come_when_a_sentence_runs_to_the_cut(smol_tok):
     tok = smol_tok
-    eos = sorted({tok.eos_token_id, *_ids(tok, "<|im_end|>")})
+    eos = eos_ids(tok)
     job = _row(tok, ("highlights:3",), eos, max_new=48)
     word = _ids(tok, " and")[0]
     while len(job.gen) < job.max_new_tokens:  # one long sentence, never a clause's end
@@ -119,13 +96,7 @@ def test_the_engine_highlights_replies_on_the_default_model(real_model_path):
     from injection import load_adapter
 
     smol = load_adapter(str(real_model_path), device="cpu")
-    ids = smol.renderer.encode(smol.render_chat(ASK), first=True)
-    eng = BatchEngine(smol, max_batch=4)
-    try:
-        out, plain = (eng.run(None, 1.0, ids, 48, **kw)
-                      for kw in ({"constraints": ("highlights:2",)}, {}))
-    finally:
-        eng.close()
+    out, plain = engine_replies(smol, ("highlights:2",), 48)
     text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("highlights:2", text), text
     assert violates("highlights:2", smol.tokenizer.decode(plain.token_ids))

@@ -38,10 +38,10 @@ READ = [
     ("Don't use the words 'very' or 'really' when you reply.", ("ban:really", "ban:very")),
     ("Keep the word \u201cliterally\u201d out of your answers.", ("ban:literally",)),
     ("Never say 'thank you so much' in replies.", ()),  # a phrase, not a word: not banned
-    # a double negation asks for the word: never banned
-    ("Never answer without using the word 'thunder'.", ()),
-    ("Don't forget to use the word 'indeed' in your answers.", ()),
-    ("Use the word 'garden' in each reply and never forget it.", ()),
+    # a double negation asks for the word: never banned, a word the reply is to hold
+    ("Never answer without using the word 'thunder'.", ("word:thunder:1",)),
+    ("Don't forget to use the word 'indeed' in your answers.", ("word:indeed:1",)),
+    ("Use the word 'garden' in each reply and never forget it.", ("word:garden:1",)),
     ("Never use the word 'basically', no exceptions.", ("ban:basically",)),
     ("Don't forget: never say the word 'moist' to me.", ("ban:moist",)),
     ("Always reply in French.", ()),

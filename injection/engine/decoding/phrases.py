@@ -1,6 +1,7 @@
 """The phrases a reply opens and closes with, kept by the decoder (``prompting/constraints.py``:
 ``start:``, ``end:``, ``repeat`` (the user's message as the opening), ``ps:``, ``title``,
 ``choice:``, ``max_words:``, ``max_sentences:``), as token ids built once per request (``phrases``).
+A word the reply is to hold (``word:``) is forced where it would end (``keywords.py``).
 
 ``forced`` replaces the row's chosen token with the phrase's token due at that point of the
 reply; ``choices`` and ``holds`` are what ``bans.apply`` does to a step's logits: only the
@@ -20,14 +21,23 @@ from injection.engine.decoding.bullets import Bullets, bullets
 from injection.engine.decoding.bullets import step as bullet_step
 from injection.engine.decoding.highlights import Highlights, highlights, open_spans
 from injection.engine.decoding.highlights import step as highlight_step
+from injection.engine.decoding.keywords import (
+    OWN,
+    ROOM,
+    Keyword,
+    due,
+    keyword,
+    missing,
+    pending,
+    start,
+)
 from injection.engine.decoding.text import ended, tail_ended, token_texts
-from injection.prompting.constraints import phrase, violates
 from injection.prompting.readers import sentence_count, word_count
+from injection.prompting.verdicts import phrase, violates
 
 __all__ = ["OWN", "PS_NOTE", "TITLE_TOKENS", "Phrases", "choices", "forced", "holds",
            "phrases"]
 
-OWN = 4  # tokens of its own a reply writes after a forced opening or postscript marker
 
 
 def holds(job: Any) -> bool:
@@ -37,8 +47,9 @@ def holds(job: Any) -> bool:
     said, n, at = job.sampler.forced, len(job.gen), job.sampler.postscript
     if not said.eos or said.choices:
         return False
-    titled, marks = job.sampler.titled, job.sampler.bullets
+    titled, marks, words = job.sampler.titled, job.sampler.bullets, job.sampler.keywords
     return ((bool(said.start) and n < len(said.start) + OWN)
+            or (bool(words) and n < words[-1][0] + len(words[-1][1]) + OWN)
             or (bool(marks) and n < marks[-1] + 1 + OWN)
             or (said.highlights is not None and _spans_due(job))
             or (titled is not None and n < titled + OWN)
@@ -81,6 +92,7 @@ class Phrases(NamedTuple):
     sentences: int = 0  # ... at most this many sentences (0: no limit)
     bullets: Bullets | None = None  # the reply is exactly n bullet points
     highlights: Highlights | None = None  # ... has at least n *highlighted* spans
+    keyword: Keyword | None = None  # ... holds a word at least n times
 
 
 def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
@@ -91,8 +103,9 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     limits = [int(c[10:]) for c in constraints if c.startswith("max_words:")]
     most = [int(c[14:]) for c in constraints if c.startswith("max_sentences:")]
     points, spans = bullets(tokenizer, constraints), highlights(tokenizer, constraints)
+    word = keyword(tokenizer, constraints)
     if (not said and "title" not in constraints and not options and not limits and not most
-            and not points and not spans):
+            and not points and not spans and not word):
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -105,7 +118,8 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     title = (ids("<<"), ids(">>\n")) if "title" in constraints else None
     return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
                    ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]),
-                   sentences=min(most or [0]), bullets=points, highlights=None if points else spans)
+                   sentences=min(most or [0]), bullets=points, highlights=None if points else spans,
+                   keyword=word)
 
 
 def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
@@ -123,7 +137,12 @@ def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
         return said.start[n]
     if (title := _title(job, token, eos, tokenizer)) is not None:
         return title
-    token = _points(job, token, eos, tokenizer)
+    if said.keyword is not None and (word := pending(job)) is not None:
+        return word
+    chosen, token = token, _points(job, token, eos, tokenizer)
+    moved = token != chosen and token not in eos  # a point's or highlight's mark
+    if (word := _keyword(job, token, eos, tokenizer, moved)) is not None:
+        return word
     if (ps := _postscript(job, token, eos, tokenizer)) is not None:
         return ps
     if job.sampler.ending is None and (_word_limit(job, token, tokenizer)
@@ -200,11 +219,30 @@ def _points(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
             or (sampler.postscript is not None and sampler.postscript >= 0)
             or (said.title is not None and sampler.titled is None)):
         return token
-    reserve = len(said.end) + (len(said.ps) + min(PS_NOTE, job.max_new_tokens // 4)
-                               if said.ps else 0)
+    words = (said.keyword.count - len(sampler.keywords)) * ROOM if said.keyword else 0
     opened = len(said.start) if sampler.titled is None else sampler.titled
     keep = bullet_step if said.bullets is not None else highlight_step
-    return keep(job, token, eos, tokenizer, opened, reserve)
+    return keep(job, token, eos, tokenizer, opened, _reserve(job) + max(0, words))
+
+
+def _reserve(job: Any) -> int:
+    """The reply tokens its closing phrase and postscript (its marker and note) need."""
+    said = job.sampler.forced
+    return len(said.end) + (len(said.ps) + min(PS_NOTE, job.max_new_tokens // 4)
+                            if said.ps else 0)
+
+
+def _keyword(job: Any, token: int, eos: Any, tokenizer: Any, moved: bool) -> int | None:
+    """The word's first token if it is due now (``keywords.py``), or None: not where a
+    bullet point or highlight was just forced, a closing phrase or postscript has begun."""
+    said, sampler, n = job.sampler.forced, job.sampler, len(job.gen)
+    if (said.keyword is None or moved or sampler.ending is not None
+            or (sampler.postscript is not None and sampler.postscript >= 0)):
+        return None
+    if said.words or said.sentences:  # the limit decides where it ends: the word opens it
+        now = n == (len(said.start) if said.title is None else sampler.titled)
+        return start(job, tokenizer) if now and missing(job, tokenizer) else None
+    return due(job, token, eos, tokenizer, _reserve(job))
 
 
 PS_NOTE = 12  # reply tokens kept free for a postscript's note (at most a quarter of the reply)
