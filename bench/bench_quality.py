@@ -27,8 +27,9 @@ Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]`
 7.3 min on 2 cores, 2026-11-29). The default ``full`` (4,320 replies; its "- guidance" ones copied where no
 guide ran: ``_derivable``) is what ``make bench`` runs: 50 min on 2 cores (2026-11-29; the replies
 sent 8 at a time to an unpaced executor, as one after another token for token; the first 3,843 in
-39 min on an idle machine; its replies: bench/results/quality-full-2026-11-29.json.gz, gunzip it
-and pass it as ``--partial`` to re-read them). IFEval's verifiers come with ``make install``;
+39 min on an idle machine; its replies, the 264 whose memories ask for a word generated again under
+the required-word constraint: bench/results/quality-full-2026-11-29.json.gz, gunzip it and pass it
+as ``--partial`` to re-read them). IFEval's verifiers come with ``make install``;
 ``--partial FILE`` keeps the replies and resumes; ``--write-docs TAG`` writes the tables as section TAG of
 docs/benchmarks/quality.md (docs/BENCHMARKS.md's quality section summarises them).
 """
