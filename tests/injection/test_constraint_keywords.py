@@ -152,3 +152,21 @@ def test_after_a_forced_word_the_reply_repeats_no_run_of_its_own_tokens(smol_tok
     out = bans.apply([job], torch.zeros(1, len(tok)))[0]
     banned = set(torch.isinf(out).nonzero().flatten().tolist())
     assert banned == {again, *eos_ids(tok)}  # and the end waits for the model's own tokens
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_two_required_words_are_each_forced_in_turn(smol_tok):
+    tok = smol_tok
+    eos = eos_ids(tok)
+    assert detect(["Always use the words 'pear' and 'apple' in your answers."]) == (
+        "word:apple:1", "word:pear:1")
+    job = _row(tok, ("word:apple:1", "word:pear:1"), eos)
+    step = _stepper(tok, job, eos)
+    for p in ("Eat", " fruit", ".", None, " is", " sweet", " and", " good", ".", None):
+        step(p)
+    while job.gen[-1] not in eos:
+        step(None) if len(job.gen) > 30 else step(" too")
+    text = tok.decode(job.gen[:-1])
+    assert text.startswith("Eat fruit. Apple is sweet and good. Pear"), text
+    assert not violates("word:apple:1", text) and not violates("word:pear:1", text)

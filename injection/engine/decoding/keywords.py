@@ -1,4 +1,4 @@
-"""A reply that holds a word (or a few) at least n times ("Work the word 'garden' into every
+"""A reply that holds a word (or a few words) at least n times ("Work the word 'garden' into every
 answer.", "Say 'indeed' at least twice.": ``prompting/constraints.py``, ``word:<word>:<n>``),
 kept by the decoder.
 
@@ -11,7 +11,7 @@ row, "simply simply"), the word is forced as the next sentence's first (capitali
 as asked, after a space, mid-sentence; lower-case under ``lowercase``) and the model goes
 on from it: the end of turn waits ``phrases.OWN`` tokens (``phrases.holds``). Where a word
 or sentence limit decides where the reply ends, the word opens the reply instead, so the
-limit counts it. Once started, the word is written whole (``pending``). After it, the reply
+limit counts it. Several words asked: each in turn (in the order of ``keywords``). Once started, the word is written whole (``pending``). After it, the reply
 repeats no ``NGRAM`` tokens of its own (``fresh``: greedy, SmolLM2 went on from a forced word
 by saying its answer again, "Indeed, volcanoes erupt through magma." twice over).
 """
@@ -27,7 +27,7 @@ from injection.engine.decoding.text import ended, token_texts
 from injection.engine.logitprocs import no_repeat_ngrams
 from injection.prompting.verdicts import mentions, required
 
-__all__ = ["NGRAM", "ROOM", "Keyword", "due", "fresh", "keyword", "missing", "pending", "start"]
+__all__ = ["NGRAM", "ROOM", "Keyword", "due", "fresh", "keywords", "missing", "pending", "start"]
 
 ROOM = 8  # reply tokens kept free for each time the word is still due (the word, a few more)
 NGRAM = 4  # after a forced word no run of this many reply tokens comes twice
@@ -45,19 +45,14 @@ class Keyword(NamedTuple):
     inline: tuple[int, ...]
 
 
-def keyword(tokenizer: Any, constraints: Sequence[str]) -> Keyword | None:
-    """The ``word:`` constraint's tokens (the most often asked, where a reply asks for
-    two), or None."""
-    asked = sorted((w for w in map(required, constraints) if w), key=lambda w: -w[1])
-    if not asked:
-        return None
-    word, count = asked[0]
-    opener = word.lower() if "lowercase" in constraints else word[:1].upper() + word[1:]
-
-    def ids(text: str) -> tuple[int, ...]:
-        return tuple(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-    return Keyword(word, count, ids(opener), ids(" " + opener), ids(" " + word))
+def keywords(tokenizer: Any, constraints: Sequence[str]) -> tuple[Keyword, ...]:
+    """The ``word:`` constraints' words with their tokens, in the order asked (sorted)."""
+    out = []
+    for word, count in sorted(w for w in map(required, constraints) if w):
+        opener = word.lower() if "lowercase" in constraints else word[:1].upper() + word[1:]
+        out.append(Keyword(word, count, *(tuple(tokenizer(t, add_special_tokens=False)[
+            "input_ids"]) for t in (opener, " " + opener, " " + word))))
+    return tuple(out)
 
 
 def pending(job: Any) -> int | None:
@@ -68,15 +63,16 @@ def pending(job: Any) -> int | None:
     return None
 
 
-def missing(job: Any, tokenizer: Any) -> int:
-    """How many more times the reply is to hold its word."""
-    said = job.sampler.forced.keyword
-    return max(0, said.count - mentions(tokenizer.decode(job.gen), said.word))
+def missing(job: Any, tokenizer: Any) -> list[tuple[Keyword, int]]:
+    """Each word the reply is to hold more often, with how many more times."""
+    text = tokenizer.decode(job.gen)
+    short = ((w, w.count - mentions(text, w.word)) for w in job.sampler.forced.required)
+    return [(w, k) for w, k in short if k > 0]
 
 
-def start(job: Any, tokenizer: Any) -> int:
+def start(job: Any, tokenizer: Any, said: Keyword) -> int:
     """The word forced now (see module): its first token; ``pending`` gives the rest."""
-    said, gen = job.sampler.forced.keyword, job.gen
+    gen = job.gen
     tail = "".join(token_texts(tokenizer)[t] for t in gen[-3:])
     ids = (said.line if not tail or tail[-1].isspace()
            else said.spaced if ended(tail) else said.inline)
@@ -85,19 +81,19 @@ def start(job: Any, tokenizer: Any) -> int:
 
 
 def due(job: Any, token: int, eos: Any, tokenizer: Any, reserve: int) -> int | None:
-    """The word's first token if it is due now (see module; ``reserve``: the tokens a
-    closing phrase and postscript need), or None; never within ``phrases.OWN`` tokens of
-    the last forced word's end, unless the reply would end."""
+    """The first token of the first word still due, if one is due now (see module;
+    ``reserve``: the tokens a closing phrase and postscript need), or None; never within
+    ``OWN`` tokens of the last forced word's end, unless the reply would end."""
     marks, n = job.sampler.keywords, len(job.gen)
     if marks and n < marks[-1][0] + len(marks[-1][1]) + OWN and token not in eos:
         return None
     if not (short := missing(job, tokenizer)):
         return None
-    left = job.max_new_tokens - reserve - short * ROOM - n
+    left = job.max_new_tokens - reserve - sum(k for _, k in short) * ROOM - n
     texts = token_texts(tokenizer)
     if token in eos or left <= 0 or (left <= (left + n) // 2 and ended(
             "".join(texts[t] for t in job.gen[-3:]))):
-        return start(job, tokenizer)
+        return start(job, tokenizer, short[0][0])
     return None
 
 

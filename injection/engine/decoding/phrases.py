@@ -26,7 +26,7 @@ from injection.engine.decoding.keywords import (
     ROOM,
     Keyword,
     due,
-    keyword,
+    keywords,
     missing,
     pending,
     start,
@@ -92,7 +92,7 @@ class Phrases(NamedTuple):
     sentences: int = 0  # ... at most this many sentences (0: no limit)
     bullets: Bullets | None = None  # the reply is exactly n bullet points
     highlights: Highlights | None = None  # ... has at least n *highlighted* spans
-    keyword: Keyword | None = None  # ... holds a word at least n times
+    required: tuple[Keyword, ...] = ()  # ... holds each of these words at least n times
 
 
 def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
@@ -103,9 +103,9 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     limits = [int(c[10:]) for c in constraints if c.startswith("max_words:")]
     most = [int(c[14:]) for c in constraints if c.startswith("max_sentences:")]
     points, spans = bullets(tokenizer, constraints), highlights(tokenizer, constraints)
-    word = keyword(tokenizer, constraints)
+    required = keywords(tokenizer, constraints)
     if (not said and "title" not in constraints and not options and not limits and not most
-            and not points and not spans and not word):
+            and not points and not spans and not required):
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -119,7 +119,7 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
                    ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]),
                    sentences=min(most or [0]), bullets=points, highlights=None if points else spans,
-                   keyword=word)
+                   required=required)
 
 
 def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
@@ -137,7 +137,7 @@ def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
         return said.start[n]
     if (title := _title(job, token, eos, tokenizer)) is not None:
         return title
-    if said.keyword is not None and (word := pending(job)) is not None:
+    if said.required and (word := pending(job)) is not None:
         return word
     chosen, token = token, _points(job, token, eos, tokenizer)
     moved = token != chosen and token not in eos  # a point's or highlight's mark
@@ -219,7 +219,7 @@ def _points(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
             or (sampler.postscript is not None and sampler.postscript >= 0)
             or (said.title is not None and sampler.titled is None)):
         return token
-    words = (said.keyword.count - len(sampler.keywords)) * ROOM if said.keyword else 0
+    words = (sum(w.count for w in said.required) - len(sampler.keywords)) * ROOM
     opened = len(said.start) if sampler.titled is None else sampler.titled
     keep = bullet_step if said.bullets is not None else highlight_step
     return keep(job, token, eos, tokenizer, opened, _reserve(job) + max(0, words))
@@ -233,15 +233,16 @@ def _reserve(job: Any) -> int:
 
 
 def _keyword(job: Any, token: int, eos: Any, tokenizer: Any, moved: bool) -> int | None:
-    """The word's first token if it is due now (``keywords.py``), or None: not where a
-    bullet point or highlight was just forced, a closing phrase or postscript has begun."""
+    """A required word's first token if it is due now (``keywords.py``), or None: not where
+    a bullet point or highlight was just forced, a closing phrase or postscript has begun."""
     said, sampler, n = job.sampler.forced, job.sampler, len(job.gen)
-    if (said.keyword is None or moved or sampler.ending is not None
+    if (not said.required or moved or sampler.ending is not None
             or (sampler.postscript is not None and sampler.postscript >= 0)):
         return None
     if said.words or said.sentences:  # the limit decides where it ends: the word opens it
         now = n == (len(said.start) if said.title is None else sampler.titled)
-        return start(job, tokenizer) if now and missing(job, tokenizer) else None
+        short = missing(job, tokenizer) if now else []
+        return start(job, tokenizer, short[0][0]) if short else None
     return due(job, token, eos, tokenizer, _reserve(job))
 
 
