@@ -87,12 +87,15 @@ def due(job: Any, token: int, eos: Any, tokenizer: Any, reserve: int) -> int | N
     marks, n = job.sampler.keywords, len(job.gen)
     if marks and n < marks[-1][0] + len(marks[-1][1]) + OWN and token not in eos:
         return None
+    texts = token_texts(tokenizer)
+    stop, tail = token in eos, ended("".join(texts[t] for t in job.gen[-3:]))
+    most = sum(w.count for w in job.sampler.forced.required)  # no decoding of the reply
+    if not (stop or tail or job.max_new_tokens - reserve - most * ROOM - n <= 0):
+        return None  # (``missing``) on a step where no word can be due
     if not (short := missing(job, tokenizer)):
         return None
     left = job.max_new_tokens - reserve - sum(k for _, k in short) * ROOM - n
-    texts = token_texts(tokenizer)
-    if token in eos or left <= 0 or (left <= (left + n) // 2 and ended(
-            "".join(texts[t] for t in job.gen[-3:]))):
+    if stop or left <= 0 or (left <= (left + n) // 2 and tail):
         return start(job, tokenizer, short[0][0])
     return None
 
