@@ -10,13 +10,15 @@ under var/bench-guide-cost, one ``celery worker --pool threads`` as deployed (th
 and the Procfile's pool: WORKER_BATCH_MAX task threads feed one batch engine) and the web
 under uvicorn; rate limits off, every other setting the platform's default.
 
-Members of one tenant, three kinds by their one memory: a standing instruction the decoding
+Members of one tenant, four kinds by their one memory: a standing instruction the decoding
 constraints keep ("Always answer in lowercase letters only.": not guided by default), one
-they do not ("Always answer in French.": guided) and a preference/fact ("I am vegetarian
-and I cook for two."), 8 of each. Conditions: ``defaults`` (nothing sent: the platform
+they do not ("Always answer in French.": guided), a preference/fact ("I am vegetarian
+and I cook for two.") and a required word the decoder keeps ("Work the word 'harbour' into
+every answer."), 8 of each. Conditions: ``defaults`` (nothing sent: the platform
 decides), ``contrast 0`` (guidance off, the baseline) and, for the lowercase instruction,
 ``constraints off`` (its constraint off, so it is guided again: what keeping it by the
-decoder saves). Each member's memory is warmed by one earlier request. All replies greedy
+decoder saves) and, for the required word, ``neither`` (no constraint, no guide: what
+keeping it costs by itself). Each member's memory is warmed by one earlier request. All replies greedy
 (temperature 0), ``TOKENS`` new tokens, each request the first turn of a new conversation.
 Per rep the six kind x condition cells run interleaved (their order rotates and reverses;
 the streams in rounds over the cells, then the bursts), so load from elsewhere hits every
@@ -74,16 +76,21 @@ TOKENS = 64
 BURST = 8
 KINDS = {"instruction": "Always answer in lowercase letters only.",
          "guided instruction": "Always answer in French.",
-         "preference": "I am vegetarian and I cook for two."}
+         "preference": "I am vegetarian and I cook for two.",
+         "required word": "Work the word 'harbour' into every answer."}
 # what each condition sends beside the message ({}: nothing, the platform decides)
 CONDITIONS = {"defaults": {}, "contrast 0": {"contrast": 0.0},
-              "constraints off": {"constraints": False}}
+              "constraints off": {"constraints": False},
+              "neither": {"constraints": False, "contrast": 0.0}}
 # the conditions each kind runs. The lowercase instruction is kept by its decoding
 # constraint and so not guided by default (``contrast.resolve``): ``contrast 0`` would send
-# its defaults' work again; with ``constraints off`` it is guided. French is guided.
+# its defaults' work again; with ``constraints off`` it is guided. French is guided. The
+# required word is kept by the decoder too (forced where the reply would end, no repeated
+# run after it): ``neither`` (no constraint, no guide) is what keeping it costs by itself.
 KIND_CONDITIONS = {"instruction": ["defaults", "constraints off"],
                    "guided instruction": ["defaults", "contrast 0"],
-                   "preference": ["defaults", "contrast 0"]}
+                   "preference": ["defaults", "contrast 0"],
+                   "required word": ["defaults", "constraints off", "neither"]}
 STREAM_QUESTION = "What should I cook tonight?"
 WARM_QUESTION = "Hello! Who are you?"
 QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday.",
@@ -263,6 +270,7 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
                 "ratio": _median(a["wall"] / b["wall"] for a, b in zip(seq, conc, strict=True)),
                 "max_ttft": _median(max(r["ttft_ms"] for r in b["replies"]) for b in conc),
                 "tokens": _median(r["tokens"] for r in chats),
+                "held": sum("harbour" in r["text"].lower() for r in chats), "of": len(chats),
             }
             rows.append([kind, cond, f"{f['contrast']:g}", f"{f['guide_v1']:.0f} / "
                          f"{f['guide_chat']:.0f}", f"{f['ttft']:.0f}", f"{f['rate']:.1f}",
@@ -288,6 +296,16 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
                 f"decode **{d['rate'] / c['rate']:.2f}x**, 8 one after another "
                 f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**"
                 f"; at once / one after another {d['ratio']:.2f}x vs {c['ratio']:.2f}x.")
+        if "neither" in KIND_CONDITIONS[kind]:
+            c = fig[(kind, "neither")]
+            lines.append(
+                f"- {kind}: defaults against neither constraints nor guidance (what the decoder "
+                f"keeping it costs) — first token **{d['ttft'] / c['ttft']:.2f}x**, batch-1 decode "
+                f"**{d['rate'] / c['rate']:.2f}x**, 8 one after another **{d['seq'] / c['seq']:.2f}x**"
+                f" the time, 8 at once **{d['conc'] / c['conc']:.2f}x**; at once / one after "
+                f"another {d['ratio']:.2f}x vs {c['ratio']:.2f}x; the word in {d['held']}/{d['of']} "
+                f"`/api/chat` replies vs {c['held']}/{c['of']} (guided, constraints off: "
+                f"{fig[(kind, 'constraints off')]['held']}/{c['of']}).")
     guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0
               and (k, "contrast 0") in fig]
     if guided:
