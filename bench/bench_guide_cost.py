@@ -280,32 +280,18 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
     for kind in KINDS:
         d, b = fig[(kind, "defaults")], fig.get((kind, "contrast 0"))
         if b is not None:
-            lines.append(
-                f"- {kind}: defaults against `contrast: 0` — first token **{d['ttft'] / b['ttft']:.2f}x**"
-                f", batch-1 decode **{d['rate'] / b['rate']:.2f}x** (goal >= 0.9x), 8 one after "
-                f"another **{d['seq'] / b['seq']:.2f}x** the time, 8 at once "
-                f"**{d['conc'] / b['conc']:.2f}x**; at once / one after another "
-                f"{d['ratio']:.2f}x vs {b['ratio']:.2f}x (goal >= 3.5x)" + (
-                    "; no guide by default, so both rows send the same work: they differ by this "
-                    "run's noise." if d["contrast"] == 0 else "."))
+            lines.append(_versus(kind, "`contrast: 0`", d, b, " (goal >= 0.9x)") + " (goal >= 3.5x)" + (
+                "; no guide by default, so both rows send the same work: they differ by this "
+                "run's noise." if d["contrast"] == 0 else "."))
         if "constraints off" in KIND_CONDITIONS[kind]:
-            c = fig[(kind, "constraints off")]
-            lines.append(
-                f"- {kind}: defaults against `constraints: false` (the decoding constraints "
-                f"off: guided again) — first token **{d['ttft'] / c['ttft']:.2f}x**, batch-1 "
-                f"decode **{d['rate'] / c['rate']:.2f}x**, 8 one after another "
-                f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**"
-                f"; at once / one after another {d['ratio']:.2f}x vs {c['ratio']:.2f}x.")
+            lines.append(_versus(kind, "`constraints: false` (the decoding constraints off: "
+                                 "guided again)", d, fig[(kind, "constraints off")]) + ".")
         if "neither" in KIND_CONDITIONS[kind]:
             c = fig[(kind, "neither")]
-            lines.append(
-                f"- {kind}: defaults against neither constraints nor guidance (what the decoder "
-                f"keeping it costs) — first token **{d['ttft'] / c['ttft']:.2f}x**, batch-1 decode "
-                f"**{d['rate'] / c['rate']:.2f}x**, 8 one after another **{d['seq'] / c['seq']:.2f}x**"
-                f" the time, 8 at once **{d['conc'] / c['conc']:.2f}x**; at once / one after "
-                f"another {d['ratio']:.2f}x vs {c['ratio']:.2f}x; the word in {d['held']}/{d['of']} "
-                f"`/api/chat` replies vs {c['held']}/{c['of']} (guided, constraints off: "
-                f"{fig[(kind, 'constraints off')]['held']}/{c['of']}).")
+            lines.append(_versus(kind, "neither constraints nor guidance (what the decoder keeping "
+                                 "it costs)", d, c) + f"; the word in {d['held']}/{d['of']} "
+                         f"`/api/chat` replies vs {c['held']}/{c['of']} (guided, constraints off: "
+                         f"{fig[(kind, 'constraints off')]['held']}/{c['of']}).")
     guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0
               and (k, "contrast 0") in fig]
     if guided:
@@ -340,6 +326,14 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
     print(f"\n({seconds / 60:.1f} min; servers' log: {logpath})")
     if args.write_docs:
         write_section("guide-cost", body)
+
+
+def _versus(kind: str, other: str, d: dict, c: dict, goal: str = "") -> str:
+    """One line: the defaults' figures of ``kind`` as ratios of condition ``other``'s."""
+    return (f"- {kind}: defaults against {other} — first token **{d['ttft'] / c['ttft']:.2f}x**, "
+            f"batch-1 decode **{d['rate'] / c['rate']:.2f}x**{goal}, 8 one after another "
+            f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**; "
+            f"at once / one after another {d['ratio']:.2f}x vs {c['ratio']:.2f}x")
 
 
 def replies_line(streams: dict, bursts: dict) -> str:
