@@ -65,6 +65,7 @@ from injection.prompting.readers import (
     NEG,
     QUOTED,
     bullet_count,
+    capped,
     choice,
     forbids,
     highlight_count,
@@ -209,7 +210,7 @@ def _of(text: str) -> set[str]:
         if NEG.search(sentence) and any(forbids(sentence, *m.span())
                                         for m in _COMMA.finditer(sentence)):
             out.add("no_comma")
-        if _WORDS.search(sentence) and NEG.search(sentence):
+        if _WORDS.search(sentence) and NEG.search(sentence) and not capped(sentence):
             out |= {f"ban:{m.group(1).lower()}" for m in QUOTED.finditer(sentence)
                     if re.fullmatch(r"\s*[A-Za-z]+\s*", m.group(1)) and forbids(sentence, *m.span())}
     if lower != upper:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "bullet_count", "choice", "forbids", "highlight_count", "keywords",
-           "negated", "sentence_count", "sentence_limit", "word_count", "word_limit"]
+__all__ = ["NEG", "QUOTED", "bullet_count", "capped", "choice", "forbids", "highlight_count",
+           "keywords", "negated", "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
@@ -178,6 +178,13 @@ _CAPPED = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to
                      r"fewer\s+than|less\s+than|only|max\w*)\s*$", re.I)
 
 
+def capped(sentence: str) -> bool:
+    """Whether ``sentence`` caps how often something comes ("no more than twice", "at most
+    3 times"): a limit, neither a ban nor a request."""
+    m = _TIMES.search(sentence)
+    return m is not None and _CAPPED.search(sentence[:m.start()]) is not None
+
+
 def keywords(sentence: str) -> list[tuple[str, int]]:
     """The quoted words (one to three, letters only) ``sentence`` asks every reply to hold,
     lower-cased, each with how often (at least; "twice", "2 times or more", "more than
@@ -187,9 +194,9 @@ def keywords(sentence: str) -> list[tuple[str, int]]:
     if not _INCLUDE.search(sentence):
         return []
     n = 1
+    if capped(sentence):
+        return []
     if (m := _TIMES.search(sentence)) is not None:
-        if _CAPPED.search(sentence[:m.start()]):
-            return []
         said = next(g for g in m.groups() if g).lower()
         n = ({"once": 1, "twice": 2, "thrice": 3}.get(said)
              or (_NUMBERS.get(said) or (int(said) if said.isdigit() else 2)))

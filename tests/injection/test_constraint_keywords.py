@@ -27,6 +27,7 @@ READ = [
     ("Never reply without using the word 'tide'.", ("word:tide:1",)),  # asked, twice negated
     ("Use 'colour' instead of 'color' in every answer.", ("word:colour:1",)),
     ("Use 'honestly' at most twice in a reply.", ()),  # a cap, not a request
+    ("Use the word 'maybe' no more than twice per reply.", ()),  # nor a ban
     ("Start every reply with the word 'Howdy'.", ("start:Howdy",)),  # an opening phrase
     ("End each answer with the word 'Onwards'.", ("end:Onwards",)),
     ("My cat is called 'Pixel'.", ()),  # a fact, no standing instruction
