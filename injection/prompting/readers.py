@@ -191,11 +191,9 @@ def keywords(sentence: str) -> list[tuple[str, int]]:
     once": 2; 1 where none is said): a word it puts in the reply ("Work 'x' into your
     answers", "Say 'x' at least twice"), not forbidden ("never use 'x'"), not one instead
     of which another comes, nor a count it caps ("at most twice"); [] for none."""
-    if not _INCLUDE.search(sentence):
+    if not _INCLUDE.search(sentence) or capped(sentence):
         return []
     n = 1
-    if capped(sentence):
-        return []
     if (m := _TIMES.search(sentence)) is not None:
         said = next(g for g in m.groups() if g).lower()
         n = ({"once": 1, "twice": 2, "thrice": 3}.get(said)

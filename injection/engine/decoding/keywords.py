@@ -1,19 +1,21 @@
-"""A reply that holds a word (or a few words) at least n times ("Work the word 'garden' into every
-answer.", "Say 'indeed' at least twice.": ``prompting/constraints.py``, ``word:<word>:<n>``),
-kept by the decoder.
+"""A reply that holds a word (or a few words) at least n times ("Work the word 'garden' into
+every answer.", "Say 'indeed' at least twice.": ``prompting/constraints.py``,
+``word:<word>:<n>``), kept by the decoder.
 
 The model writes as it would. Where the reply holds the word fewer than n times
 (``verdicts.mentions``: the model may well have written it) and would end (its end-of-turn
 token), where only the words still due fit (``ROOM`` tokens each, besides a closing phrase
-and postscript), or at a sentence's end in the second half of what is left of the reply before
-that (``due``; a word forced at the very end was cut off mid-sentence or forced twice in a
-row, "simply simply"), the word is forced as the next sentence's first (capitalised, after a space; without one at a line's start;
-as asked, after a space, mid-sentence; lower-case under ``lowercase``) and the model goes
-on from it: the end of turn waits ``phrases.OWN`` tokens (``phrases.holds``). Where a word
-or sentence limit decides where the reply ends, the word opens the reply instead, so the
-limit counts it. Several words asked: each in turn (in the order of ``keywords``). Once started, the word is written whole (``pending``). After it, the reply
-repeats no ``NGRAM`` tokens of its own (``fresh``: greedy, SmolLM2 went on from a forced word
-by saying its answer again, "Indeed, volcanoes erupt through magma." twice over).
+and postscript), or at a sentence's end in the second half of what is left of the reply
+before that (``due``; a word forced at the very end was cut off mid-sentence or forced twice
+in a row, "simply simply"), the word is forced as the next sentence's first (capitalised,
+after a space; without one at a line's start; as asked, after a space, mid-sentence;
+lower-case under ``lowercase``) and the model goes on from it: the end of turn waits ``OWN``
+tokens (``phrases.holds``). Where a word or sentence limit decides where the reply ends,
+the word opens the reply instead, so the limit counts it. Several words asked: each in turn
+(in the order of ``keywords``). Once started, the word is written whole (``pending``). After
+it, the reply repeats no ``NGRAM`` tokens of its own (``fresh``: greedy, SmolLM2 went on from
+a forced word by saying its answer again, "Indeed, volcanoes erupt through magma." twice
+over).
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.text import ended, token_texts
+from injection.engine.decoding.text import ended, tail_ended, token_texts
 from injection.engine.logitprocs import no_repeat_ngrams
 from injection.prompting.verdicts import mentions, required
 
@@ -87,8 +89,7 @@ def due(job: Any, token: int, eos: Any, tokenizer: Any, reserve: int) -> int | N
     marks, n = job.sampler.keywords, len(job.gen)
     if marks and n < marks[-1][0] + len(marks[-1][1]) + OWN and token not in eos:
         return None
-    texts = token_texts(tokenizer)
-    stop, tail = token in eos, ended("".join(texts[t] for t in job.gen[-3:]))
+    stop, tail = token in eos, tail_ended(job.gen, token_texts(tokenizer))
     most = sum(w.count for w in job.sampler.forced.required)  # no decoding of the reply
     if not (stop or tail or job.max_new_tokens - reserve - most * ROOM - n <= 0):
         return None  # (``missing``) on a step where no word can be due
