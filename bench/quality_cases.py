@@ -1,7 +1,8 @@
 """The quality benchmark's cases (bench/bench_quality.py): 153 standing instructions, 75
 preferences, 75 facts about the member, each with an objective check, in a fixed split;
 added since, each set written before it was run: 17 length preferences and 40 validation
-standing instructions of the types guidance runs for (quality_questions.py).
+standing instructions of the types guidance runs for and 30 tuning language instructions
+(quality_questions.py).
 
 Written for this benchmark: no case is taken from an issue, bench/memory_cases.py or
 bench/personalisation_cases.py (their distractor exchanges and filler memories are reused:
@@ -29,6 +30,8 @@ from quality_questions import (
     FACTS,
     GUIDED_MORE,
     GUIDED_QUESTIONS,
+    LANGUAGE_QUESTIONS,
+    LANGUAGE_TUNING,
     LENGTH_PREFERENCES,
     PREFERENCES,
     QUESTIONS,
@@ -147,9 +150,17 @@ def _guided_more() -> list[Case]:
     return out
 
 
+def _language_tuning() -> list[Case]:
+    """30 tuning cases of a language instruction (LANGUAGE_TUNING), one question each."""
+    return [Case("standing", "language", "tuning", phrase, LANGUAGE_QUESTIONS[j],
+                 verifier("language", args, LANGUAGE_QUESTIONS[j]))
+            for j, (phrase, args) in enumerate(LANGUAGE_TUNING)]
+
+
 # later additions last: the cases before keep their index (quality_questions.py)
 CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
-                     *_preferences(LENGTH_PREFERENCES), *_guided_more()]
+                     *_preferences(LENGTH_PREFERENCES), *_guided_more(),
+                     *_language_tuning()]
 
 
 def family_split(family: str, split: str) -> list[Case]:
