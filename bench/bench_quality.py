@@ -85,12 +85,15 @@ CONDS: dict[str, dict] = {
     "guide idle 8": {"guide_idle": 8},
     "guide idle 16": {"guide_idle": 16},
     "- constraints": {"constrain": False},
+    # a deep turn's first token as its last message alone would pick it (``anchor.py``)
+    "- anchor": {"anchor": False, "anchor_many": False},
     # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
     "alpha 1.5": {"alpha": 1.5},
     "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
-SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens", "guide_idle")
+SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens", "guide_idle",
+            "anchor", "anchor_many")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -106,11 +109,12 @@ PROFILES: dict[str, dict] = {
     # (``"every"``) at the other depths and with 20 memories
     "full": {"every": 1, "cells": {
         (0, 1): ["no memory", "system message", "platform", "- guidance", "- constraints"],
-        (8, 1): ["system message", "platform", "- reminder", "- constraints"],
+        (8, 1): ["system message", "platform", "- reminder", "- constraints", "- anchor"],
         (4, 1): {"conds": ["system message", "platform"], "every": 3},
         (16, 1): {"conds": ["system message", "platform"], "every": 3},
         (0, 20): {"conds": ["platform", "- guidance"], "every": 3},
-        (8, 20): {"conds": ["system message", "platform", "- recall pick"], "every": 3},
+        (8, 20): {"conds": ["system message", "platform", "- recall pick", "- anchor"],
+                  "every": 3},
     }},
 }
 
@@ -188,10 +192,12 @@ def _phase(job: tuple) -> tuple:
 def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     """The phase's switches set on the modules and the executor's memory planner;
     ``defaults`` (``_defaults``) where the phase does not set them."""
-    from injection.engine.guidance import contrast
+    from injection.engine.guidance import contrast, plan
     from injection.prompting import reminder
 
     sw, (top, options, guide) = dict(phase), defaults
+    plan.ONE_ANCHORED_DEEP = sw.get("anchor", guide[2])
+    plan.MANY_ANCHORED = sw.get("anchor_many", guide[3])
     reminder.RELEVANT_TOP = sw.get("recall_top", top)
     contrast.GUIDE_TOKENS = sw.get("guide_tokens", guide[0])
     contrast.GUIDE_IDLE = sw.get("guide_idle", guide[1])
@@ -201,11 +207,12 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
 
 
 def _defaults(ex) -> tuple:
-    from injection.engine.guidance import contrast
+    from injection.engine.guidance import contrast, plan
     from injection.prompting import reminder
 
-    return reminder.RELEVANT_TOP, ex.memories.options, (contrast.GUIDE_TOKENS,
-                                                         contrast.GUIDE_IDLE)
+    return reminder.RELEVANT_TOP, ex.memories.options, (
+        contrast.GUIDE_TOKENS, contrast.GUIDE_IDLE, plan.ONE_ANCHORED_DEEP,
+        plan.MANY_ANCHORED)
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
@@ -229,7 +236,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
     derived = _derive(late, done)
     _run(ex, budget, [j for j in late if _key(j) not in derived], workers, partial, done)
     if late:
-        print(f"  {len(derived)} of {len(late)} '- guidance' replies are the platform's "
+        print(f"  {len(derived)} of {len(late)} '- guidance'/'- anchor' replies are the platform's "
               "(no guide ran for them)", flush=True)
     if partial:
         Path(partial).write_text(json.dumps(done))
@@ -237,11 +244,12 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
 
 
 def _derivable(job: tuple, jobs: list[tuple]) -> bool:
-    """A ``- guidance`` job whose ``platform`` twin is in the run: where the platform runs no
-    guide (its guide forward tokens are 0: guidance is not applied to that member), the
-    reply without guidance is the platform's, token for token (greedy; tests/injection
-    test the switch), so it is copied instead of generated again (``_derive``)."""
-    return job[3] == "- guidance" and (*job[:3], "platform") in jobs
+    """A ``- guidance`` (or ``- anchor``) job whose ``platform`` twin is in the run: where the
+    platform runs no guide and no anchor (its guide forward tokens are 0: guidance is not
+    applied to that member), the reply without them is the platform's, token for token
+    (greedy; tests/injection test the switches), so it is copied instead of generated again
+    (``_derive``)."""
+    return job[3] in ("- guidance", "- anchor") and (*job[:3], "platform") in jobs
 
 
 def _derive(late: list[tuple], done: dict) -> set[str]:

@@ -7,7 +7,7 @@ and lets finished rows leave. A row's greedy output equals the row run alone. Pe
 sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). Admission
 is bounded by ``max_batch`` requests (a guide row is none) and a K/V budget over all rows.
 Failures stay contained (``faults``); a watchdog (``watchdog``) reads the scheduler's
-heartbeat. Forwards of no row (segments, embeddings, guide heads) run here too
+heartbeat. Forwards of no row (segments, embeddings, guide heads, anchors) run here too
 (``forwards``); transformers' continuous batching takes no per-request K/V.
 """
 
@@ -30,7 +30,7 @@ from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.decoding import bans
 from injection.engine.faults import COUNTERS, EngineFaults
-from injection.engine.guidance import contrast
+from injection.engine.guidance import anchor, contrast
 from injection.engine.prefill.forwards import FORWARD_COUNTERS, EngineForwards
 from injection.engine.prefill.grouping import GroupPrefill
 from injection.engine.prefill.pacing import Pacer
@@ -110,18 +110,19 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
     def run(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
             max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
             capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
-            guide: contrast.Guide | None = None, **sampling: Any) -> GenerationOutput:
-        """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``;
-        ``capture`` gets the K/V of the first ``capture_tokens`` of ``new_ids`` once
-        prefilled (``faults``); ``guide``: contrasted (``contrast.py``; 2 rows)."""
+            guide: contrast.Guide | None = None, first_scores: torch.Tensor | None = None,
+            **sampling: Any) -> GenerationOutput:
+        """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``; ``capture``
+        gets the K/V of the first ``capture_tokens`` of ``new_ids`` once prefilled (``faults``);
+        ``guide``: contrasted (``contrast.py``); ``first_scores``: the first token's (anchor)."""
         if not new_ids:
             raise InvalidRequest("prompt is empty")
         if prefix is not None:
             self.adapter._check_compatible(prefix)
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
-                     int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
-                     capture=capture, capture_tokens=int(capture_tokens))
+                     int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv, capture=capture,
+                     capture_tokens=int(capture_tokens), first_scores=first_scores)
         job.token_map, job.phrases = bans.prepare(
             self.adapter.tokenizer, sampling.get("constraints", ()), self._eos)
         contrast.attach(job, guide, self.max_batch)
@@ -246,7 +247,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
                                       job.guide_strength)  # (folding again later: a no-op)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
-        return None if resume else logits
+        return None if resume else anchor.first(job, logits)
 
     def _decode(self) -> None:
         self._beat()
@@ -267,9 +268,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         self._advance(list(self._rows), logits)
 
     def _advance(self, rows: list[RowJob], logits: torch.Tensor, *, cached: bool = True) -> None:
-        """Choose each row's token from its logits (``[rows, V]``) and append it. Finished
-        rows leave the batch, then their callers wake. A row whose draw or callbacks raise
-        fails alone."""
+        """Choose each row's token from its logits (``[rows, V]``) and append it; finished
+        rows leave, then their callers wake. A row whose draw or callbacks raise fails alone."""
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
         logits = bans.apply(rows, logits)  # decoding constraints, before a guide's contrast
         rows, logits = contrast.split_rows(rows, logits)  # guides choose nothing

@@ -46,6 +46,7 @@ class RowJob:
     guide_prefilled: int = 0  # tokens the guide row has prefilled (``contrast.prefill*``)
     guide_until: int = 0  # the guide leaves after this many reply tokens (0: with the row)
     guide_agreed: int = 0  # steps in a row the guide changed no pick (``contrast.GUIDE_IDLE``)
+    first_scores: Any = None  # ``[V]`` first-token scores of its anchor (``guidance/anchor.py``)
     # decoding constraints (``engine/decoding/bans.py``, built by ``bans.prepare`` when submitted)
     token_map: Any = None
     phrases: Any = None

@@ -26,6 +26,7 @@ from injection.base import (
     Tier,
     run_here,
 )
+from injection.engine.guidance.anchor import build_anchor, scores
 from injection.engine.guidance.plan import build_guide
 from injection.engine.oom import on_cuda, with_oom_retry
 from injection.engine.planning.plan import TurnPlan
@@ -213,10 +214,15 @@ class InjectionExecutor:
         prefix = join(chain.kv, plan.link.cached)  # a conversation hit continues its link
         guide = build_guide(plan.guide, self.chain, req.tenant, prefix, chain.lead,
                             plan.link.done)
-        out = self.turns.run(plan, prefix, lead=chain.lead, capture=chain.capture, guide=guide)
+        anchored = build_anchor(plan.anchor, self.chain, req.tenant, chain.kv, chain.lead)
+        first, anchor_tokens = scores(self.adapter, self.engine, anchored)
+        out = self.turns.run(plan, prefix, lead=chain.lead, capture=chain.capture, guide=guide,
+                             first=first)
         reply = self._reply(plan, req, out, chain.num_tokens, planning_ms, fetch_ms, t0)
         self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
-        return injected_result(plan, reply, chain, guide, self.adapter, self.engine)
+        return injected_result(plan, reply, chain, guide, self.adapter, self.engine,
+                               anchored=(anchored.strength, anchor_tokens) if first is not None
+                               else None)
 
     def _reply(self, plan: TurnPlan, req: ExecutionRequest, out: Any, head: int,
                planning_ms: float, fetch_ms: float, t0: float) -> Reply:

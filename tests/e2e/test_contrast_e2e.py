@@ -59,7 +59,8 @@ def test_several_memories_are_guided_on_first_turns_unless_the_tenant_has_instru
         live_server, gpu_worker, alice, settings, demo_model_path):
     """Memories from Postgres, instructions from the tenant: a member with several memories
     is guided on a conversation's first turns (against the turn without its reminder),
-    never deeper, and never where the tenant has instructions (they keep precedence)."""
+    deeper only its first token (anchor.py), and never where the tenant has instructions
+    (they keep precedence)."""
     settings.MODEL_PATH = str(demo_model_path)
     member, key = alice
     for text in ("Reply in French.", "My dog is called Biscuit."):
@@ -73,8 +74,11 @@ def test_several_memories_are_guided_on_first_turns_unless_the_tenant_has_instru
         status, body = post(live_server.url, "/api/chat", key,
                             {**ask, "message": message, "conversation": conv})
         assert status == 200, body
-        effective.append(body["cache"]["contrast_effective"])
-    assert effective == [1.0, 0.0]  # the second turn still guided, the third not
+        effective.append((body["cache"]["contrast_effective"],
+                          body["usage"]["guide_decode_tokens"] > 0,
+                          body["usage"]["guide_prefill_tokens"] > 0))
+    # the second turn still guided; the third runs no guide row, its first token anchored
+    assert effective == [(1.0, True, True), (1.0, False, True)]
     actions.do_set_tenant_instructions(Tenant.objects.get(pk=member.tenant_id),
                                        "Always answer politely.")
     status, ruled = post(live_server.url, "/api/chat", key, ask)

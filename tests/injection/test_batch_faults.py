@@ -48,6 +48,20 @@ def _until(cond, what: str) -> None:
         time.sleep(0.002)
 
 
+def _held_start(threads, started, eng) -> None:
+    """Start ``threads[0]``, wait for ``started()`` (its forward held by the test), start the
+    others, join them all, close ``eng``: the rest queue while the first row's forward waits."""
+    threads[0].start()
+    _until(started, "row 0 prefilling")
+    for t in threads[1:]:
+        t.start()
+    try:
+        for t in threads:
+            t.join(120)
+    finally:
+        eng.close()
+
+
 def _gate_until_queued(eng_ref: dict, n: int):
     """A ``before`` hook: the first forward waits until ``n`` more rows are queued, so they
     all join the next decoding step together (the batch's composition is deterministic)."""

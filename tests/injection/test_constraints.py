@@ -296,7 +296,7 @@ def test_capitals_are_the_reply_upper_cased_streamed_as_sent(adapter):
 def test_guided_constrained_rows_prefilled_as_a_group_answer_as_alone(adapter):
     """The group prefill's first tokens fold each row before its guide's contrast, as a
     row prefilled alone does (a burst once gave other replies than the same alone)."""
-    from tests.injection.test_batch_faults import _Faulty, _until, _with_model
+    from tests.injection.test_batch_faults import _Faulty, _held_start, _until, _with_model
 
     render, cons = adapter.renderer, ("lowercase", "no_comma")
     to = token_map(adapter.tokenizer, cons)
@@ -320,16 +320,9 @@ def test_guided_constrained_rows_prefilled_as_a_group_answer_as_alone(adapter):
         out[i] = eng.run(None, 1.0, plain, 24) if i == 0 else eng.run(
             None, 1.0, asks[i - 1], 24, constraints=cons, guide=Guide(1.0, None, plain))
 
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(3)]
-    threads[0].start()  # alone first: its forward held until the guided rows queue
-    _until(lambda: len(forwards) >= 1, "row 0 prefilling")
-    for t in threads[1:]:
-        t.start()
-    try:
-        for t in threads:
-            t.join(120)
-    finally:
-        eng.close()
+    # alone first: its forward held until the guided rows queue
+    _held_start([threading.Thread(target=ask, args=(i,)) for i in range(3)],
+                lambda: len(forwards) >= 1, eng)
     assert eng.counters["group_prefills"] == 1, forwards
     for ids, got in zip(asks[:2], out[1:], strict=True):
         assert got.token_ids == reference(adapter, ids, to, 24, plain)

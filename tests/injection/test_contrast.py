@@ -375,6 +375,8 @@ def test_reminded_turns_are_not_guided(adapter):
                                                  reminder=False))
     finally:
         ex.close()
-    assert early.contrast_effective == 1.0
-    assert deep.contrast_effective == 0.0  # its turn carries the reminder
-    assert unreminded.contrast_effective == 1.0
+    assert early.contrast_effective == 1.0 and early.guide_decode_tokens > 0
+    # its turn carries the reminder: no guide row, its first token anchored (anchor.py)
+    assert deep.contrast_effective == 1.0 and deep.guide_decode_tokens == 0
+    assert deep.guide_prefill_tokens > 0
+    assert unreminded.contrast_effective == 1.0 and unreminded.guide_decode_tokens > 0

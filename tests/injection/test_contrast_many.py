@@ -60,6 +60,7 @@ def test_an_early_turn_with_several_memories_is_guided_without_its_reminder(
 
 
 def test_deeper_turns_and_strength_zero_are_not_guided(adapter):
+    """Past the guided turns no guide row runs (the first token is anchored: anchor.py)."""
     ex = _executor(adapter)
     try:
         deep = ex.execute(ExecutionRequest("t1", "u1", _history(2), memories=MEMS,
@@ -68,7 +69,9 @@ def test_deeper_turns_and_strength_zero_are_not_guided(adapter):
                                           max_new_tokens=4, contrast=0.0))
     finally:
         ex.close()
-    assert deep.contrast_effective == 0.0 and off.contrast_effective == 0.0
+    assert deep.guide_decode_tokens == 0 and deep.guide_prefill_tokens > 0
+    assert deep.contrast_effective == 1.0  # anchored
+    assert off.contrast_effective == 0.0 and off.guide_prefill_tokens == 0
 
 
 def test_a_guided_turn_continuing_its_cached_conversation_shares_the_rows_prefix(

@@ -11,7 +11,8 @@ memory reminder (``prompting/reminder.py``): measured on the memory-depth cases,
 contrasting a reply against a conversation without the reminders' restated memories
 makes the model recite them, while the reminder alone keeps deep turns in line
 (docs/BENCHMARKS.md, memory depth). So the guide works on the first turns of a
-conversation and the reminder on the rest.
+conversation and the reminder on the rest, whose first token is anchored instead
+(``plan_anchor``, ``anchor.py``: the last message alone, guided, picks it).
 
 A member with several memories is never guided against a conversation without them:
 what the memories add is above all their list, and the model recites it ("- My favourite
@@ -43,12 +44,12 @@ from typing import Any
 
 from injection.base import ExecutionRequest
 from injection.engine.guidance.contrast import Guide, resolve
-from injection.engine.planning.plan import GuidePlan
+from injection.engine.planning.plan import AnchorPlan, GuidePlan
 from injection.kvcache.chain import segment_split
 from injection.prompting.reminder import turns_before
 from injection.prompting.template import compose_context
 
-__all__ = ["build_guide", "guide_figures", "plan_guide"]
+__all__ = ["build_guide", "guide_figures", "plan_anchor", "plan_guide"]
 
 # A member with several memories: a turn with fewer exchanges before it than this is
 # guided against the same turn without its reminder (0: never). Measured on the memory
@@ -56,6 +57,15 @@ __all__ = ["build_guide", "guide_figures", "plan_guide"]
 # 8/20 (held-out), before the reminder pick's stand-out rule (with it, guided: 11/20 and
 # 12/20); guiding at depth 8 too: 8/20 against 10/20 and 6/20 against 6/20.
 MANY_GUIDED_BEFORE = 2
+# A member with one memory, on a reminded turn (deep in a conversation): anchored
+# (``anchor.py``): the reply's first token as the turn's last message alone, guided, would
+# pick it (False: not). Guiding such a turn against itself without its last reminder, as
+# above, was measured instead: tuning languages at depth 8, 5/35 against 2/35 unguided
+# (the anchor: 29/35), at a second row for the whole reply.
+ONE_ANCHORED_DEEP = True
+# A member with several memories, on a turn no longer guided (``MANY_GUIDED_BEFORE``):
+# anchored on the last message alone with its reminder against it without (False: not).
+MANY_ANCHORED = True
 
 
 def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str]],
@@ -87,6 +97,47 @@ def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str
         return None
     return _unreminded(adapter, strength, req, messages,
                        compose_context(req.instructions if keep_instructions else "", ""))
+
+
+def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str]],
+                mem: Any, remind: Any, guide: GuidePlan | None, *, on: bool, context: str,
+                segment: str, keep_instructions: bool = False,
+                constraints: tuple[str, ...] = ()) -> AnchorPlan | None:
+    """A reminded turn's anchor (``anchor.py``), for one memory that guidance would serve
+    at depth 0 (``contrast.resolve``), where no guide runs; None otherwise. ``segment``:
+    the turn's injected system turn (the anchor's prefix: it must be the same)."""
+    if not (on and (MANY_ANCHORED if mem.many else ONE_ANCHORED_DEEP)) or guide is not None:
+        return None
+    if not remind.reminds_last(messages) or (mem.many and req.instructions):
+        return None  # (several memories and tenant instructions: as for their guide)
+    strength = resolve(adapter, req.contrast, [m.text for m in req.memories] or [
+        req.preference_text], constraints)
+    if strength <= 0.0:
+        return None
+    system = [m for m in messages if m["role"] == "system"]
+    alone = [*system, dict(req.messages[-1])]
+    if mem.many:  # the same segment, the message with its reminder against without
+        return _anchor_many(adapter, strength, context, segment, [*system, messages[-1]], alone)
+    parts = adapter.split_prompt(context, alone)
+    if parts.segment != segment:
+        return None
+    negative = _unreminded(adapter, strength, req, alone, compose_context(
+        req.instructions if keep_instructions else "", ""))
+    return AnchorPlan(strength, tuple(adapter.renderer.encode(parts.prompt, first=False)),
+                      negative)
+
+
+def _anchor_many(adapter: Any, strength: float, context: str, segment: str,
+                 reminded: list[dict[str, str]], alone: list[dict[str, str]]
+                 ) -> AnchorPlan | None:
+    """Several memories: the last message with its reminder (``reminded``) and without
+    (``alone``), each after the turn's segment (the guide's head ``"segment"``)."""
+    pos, neg = (adapter.split_prompt(context, m) for m in (reminded, alone))
+    if pos.segment != segment or neg.segment != segment or pos.prompt == neg.prompt:
+        return None
+    encode = adapter.renderer.encode
+    return AnchorPlan(strength, tuple(encode(pos.prompt, first=False)),
+                      GuidePlan(strength, "segment", tuple(encode(neg.prompt, first=False))))
 
 
 def _unreminded(adapter: Any, strength: float, req: ExecutionRequest,
@@ -138,11 +189,15 @@ def build_guide(plan: GuidePlan | None, chain: Any, tenant: str, prefix: Any,
     return Guide(plan.strength, None, list(plan.ids))
 
 
-def guide_figures(guide: Guide | None, out: Any) -> dict[str, Any]:
+def guide_figures(guide: Guide | None, out: Any,
+                  anchored: tuple[float, int] | None = None) -> dict[str, Any]:
     """The result's guidance figures: the strength applied and the guide row's tokens as
-    the engine ran them (``out``: the ``GenerationOutput``; 0 where no guide row ran)."""
-    return {"contrast_effective": guide.strength if guide else 0.0,
-            "guide_prefill_tokens": int(getattr(out, "guide_prefill_tokens", 0)),
+    the engine ran them (``out``: the ``GenerationOutput``; 0 where no guide row ran);
+    ``anchored``: an anchor's strength and prefilled tokens (``anchor.py``), counted as
+    the guide's."""
+    strength, tokens = anchored or (guide.strength if guide else 0.0, 0)
+    return {"contrast_effective": strength,
+            "guide_prefill_tokens": int(getattr(out, "guide_prefill_tokens", 0)) + tokens,
             "guide_decode_tokens": int(getattr(out, "guide_decode_tokens", 0))}
 
 

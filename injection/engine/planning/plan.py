@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 from injection.base import CacheKey, SegmentSplit
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["GuidePlan", "LinkPlan", "TurnPlan"]
+__all__ = ["AnchorPlan", "GuidePlan", "LinkPlan", "TurnPlan"]
 
 Message = dict[str, str]
 
@@ -44,7 +44,8 @@ class GuidePlan(NamedTuple):
     (the reminded turn without its reminder: ``ids`` are that turn's whole prompt, of
     which the row's cached link covers the first tokens), ``"tenant"`` after the tenant's
     shared segment (``segment``/``split``), ``"shared"`` after the template's own system
-    turn (``segment``, encoded as ``head_ids``), ``"none"``: ``ids`` start the sequence.
+    turn (``segment``, encoded as ``head_ids``), ``"none"``: ``ids`` start the sequence;
+    an anchor's (``AnchorPlan``) also ``"segment"``: after the turn's own injected segment.
     """
 
     strength: float
@@ -53,6 +54,17 @@ class GuidePlan(NamedTuple):
     segment: str = ""
     split: SegmentSplit | None = None
     head_ids: tuple[int, ...] = ()
+
+
+class AnchorPlan(NamedTuple):
+    """A deep turn's first token, chosen as its conversation's first turn would choose it
+    (``engine/guidance/anchor.py``): ``ids``, the turn's last message alone after the
+    member's segment, contrasted with ``guide`` (the same message with nothing injected)
+    at ``strength``."""
+
+    strength: float
+    ids: tuple[int, ...]
+    guide: GuidePlan
 
 
 class TurnPlan(NamedTuple):
@@ -78,6 +90,7 @@ class TurnPlan(NamedTuple):
     guide: GuidePlan | None  # the contrastive guide to build (None: no guide row)
     sampling: dict[str, Any]  # temperature, top_p, seed, stop, ... (``request_checks``)
     max_new_tokens: int
+    anchor: AnchorPlan | None = None  # the first token as a first turn picks it (None: none)
 
     @property
     def injected(self) -> bool:

@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from injection.base import ExecutionRequest, SegmentSplit
-from injection.engine.guidance.plan import plan_guide
+from injection.engine.guidance.plan import plan_anchor, plan_guide
 from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
@@ -174,7 +174,12 @@ class TurnPlanner:
                            prompt_ids=link.prompt_ids, done=link.done,
                            keep_instructions=self.guide_keeps_instructions,
                            constraints=tuple(sampling.get("constraints", ())))
+        anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
+                             on=personal and self.batching, context=system.context,
+                             segment=parts.segment,
+                             keep_instructions=self.guide_keeps_instructions,
+                             constraints=tuple(sampling.get("constraints", ())))
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
                         system.reminder, tuple(messages), parts.prompt, link, defer, guide,
-                        sampling, req.max_new_tokens)
+                        sampling, req.max_new_tokens, anchor)

@@ -39,8 +39,9 @@ def plain_result(plan: TurnPlan, reply: Reply, fingerprint: str) -> ExecutionRes
 
 
 def injected_result(plan: TurnPlan, reply: Reply, chain: Any, guide: Any, model: Any,
-                    engine: Any) -> ExecutionResult:
-    """The injected ``chain`` (``ChainKV``) before the prompt, with ``guide`` or none."""
+                    engine: Any, anchored: tuple[float, int] | None = None) -> ExecutionResult:
+    """The injected ``chain`` (``ChainKV``) before the prompt, with ``guide`` or none;
+    ``anchored``: the anchor's strength and prefilled tokens (``guidance/anchor.py``)."""
     out, head, reused = reply.out, chain.num_tokens, plan.link.done
     prompt_tokens = head + len(out.prompt_token_ids)
     layers = chain.kv.num_layers if chain.kv is not None else int(
@@ -57,7 +58,7 @@ def injected_result(plan: TurnPlan, reply: Reply, chain: Any, guide: Any, model:
         stripped_count=reply.stripped, injection_mode=plan.mode,
         history_messages=history_len(list(plan.messages)), finish_reason=out.finish_reason,
         reused_tokens=reused, cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
-        **guide_figures(guide, out), constraints=list(plan.sampling.get("constraints", ())),
+        **guide_figures(guide, out, anchored), constraints=list(plan.sampling.get("constraints", ())),
         extra={"segments": chain.tiers, "preference_applied": plan.personal,
                **plan.memory.extra()},
     )

@@ -3,7 +3,8 @@
 
 A request's planning needs forwards of its own before its row exists: a tenant or member
 segment missing from every tier (``kvcache/chain.py``, ``kvsource.py``), a memory's or a
-message's embedding (``memory/embed.py``), the guide's shared head (``guidance/plan.py``).
+message's embedding (``memory/embed.py``), the guide's shared head (``guidance/plan.py``),
+a deep turn's anchor (``guidance/anchor.py``).
 Run on the request threads they would share the device with the scheduler's steps,
 outside its OOM handling. :meth:`EngineForwards.forward` queues such a forward (``fn``,
 which returns host values) and blocks; the scheduler runs the forwards queued at the
@@ -41,9 +42,9 @@ __all__ = ["FORWARD_COUNTERS", "FORWARD_KINDS", "EngineForwards", "ForwardJob"]
 
 T = TypeVar("T")
 log = logging.getLogger("injection.engine.batch")
-FORWARD_KINDS = ("tenant", "member", "guide", "embed")
+FORWARD_KINDS = ("tenant", "member", "guide", "embed", "anchor")
 FORWARD_COUNTERS = (*(f"forwards_{k}" for k in FORWARD_KINDS), "forward_failures",
-                    "forward_ooms", "forward_oom_failures")
+                    "forward_ooms", "forward_oom_failures", "anchor_failures")
 
 
 class ForwardJob:

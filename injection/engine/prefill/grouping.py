@@ -27,7 +27,7 @@ import torch
 from injection.engine import steps
 from injection.engine.batchrow import RowJob
 from injection.engine.decoding import bans
-from injection.engine.guidance import contrast
+from injection.engine.guidance import anchor, contrast
 
 __all__ = ["GroupPrefill"]
 
@@ -158,11 +158,11 @@ class GroupPrefill:
             log.warning("a grouped row could not join (%s)", type(exc).__name__)
             self._requeue_alone(group[len(joined):])
         if not any(job.guide is not None for job in joined):
-            return joined, logits[[at[id(job)] for job in joined]]
-        return joined, torch.stack([
+            return joined, anchor.firsts(joined, logits[[at[id(job)] for job in joined]])
+        return joined, anchor.firsts(joined, torch.stack([
             contrast.combine(bans.row(j, logits[at[id(j)]]), logits[at[id(j.guide)]],
                              j.guide_strength)
-            if j.guide is not None else logits[at[id(j)]].float() for j in joined])
+            if j.guide is not None else logits[at[id(j)]].float() for j in joined]))
 
     def _join_guide(self, job: RowJob, past: Any) -> None:
         """``job``'s guide into the batch right after it; a guide that cannot join (an OOM

@@ -1,0 +1,165 @@
+"""A deep turn's anchor on the prepared default model (SmolLM2-135M-Instruct): a member
+whose standing instruction guidance serves, deep in a conversation, gets the first token
+the turn's last message alone would get, guided (the formula computed here from the two
+prompts with the model itself), then the row's own greedy reply; off, the reply without
+it token for token; planned only where it applies; a failing anchor degrades."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from injection import build_executor, load_adapter
+from injection.base import ExecutionRequest, MemoryItem
+from injection.engine.guidance import anchor
+from injection.engine.guidance import plan as guide_plan
+from injection.engine.guidance.contrast import combine, resolve
+from injection.metrics import Metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_model]
+
+FRENCH = "Always answer me in French."
+HISTORY = [("What is the capital of Italy?", "The capital of Italy is Rome."),
+           ("How many legs does a spider have?", "A spider has eight legs."),
+           ("What colour is the sky?", "The sky is blue on a clear day.")]
+QUESTION = "How do I keep cut flowers fresh?"
+N = 12
+
+
+def _deep(question: str = QUESTION) -> list[dict[str, str]]:
+    msgs = [{"role": r, "content": t} for q, a in HISTORY
+            for r, t in (("user", q), ("assistant", a))]
+    return [*msgs, {"role": "user", "content": question}]
+
+
+@pytest.fixture(scope="module")
+def smollm(real_model_path):
+    return load_adapter(real_model_path, device="cpu")
+
+
+@pytest.fixture
+def ex(smollm):
+    ex = build_executor(smollm, batch_max=4, metrics=Metrics())
+    yield ex
+    ex.close()
+
+
+def _ask(ex, memory: str = FRENCH, msgs=None, **kw):
+    return ex.execute(ExecutionRequest("t", "u", msgs or _deep(), memory, max_new_tokens=N,
+                                       **kw))
+
+
+def _first_token(smollm, memory: str, strength: float) -> int:
+    """The guided first token of the last message alone: with the memory as the system
+    turn against the template's default one."""
+    last = [{"role": "user", "content": QUESTION}]
+    with torch.inference_mode():
+        logits = [smollm.model(input_ids=torch.tensor([smollm.renderer.encode(
+            smollm.plain_prompt(c, last), first=True)])).logits[0, -1] for c in (memory, "")]
+    return int(combine(logits[0], logits[1], strength).argmax())
+
+
+def _continued(ex, smollm, req, token: int) -> list[int]:
+    """The deep turn's greedy reply from ``token`` on: its whole prompt (system turn and
+    reminded history, as planned) then ``token``, one token at a time."""
+    plan = ex.planner.plan(req)
+    ids = [*smollm.renderer.encode(plan.segment, first=True),
+           *smollm.renderer.encode(plan.prompt, first=False), token]
+    out = [token]
+    with torch.inference_mode():
+        for _ in range(N - 1):
+            nxt = int(smollm.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            if nxt in smollm._eos_ids():
+                break
+            out.append(nxt)
+            ids.append(nxt)
+    return out
+
+
+def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_as_the_row(ex, smollm):
+    strength = resolve(smollm, None, [FRENCH])
+    assert strength > 0
+    first = _ask(ex)  # the member's segment computed in this turn (one pass): prefilled too
+    res = _ask(ex)  # ... then cached
+    assert res.text == first.text and res.tier.value != "compute"
+    req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
+    plan = ex.planner.plan(req)
+    assert plan.guide is None and plan.anchor is not None  # reminded: no guide row
+    want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, strength))
+    assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
+    assert res.contrast_effective == strength and res.guide_decode_tokens == 0
+    assert res.guide_prefill_tokens == len(plan.anchor.ids) + len(plan.anchor.guide.ids)
+    unguided = _ask(ex, contrast=0.0)
+    assert unguided.text != res.text and unguided.guide_prefill_tokens == 0
+
+
+def test_anchoring_off_is_the_reply_without_it_token_for_token(ex, monkeypatch):
+    monkeypatch.setattr(guide_plan, "ONE_ANCHORED_DEEP", False)
+    off, unguided = _ask(ex), _ask(ex, contrast=0.0)
+    assert off.text == unguided.text
+    assert off.contrast_effective == 0.0 and off.guide_prefill_tokens == 0
+
+
+def test_an_anchor_is_planned_only_where_it_applies(ex):
+    """Not at depth 0 (guided there), not for an instruction the decoder keeps, not for a
+    preference, not when the request asks for no guidance; with several memories, on
+    turns no longer guided and without tenant instructions, after the turn's segment."""
+    def planned(memory=FRENCH, msgs=None, **kw):
+        req = ExecutionRequest("t", "u", msgs or _deep(), memory, max_new_tokens=N, **kw)
+        return ex.planner.plan(req).anchor
+
+    assert planned() is not None
+    assert planned(msgs=[{"role": "user", "content": QUESTION}]) is None
+    assert planned("Always answer in lowercase.") is None
+    assert planned("I like gardening and my cat is called Whiskers.") is None
+    assert planned(contrast=0.0) is None
+    many = tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(
+        [FRENCH, "I like gardening.", "My cat is called Whiskers."]))
+
+    def plan_many(msgs, **kw):
+        return ex.planner.plan(ExecutionRequest("t", "u", msgs, memories=many,
+                                                max_new_tokens=N, **kw))
+
+    deep = plan_many(_deep())
+    assert deep.guide is None and deep.anchor.guide.head == "segment"
+    assert deep.anchor.ids != deep.anchor.guide.ids  # with its reminder, and without
+    early = plan_many(_deep()[-3:])  # one exchange before: guided, not anchored
+    assert early.guide is not None and early.anchor is None
+    assert plan_many(_deep(), instructions="Be brief.").anchor is None
+
+
+def test_a_failing_anchor_leaves_the_turn_unanchored(ex, monkeypatch):
+    unguided = _ask(ex, contrast=0.0)
+
+    def broken(*args, **kw):
+        raise RuntimeError("anchor forward failed")
+
+    monkeypatch.setattr(anchor, "combine", broken)  # inside the anchor's forward
+    res = _ask(ex)
+    assert res.text == unguided.text and res.contrast_effective == 0.0
+    assert ex.engine.counters["anchor_failures"] == 1
+
+
+def test_several_memories_start_as_their_reminded_message_alone_would(ex, smollm):
+    """Several memories, past their guided turns: the first token the last message alone
+    picks with its reminder against without it, both after the member's segment; then the
+    row's own greedy reply."""
+    many = tuple(MemoryItem(f"m{j}", t) for j, t in enumerate(
+        [FRENCH, "I like gardening.", "My cat is called Whiskers."]))
+
+    def req(**kw):
+        return ExecutionRequest("t", "u", _deep(), memories=many, max_new_tokens=N, **kw)
+
+    plan = ex.planner.plan(req())
+    reminded = plan.messages[-1]
+    assert reminded["content"] != QUESTION and reminded["content"].endswith(QUESTION)
+    with torch.inference_mode():
+        logits = [smollm.model(input_ids=torch.tensor([smollm.renderer.encode(
+            smollm.plain_prompt(plan.context, [m]), first=True)])).logits[0, -1]
+            for m in (reminded, {"role": "user", "content": QUESTION})]
+    strength = resolve(smollm, None, [FRENCH])
+    want = _continued(ex, smollm, req(), int(combine(logits[0], logits[1], strength).argmax()))
+    res, off = ex.execute(req()), ex.execute(req(contrast=0.0))
+    assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
+    assert res.contrast_effective == strength and res.guide_decode_tokens == 0
+    assert off.contrast_effective == 0.0 and off.guide_prefill_tokens == 0
