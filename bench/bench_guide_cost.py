@@ -1,6 +1,6 @@
 """What contrastive guidance costs a member, through the API, on the platform's defaults.
 
-    .venv/bin/python bench/bench_guide_cost.py [--quick] [--write-docs] [--reps N]
+    .venv/bin/python bench/bench_guide_cost.py [--quick] [--write-docs] [--reps N] [--kinds K,..]
 
 Issue 31, "What they cost" and section 3: a guided request carries a second "guide" row
 in the batch engine (``injection/engine/guidance/``). This measures what a client sees,
@@ -10,11 +10,13 @@ under var/bench-guide-cost, one ``celery worker --pool threads`` as deployed (th
 and the Procfile's pool: WORKER_BATCH_MAX task threads feed one batch engine) and the web
 under uvicorn; rate limits off, every other setting the platform's default.
 
-Members of one tenant, four kinds by their one memory: a standing instruction the decoding
+Members of one tenant, five kinds by their one memory: a standing instruction the decoding
 constraints keep ("Always answer in lowercase letters only.": not guided by default), one
 they do not ("Always answer in French.": guided), a preference/fact ("I am vegetarian
 and I cook for two.") and a required word the decoder keeps ("Work the word 'harbour' into
-every answer."), 8 of each. Conditions: ``defaults`` (nothing sent: the platform
+every answer."), 8 of each, and French members asked after 8 unrelated exchanges (sent
+through ``/v1`` with that history: a reminded turn, which runs no guide row but is
+anchored: ``guidance/anchor.py``). Conditions: ``defaults`` (nothing sent: the platform
 decides), ``contrast 0`` (guidance off, the baseline) and, for the lowercase instruction,
 ``constraints off`` (its constraint off, so it is guided again: what keeping it by the
 decoder saves) and, for the required word, ``neither`` (no constraint, no guide: what
@@ -77,7 +79,11 @@ BURST = 8
 KINDS = {"instruction": "Always answer in lowercase letters only.",
          "guided instruction": "Always answer in French.",
          "preference": "I am vegetarian and I cook for two.",
-         "required word": "Work the word 'harbour' into every answer."}
+         "required word": "Work the word 'harbour' into every answer.",
+         "deep guided instruction": "Always answer in French."}
+# kinds whose requests come after this many exchanges (bench/memory_cases.py's distractors,
+# sent through ``/v1``, which takes the history: a reminded turn, anchored by default)
+KIND_DEPTH = {"deep guided instruction": 8}
 # what each condition sends beside the message ({}: nothing, the platform decides)
 CONDITIONS = {"defaults": {}, "contrast 0": {"contrast": 0.0},
               "constraints off": {"constraints": False},
@@ -90,7 +96,8 @@ CONDITIONS = {"defaults": {}, "contrast 0": {"contrast": 0.0},
 KIND_CONDITIONS = {"instruction": ["defaults", "constraints off"],
                    "guided instruction": ["defaults", "contrast 0"],
                    "preference": ["defaults", "contrast 0"],
-                   "required word": ["defaults", "constraints off", "neither"]}
+                   "required word": ["defaults", "constraints off", "neither"],
+                   "deep guided instruction": ["defaults", "contrast 0"]}
 STREAM_QUESTION = "What should I cook tonight?"
 WARM_QUESTION = "Hello! Who are you?"
 QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday.",
@@ -115,11 +122,20 @@ def _post(url: str, key: str, body: dict, timeout: float = 600):
         raise SystemExit(f"{url} answered {exc.code}: {exc.read()[:400]!r}") from None
 
 
-def stream(base: str, key: str, extra: dict) -> dict:
-    """One streamed ``/v1`` first turn: first content chunk, decode rate, guide tokens."""
+def history(depth: int) -> list[dict]:
+    """``depth`` unrelated exchanges (bench/memory_cases.py's distractors)."""
+    from memory_cases import DISTRACTORS
+
+    return [{"role": r, "content": t} for q, a in DISTRACTORS[:depth]
+            for r, t in (("user", q), ("assistant", a))]
+
+
+def stream(base: str, key: str, extra: dict, depth: int = 0) -> dict:
+    """One streamed ``/v1`` turn (after ``depth`` exchanges): first content chunk, decode
+    rate, guide tokens."""
     body = {"model": "kvinject", "max_tokens": TOKENS, "temperature": 0, "stream": True,
             "stream_options": {"include_usage": True},
-            "messages": [{"role": "user", "content": STREAM_QUESTION}]}
+            "messages": [*history(depth), {"role": "user", "content": STREAM_QUESTION}]}
     if extra:
         body["kvinject"] = dict(extra)
     t0 = time.perf_counter()
@@ -146,8 +162,11 @@ def stream(base: str, key: str, extra: dict) -> dict:
             "guide": int(usage.get("kvinject_guide_tokens") or 0)}
 
 
-def chat(base: str, key: str, question: str, extra: dict) -> dict:
-    """One ``/api/chat`` first turn (a new conversation)."""
+def chat(base: str, key: str, question: str, extra: dict, depth: int = 0) -> dict:
+    """One ``/api/chat`` first turn (a new conversation); after ``depth`` exchanges, one
+    ``/v1`` request with that history."""
+    if depth:
+        return v1_chat(base, key, question, extra, depth)
     body = {"message": question, "max_new_tokens": TOKENS, "temperature": 0, **extra}
     t0 = time.perf_counter()
     with _post(f"{base}/api/chat", key, body) as resp:
@@ -157,6 +176,24 @@ def chat(base: str, key: str, question: str, extra: dict) -> dict:
             "tokens": int(usage.get("completion_tokens") or 0),
             "guide": int(usage.get("guide_prefill_tokens") or 0)
             + int(usage.get("guide_decode_tokens") or 0),
+            "contrast": float(cache.get("contrast_effective") or 0.0),
+            "ttft_ms": float(cache.get("ttft_ms") or 0.0)}
+
+
+def v1_chat(base: str, key: str, question: str, extra: dict, depth: int) -> dict:
+    """``chat``'s figures of one ``/v1`` request after ``depth`` exchanges."""
+    body = {"model": "kvinject", "max_tokens": TOKENS, "temperature": 0,
+            "messages": [*history(depth), {"role": "user", "content": question}]}
+    if extra:
+        body["kvinject"] = dict(extra)
+    t0 = time.perf_counter()
+    with _post(f"{base}/v1/chat/completions", key, body) as resp:
+        answer = json.loads(resp.read())
+    usage, cache = answer.get("usage") or {}, (answer.get("kvinject") or {}).get("cache") or {}
+    return {"seconds": time.perf_counter() - t0,
+            "text": answer["choices"][0]["message"]["content"],
+            "tokens": int(usage.get("completion_tokens") or 0),
+            "guide": int(usage.get("kvinject_guide_tokens") or 0),
             "contrast": float(cache.get("contrast_effective") or 0.0),
             "ttft_ms": float(cache.get("ttft_ms") or 0.0)}
 
@@ -174,15 +211,15 @@ def warm(base: str, key: str, tries: int = 3) -> None:
     raise SystemExit("the warm-up failed; see the servers' log")
 
 
-def burst(base: str, keys: list[str], extra: dict, together: bool) -> dict:
+def burst(base: str, keys: list[str], extra: dict, together: bool, depth: int = 0) -> dict:
     """The kind's 8 members, each its own question: at once, or one after another."""
     jobs = list(zip(keys, QUESTIONS, strict=True))
     t0 = time.perf_counter()
     if together:
         with ThreadPoolExecutor(len(jobs)) as pool:
-            done = list(pool.map(lambda j: chat(base, j[0], j[1], extra), jobs))
+            done = list(pool.map(lambda j: chat(base, j[0], j[1], extra, depth), jobs))
     else:
-        done = [chat(base, k, q, extra) for k, q in jobs]
+        done = [chat(base, k, q, extra, depth) for k, q in jobs]
     return {"wall": time.perf_counter() - t0, "replies": done}
 
 
@@ -198,11 +235,20 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer reps (about 10 minutes)")
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--kinds", default="", help="only these kinds (comma-separated; "
+                        "the report is then printed, not written)")
     parser.add_argument("--reps", type=int, default=None,
                         help="reps of the bursts (default 1 with --quick, else 3); each rep "
                              "also streams 2 (--quick) or 3 requests per cell")
     args = parser.parse_args()
     reps = args.reps or (1 if args.quick else 3)
+    if args.kinds:
+        chosen = [k.strip() for k in args.kinds.split(",")]
+        if set(chosen) - set(KINDS):
+            raise SystemExit(f"--kinds: unknown {sorted(set(chosen) - set(KINDS))}")
+        for kind in [k for k in KINDS if k not in chosen]:
+            del KINDS[kind]
+        args.write_docs = False
     streams_per_rep = 2 if args.quick else 3
     call_command("migrate", interactive=False, verbosity=0)
     model = Path(settings.MODEL_PATH)
@@ -227,12 +273,12 @@ def main() -> None:
             for r in range(streams_per_rep):  # rounds over the four cells
                 for kind, cond in cell_order(rep * streams_per_rep + r):
                     streams[(kind, cond)].append(
-                        stream(base, keys[kind][0], CONDITIONS[cond]))
+                        stream(base, keys[kind][0], CONDITIONS[cond], KIND_DEPTH.get(kind, 0)))
             for cell in cell_order(rep):
                 kind, cond = cell
                 for together in ((True, False) if rep % 2 == 0 else (False, True)):
-                    bursts[(cell, together)].append(
-                        burst(base, keys[kind], CONDITIONS[cond], together))
+                    bursts[(cell, together)].append(burst(base, keys[kind], CONDITIONS[cond],
+                                                          together, KIND_DEPTH.get(kind, 0)))
             load.append(os.getloadavg()[0])
             print(f"rep {rep + 1}/{reps} done after {time.monotonic() - t_start:.0f} s, "
                   f"load {load[-1]:.1f}", flush=True)
@@ -355,13 +401,14 @@ def replies_line(streams: dict, bursts: dict) -> str:
     asks = [*QUESTIONS, "stream"]
     differ = {kind: sum(by_cell[((kind, "defaults"), q)] != by_cell[((kind, "contrast 0"), q)]
                         for q in asks) for kind in KINDS if "contrast 0" in KIND_CONDITIONS[kind]}
-    kept = sum(by_cell[(("instruction", "defaults"), q)] != by_cell[(
-        ("instruction", "constraints off"), q)] for q in asks)
+    kept = ("; defaults and `constraints: false` on " + str(sum(
+        by_cell[(("instruction", "defaults"), q)] != by_cell[(("instruction", "constraints off"),
+                                                              q)] for q in asks))
+        + f"/{len(asks)} of the instruction member's") if "instruction" in KINDS else ""
     return (f"{total - unstable}/{total} requests gave one reply in every rep, alone "
             f"and at once; defaults and `contrast: 0` differ on " + ", ".join(
                 f"{n}/{len(asks)} of the {kind} member's" for kind, n in differ.items())
-            + " (guidance changes the reply where it runs); defaults and `constraints: "
-            f"false` on {kept}/{len(asks)} of the instruction member's"
+            + " (guidance changes the reply where it runs)" + kept
             + (f"; more than one reply: {', '.join(odd)}." if odd else "."))
 
 
