@@ -214,7 +214,7 @@ class InjectionExecutor:
         prefix = join(chain.kv, plan.link.cached)  # a conversation hit continues its link
         guide = build_guide(plan.guide, self.chain, req.tenant, prefix, chain.lead,
                             plan.link.done)
-        anchored = build_anchor(plan.anchor, self.chain, req.tenant, chain.kv, chain.lead)
+        anchored = build_anchor(plan.anchor, self.chain, req.tenant, chain.kv)
         first, anchor_tokens = scores(self.adapter, self.engine, anchored)
         out = self.turns.run(plan, prefix, lead=chain.lead, capture=chain.capture, guide=guide,
                              first=first)

@@ -79,9 +79,10 @@ def _continued(ex, smollm, req, token: int) -> list[int]:
 def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_as_the_row(ex, smollm):
     strength = resolve(smollm, None, [FRENCH])
     assert strength > 0
-    first = _ask(ex)  # the member's segment computed in this turn (one pass): prefilled too
+    first = _ask(ex)  # the member's segment computed first (no one pass: the anchor needs it)
     res = _ask(ex)  # ... then cached
     assert res.text == first.text and res.tier.value != "compute"
+    assert first.guide_prefill_tokens == res.guide_prefill_tokens
     req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
     plan = ex.planner.plan(req)
     assert plan.guide is None and plan.anchor is not None  # reminded: no guide row

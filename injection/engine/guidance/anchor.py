@@ -26,7 +26,9 @@ platform with and without the anchor: one memory, depth 4 +29/35 (0 lost), depth
 (0 lost), depth 16 +28 (0 lost); 20 memories at depth 8 +21 (0 lost); among the other
 standing instructions one lost at every depth ("Answer everything with one of these
 exactly: My answer is yes. / ...", not read as a constraint: the anchor opened it with a
-blank line); preferences and facts are not anchored (no standing instruction).
+blank line); preferences and facts are not anchored (no standing instruction). Confirmed
+on validation (the full profile, docs/BENCHMARKS.md quality): depth 8, languages 10/14
+against 0/14 (10 won, 0 lost, p=0.002); 20 memories at depth 8 one won, one lost of 30.
 """
 
 from __future__ import annotations
@@ -57,18 +59,18 @@ class Anchor(NamedTuple):
     guide_ids: list[int]
 
 
-def build_anchor(plan: Any, chain: Any, tenant: str, chain_kv: PackedKV | None,
-                 lead: tuple[int, ...]) -> Anchor | None:
-    """The planned anchor (``AnchorPlan``) after the turn's injected ``chain_kv`` (``lead``:
-    a deferred segment's ids, prefilled first); its negative after the same (head
-    ``"segment"``) or built as a guide's (``plan.build_guide``: ``chain``'s cached heads)."""
+def build_anchor(plan: Any, chain: Any, tenant: str, chain_kv: PackedKV | None
+                 ) -> Anchor | None:
+    """The planned anchor (``AnchorPlan``) after the turn's injected ``chain_kv`` (never a
+    deferred segment: an anchored turn's is computed first, ``planner``); its negative after
+    the same (head ``"segment"``) or built as a guide's (``plan.build_guide``: ``chain``'s
+    cached heads)."""
     if plan is None:
         return None
     if plan.guide.head == "segment":
-        return Anchor(plan.strength, chain_kv, [*lead, *plan.ids], chain_kv,
-                      [*lead, *plan.guide.ids])
+        return Anchor(plan.strength, chain_kv, list(plan.ids), chain_kv, list(plan.guide.ids))
     guide = build_guide(plan.guide, chain, tenant, None, (), 0)
-    return Anchor(plan.strength, chain_kv, [*lead, *plan.ids], guide.prefix, list(guide.ids))
+    return Anchor(plan.strength, chain_kv, list(plan.ids), guide.prefix, list(guide.ids))
 
 
 def scores(adapter: Any, engine: Any, anchor: Anchor | None) -> tuple[torch.Tensor | None, int]:

@@ -166,8 +166,6 @@ class TurnPlanner:
         chash = content_hash(parts.segment)
         link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha,
                                injected=True)  # the cache lookup: its result decides below
-        # one-pass miss: a missing member segment is computed in this turn's own prefill
-        defer = self.one_pass and link.cached is None and member_alpha == 1.0
         sampling = constrained(sampling_options(req), req, personal, on=self.batching)
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            on=personal and self.batching, context=system.context,
@@ -179,6 +177,9 @@ class TurnPlanner:
                              segment=parts.segment,
                              keep_instructions=self.guide_keeps_instructions,
                              constraints=tuple(sampling.get("constraints", ())))
+        # one-pass miss: a missing member segment is computed in this turn's own prefill
+        # (not for an anchored turn: its anchor's two prompts start from the segment too)
+        defer = self.one_pass and link.cached is None and member_alpha == 1.0 and not anchor
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
                         system.reminder, tuple(messages), parts.prompt, link, defer, guide,
