@@ -24,12 +24,13 @@ against the system message and the platform without each mechanism. Cost per mec
 extra forward tokens per reply (guide rows, reminder tokens) from the results.
 
 Run: ``.venv/bin/python bench/bench_quality.py --profile quick [--split tuning]`` (576 replies,
-7.3 min on 2 cores, 2026-11-29). The default ``full`` (4,320 replies; its "- guidance" ones copied where no
-guide ran: ``_derivable``) is what ``make bench`` runs: 50 min on 2 cores (2026-11-29; the replies
-sent 8 at a time to an unpaced executor, as one after another token for token; the first 3,843 in
-39 min on an idle machine; its replies, the 264 whose memories ask for a word generated again under
-the required-word constraint: bench/results/quality-full-2026-11-29.json.gz, gunzip it and pass it
-as ``--partial`` to re-read them). IFEval's verifiers come with ``make install``;
+7.3 min on 2 cores, 2026-11-29). The default ``full`` (5,200 replies; its "- guidance" and
+"- anchor" ones copied where neither ran: ``_derivable``) is what ``make bench`` runs: its first
+whole run, 4,320 replies, took 50 min on 2 cores (2026-11-29; the replies sent 8 at a time to an
+unpaced executor, as one after another token for token); the 880 added since (30 tuning cases, the
+anchor's cells) and the replies each change touched were generated again, not the whole: its
+replies: bench/results/quality-full-2026-11-29-anchor.json.gz, gunzip it and pass it as
+``--partial`` to re-read them. IFEval's verifiers come with ``make install``;
 ``--partial FILE`` keeps the replies and resumes; ``--write-docs TAG`` writes the tables as section TAG of
 docs/benchmarks/quality.md (docs/BENCHMARKS.md's quality section summarises them).
 """
@@ -104,7 +105,7 @@ PROFILES: dict[str, dict] = {
         (8, 1): ["system message", "platform"],
         (8, 20): ["system message", "platform", "- recall pick"],
     }},
-    # ``make bench`` (4,320 replies, 50 min on 2 cores, 2026-11-29): every case with each
+    # ``make bench`` (5,200 replies; 4,320 of them took 50 min on 2 cores): every case with each
     # mechanism on and off where defaults are decided (depths 0 and 8), every 3rd case
     # (``"every"``) at the other depths and with 20 memories
     "full": {"every": 1, "cells": {
