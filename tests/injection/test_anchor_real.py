@@ -164,3 +164,19 @@ def test_several_memories_start_as_their_reminded_message_alone_would(ex, smollm
     assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
     assert res.contrast_effective == strength and res.guide_decode_tokens == 0
     assert off.contrast_effective == 0.0 and off.guide_prefill_tokens == 0
+
+
+def test_the_callers_own_stop_during_the_anchor_is_raised_not_swallowed(ex, monkeypatch):
+    """The anchor swallows only a forward's own failures (model errors, a second OOM): any
+    other exception, of the kind a time limit reaching the waiting request raises, ends the
+    turn as it would without an anchor."""
+    class TimeLimit(Exception):
+        pass
+
+    def stop(*args, **kw):
+        raise TimeLimit
+
+    monkeypatch.setattr(anchor, "combine", stop)
+    with pytest.raises(TimeLimit):
+        _ask(ex)
+    assert ex.engine.counters["anchor_failures"] == 0

@@ -42,6 +42,7 @@ from injection.engine import steps
 from injection.engine.batchrow import RowJob
 from injection.engine.guidance.contrast import combine
 from injection.engine.guidance.plan import build_guide
+from injection.errors import ModelOOMError
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["Anchor", "build_anchor", "first", "firsts", "scores"]
@@ -89,7 +90,9 @@ def scores(adapter: Any, engine: Any, anchor: Anchor | None) -> tuple[torch.Tens
 
     try:
         out = engine.forward("anchor", run)
-    except Exception as exc:  # noqa: BLE001 - an anchor is a refinement, never a failure
+    except (RuntimeError, ValueError, ModelOOMError) as exc:  # the forward's own failure:
+        # an anchor is a refinement, never the turn's failure (a time limit reaching the
+        # waiting caller, or the engine stopping, is the turn's: raised on)
         engine.counters["anchor_failures"] += 1
         log.warning("anchor forward failed (%s): the turn goes on unanchored",
                     type(exc).__name__)
