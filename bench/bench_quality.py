@@ -80,6 +80,8 @@ CONDS: dict[str, dict] = {
     "platform (segment 64)": {"segment_tokens": 64},
     "- recall (segment 64)": {"segment_tokens": 64, "recall_k": 0},
     # the guide only for the first reply tokens (``contrast.GUIDE_TOKENS``), then the row alone
+    "guide 1 token": {"guide_tokens": 1},
+    "guide 4 tokens": {"guide_tokens": 4},
     "guide 8 tokens": {"guide_tokens": 8},
     "guide 16 tokens": {"guide_tokens": 16},
     # ... or until it has changed no pick for N steps in a row (``contrast.GUIDE_IDLE``)
