@@ -130,14 +130,19 @@ def history(depth: int) -> list[dict]:
             for r, t in (("user", q), ("assistant", a))]
 
 
+def v1_body(question: str, extra: dict, depth: int, **more) -> dict:
+    """A greedy ``/v1`` request of ``question`` after ``depth`` exchanges, ``extra`` as its
+    ``kvinject`` object (none when empty)."""
+    body = {"model": "kvinject", "max_tokens": TOKENS, "temperature": 0, **more,
+            "messages": [*history(depth), {"role": "user", "content": question}]}
+    return {**body, "kvinject": dict(extra)} if extra else body
+
+
 def stream(base: str, key: str, extra: dict, depth: int = 0) -> dict:
     """One streamed ``/v1`` turn (after ``depth`` exchanges): first content chunk, decode
     rate, guide tokens."""
-    body = {"model": "kvinject", "max_tokens": TOKENS, "temperature": 0, "stream": True,
-            "stream_options": {"include_usage": True},
-            "messages": [*history(depth), {"role": "user", "content": STREAM_QUESTION}]}
-    if extra:
-        body["kvinject"] = dict(extra)
+    body = v1_body(STREAM_QUESTION, extra, depth, stream=True,
+                   stream_options={"include_usage": True})
     t0 = time.perf_counter()
     first, text, usage = None, [], {}
     with _post(f"{base}/v1/chat/completions", key, body) as resp:
@@ -182,12 +187,8 @@ def chat(base: str, key: str, question: str, extra: dict, depth: int = 0) -> dic
 
 def v1_chat(base: str, key: str, question: str, extra: dict, depth: int) -> dict:
     """``chat``'s figures of one ``/v1`` request after ``depth`` exchanges."""
-    body = {"model": "kvinject", "max_tokens": TOKENS, "temperature": 0,
-            "messages": [*history(depth), {"role": "user", "content": question}]}
-    if extra:
-        body["kvinject"] = dict(extra)
     t0 = time.perf_counter()
-    with _post(f"{base}/v1/chat/completions", key, body) as resp:
+    with _post(f"{base}/v1/chat/completions", key, v1_body(question, extra, depth)) as resp:
         answer = json.loads(resp.read())
     usage, cache = answer.get("usage") or {}, (answer.get("kvinject") or {}).get("cache") or {}
     return {"seconds": time.perf_counter() - t0,

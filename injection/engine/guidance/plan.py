@@ -81,8 +81,7 @@ def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str
     is not guided: ``contrast.resolve``)."""
     if not on:
         return None
-    strength = resolve(adapter, req.contrast, [m.text for m in req.memories] or [
-        req.preference_text], constraints)
+    strength = _strength(adapter, req, constraints)
     if strength <= 0.0:
         return None
     if remind.reminds_last(messages):
@@ -103,15 +102,15 @@ def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, st
                 mem: Any, remind: Any, guide: GuidePlan | None, *, on: bool, context: str,
                 segment: str, keep_instructions: bool = False,
                 constraints: tuple[str, ...] = ()) -> AnchorPlan | None:
-    """A reminded turn's anchor (``anchor.py``), for one memory that guidance would serve
-    at depth 0 (``contrast.resolve``), where no guide runs; None otherwise. ``segment``:
-    the turn's injected system turn (the anchor's prefix: it must be the same)."""
+    """A reminded turn's anchor (``anchor.py``), for memories that guidance would serve at
+    depth 0 (``contrast.resolve``), where no guide runs (several memories: past their guided
+    turns, no tenant instructions); None otherwise. ``segment``: the turn's injected system
+    turn (the anchor's prefix: it must be the same)."""
     if not (on and (MANY_ANCHORED if mem.many else ONE_ANCHORED_DEEP)) or guide is not None:
         return None
     if not remind.reminds_last(messages) or (mem.many and req.instructions):
         return None  # (several memories and tenant instructions: as for their guide)
-    strength = resolve(adapter, req.contrast, [m.text for m in req.memories] or [
-        req.preference_text], constraints)
+    strength = _strength(adapter, req, constraints)
     if strength <= 0.0:
         return None
     system = [m for m in messages if m["role"] == "system"]
@@ -125,6 +124,12 @@ def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, st
         req.instructions if keep_instructions else "", ""))
     return AnchorPlan(strength, tuple(adapter.renderer.encode(parts.prompt, first=False)),
                       negative)
+
+
+def _strength(adapter: Any, req: ExecutionRequest, constraints: tuple[str, ...]) -> float:
+    """The turn's guidance strength (``contrast.resolve``) over its memories' texts."""
+    return resolve(adapter, req.contrast, [m.text for m in req.memories] or [
+        req.preference_text], constraints)
 
 
 def _anchor_many(adapter: Any, strength: float, context: str, segment: str,

@@ -167,16 +167,13 @@ class TurnPlanner:
         link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha,
                                injected=True)  # the cache lookup: its result decides below
         sampling = constrained(sampling_options(req), req, personal, on=self.batching)
+        common = {"on": personal and self.batching, "context": system.context,
+                  "keep_instructions": self.guide_keeps_instructions,
+                  "constraints": tuple(sampling.get("constraints", ()))}
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
-                           on=personal and self.batching, context=system.context,
-                           prompt_ids=link.prompt_ids, done=link.done,
-                           keep_instructions=self.guide_keeps_instructions,
-                           constraints=tuple(sampling.get("constraints", ())))
+                           prompt_ids=link.prompt_ids, done=link.done, **common)
         anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
-                             on=personal and self.batching, context=system.context,
-                             segment=parts.segment,
-                             keep_instructions=self.guide_keeps_instructions,
-                             constraints=tuple(sampling.get("constraints", ())))
+                             segment=parts.segment, **common)
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         # (not for an anchored turn: its anchor's two prompts start from the segment too)
         defer = self.one_pass and link.cached is None and member_alpha == 1.0 and not anchor

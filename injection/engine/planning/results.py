@@ -58,7 +58,8 @@ def injected_result(plan: TurnPlan, reply: Reply, chain: Any, guide: Any, model:
         stripped_count=reply.stripped, injection_mode=plan.mode,
         history_messages=history_len(list(plan.messages)), finish_reason=out.finish_reason,
         reused_tokens=reused, cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
-        **guide_figures(guide, out, anchored), constraints=list(plan.sampling.get("constraints", ())),
+        **guide_figures(guide, out, anchored),
+        constraints=list(plan.sampling.get("constraints", ())),
         extra={"segments": chain.tiers, "preference_applied": plan.personal,
                **plan.memory.extra()},
     )
