@@ -3,9 +3,11 @@
     .venv/bin/python bench/bench_cpu_matmul.py [--reps N] [--write-docs]
 
 The real default model (SmolLM2-135M-Instruct, ``var/models/smollm2-135m-instruct``
-unless ``MODEL_PATH`` names another) loaded twice on the CPU: ``linear`` (``F.linear``
-only: the baseline) and ``auto`` (the platform's default: the kernel timed faster at
-load per row count). For each, through a ``BatchEngine`` as the worker runs it, greedy,
+unless ``MODEL_PATH`` names another) loaded three times on the CPU: ``linear``
+(``F.linear`` only: the baseline), ``wxt`` (``W @ x.T`` for every decoding step: what
+``auto`` picked on this CPU before the packed kernel) and ``auto`` (the platform's
+default: the kernel timed fastest at load per row count). For each, through a
+``BatchEngine`` as the worker runs it, greedy,
 ``TOKENS`` tokens per row with no end of sequence, prefill subtracted (the same rows
 generating one token):
 
@@ -13,10 +15,11 @@ generating one token):
 * the same with each request guided (contrastive guidance's second row, ``contrast.py``):
   a guided request at batch 1 is a 2-row decoding step, 8 guided requests 16 rows.
 
-The two kernels alternate per measurement (order reversed each rep); the table shows
-medians of ``--reps``, ``auto`` against ``linear`` and guided against unguided, the load
-time of each (``auto`` includes the calibration) and how many greedy replies are the same
-token for token under both kernels (they differ by float rounding only).
+The kernels alternate per measurement (order reversed each rep); the table shows medians
+of ``--reps``: decode tokens/s, ``auto`` against ``linear`` and ``wxt``, guided against
+unguided, the prefill (the 1-token pass) of ``auto`` against ``wxt``, the load time of each
+(``auto`` includes the calibration) and how many greedy replies are the same token for
+token under the kernels (they differ by float rounding only).
 """
 
 from __future__ import annotations
@@ -76,11 +79,12 @@ def _wall(engine: BatchEngine, jobs, tokens: int) -> tuple[float, list[list[int]
     return time.perf_counter() - t0, [o.token_ids for o in outs]
 
 
-def rate(engine: BatchEngine, jobs) -> tuple[float, list[list[int]]]:
-    """Decode tokens/s of ``jobs`` together (prefill subtracted) and their replies."""
+def rate(engine: BatchEngine, jobs) -> tuple[float, float, list[list[int]]]:
+    """Decode tokens/s of ``jobs`` together (prefill subtracted), the prefill's seconds (the
+    1-token pass) and their replies."""
     first, _ = _wall(engine, jobs, 1)
     full, replies = _wall(engine, jobs, TOKENS)
-    return len(jobs) * (TOKENS - 1) / max(full - first, 1e-9), replies
+    return len(jobs) * (TOKENS - 1) / max(full - first, 1e-9), first, replies
 
 
 def main() -> None:
@@ -90,7 +94,7 @@ def main() -> None:
     args = parser.parse_args()
     path = os.environ.get("MODEL_PATH") or str(ROOT / "var/models/smollm2-135m-instruct")
     engines, loads, choice = {}, {}, None
-    for mode in ("linear", "auto"):
+    for mode in ("linear", "wxt", "auto"):
         t0 = time.perf_counter()
         adapter = load_adapter(path, device="cpu", cpu_matmul=mode)
         loads[mode] = time.perf_counter() - t0
@@ -99,13 +103,15 @@ def main() -> None:
         engines[mode]._eos = set()  # every row runs TOKENS steps
     cells = [(g, n) for g in (False, True) for n in (1, 8)]
     rates = {(m, c): [] for m in engines for c in cells}
+    firsts = {(m, c): [] for m in engines for c in cells}
     replies: dict = {}
     try:
         for rep in range(args.reps):
             for cell in cells:
                 for mode in (list(engines) if rep % 2 == 0 else list(engines)[::-1]):
-                    r, out = rate(engines[mode], _jobs(engines[mode].adapter, *cell))
+                    r, first, out = rate(engines[mode], _jobs(engines[mode].adapter, *cell))
                     rates[(mode, cell)].append(r)
+                    firsts[(mode, cell)].append(first)
                     replies[(mode, cell)] = out
                     print(f"rep {rep} {mode} guided={cell[0]} n={cell[1]}: {r:.1f} tok/s",
                           flush=True)
@@ -113,28 +119,39 @@ def main() -> None:
         for e in engines.values():
             e.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
+    pre = {k: statistics.median(v) for k, v in firsts.items()}
     rows = []
     for guided, n in cells:
-        lin, auto = med[("linear", (guided, n))], med[("auto", (guided, n))]
-        base_lin, base_auto = med[("linear", (False, n))], med[("auto", (False, n))]
-        same = sum(a == b for a, b in zip(replies[("linear", (guided, n))],
-                                         replies[("auto", (guided, n))], strict=True))
-        rows.append([f"{n} {'guided' if guided else 'unguided'}", f"{lin:.1f}", f"{auto:.1f}",
-                     f"**{auto / lin:.2f}x**", f"{lin / base_lin:.2f}x",
-                     f"**{auto / base_auto:.2f}x**", f"{same}/{n}"])
+        lin, wxt, auto = (med[(m, (guided, n))] for m in ("linear", "wxt", "auto"))
+
+        def same(mode: str, cell=(guided, n)) -> int:
+            return sum(a == b for a, b in zip(replies[(mode, cell)], replies[("auto", cell)],
+                                             strict=True))
+        rows.append([f"{n} {'guided' if guided else 'unguided'}", f"{lin:.1f}", f"{wxt:.1f}",
+                     f"{auto:.1f}", f"**{auto / lin:.2f}x**", f"**{auto / wxt:.2f}x**",
+                     f"**{auto / med[('auto', (False, n))]:.2f}x**",
+                     f"{pre[('auto', (guided, n))] / pre[('wxt', (guided, n))]:.2f}x",
+                     f"{same('linear')}/{n}, {same('wxt')}/{n}"])
     body = "\n".join([
         f"`.venv/bin/python bench/bench_cpu_matmul.py --reps {args.reps}` — {machine()}, "
         f"torch threads {__import__('torch').get_num_threads()}, SmolLM2-135M-Instruct "
         f"float32, {TOKENS} tokens per row, greedy, prefill subtracted, median of "
-        f"{args.reps}. Load: linear {loads['linear']:.1f} s, auto {loads['auto']:.1f} s "
-        f"(calibration included); auto picked W @ x.T for rows "
-        f"{choice.summary()['wxt_rows'] if choice else []}.", "",
-        table(["requests", "linear tok/s", "auto tok/s", "auto / linear",
-               "guided / unguided (linear)", "guided / unguided (auto)",
-               "same greedy replies"], rows)])
+        f"{args.reps}. Load: " + ", ".join(f"{m} {t:.1f} s" for m, t in loads.items()) +
+        " (auto's calibration included); auto picked " + _picked(choice) + ".", "",
+        table(["requests", "linear tok/s", "wxt tok/s", "auto tok/s", "auto / linear",
+               "auto / wxt", "guided / unguided (auto)", "prefill auto / wxt",
+               "same greedy replies as auto (linear, wxt)"], rows)])
     print(body)
     if args.write_docs:
         write_section("cpu-matmul", body)
+
+
+def _picked(choice) -> str:
+    if choice is None:
+        return "F.linear throughout"
+    s = choice.summary()
+    return (f"W @ x.T for rows {s['wxt_rows']} (padded: {s['padded']}), packed for rows "
+            f"{s['packed_rows']}{' and prefills' if s['prefill_packed'] else ''}")
 
 
 if __name__ == "__main__":
