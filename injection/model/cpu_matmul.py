@@ -11,8 +11,9 @@ rows, reads the weights far slower than the memory allows. Two kernels do better
   took 30 ms at 8 rows and 36 at 16 against 51 and 60 for ``W @ x.T`` and 63 and 72 for
   ``F.linear``, and 98 against 148 ms at 64 rows (a prefill). A row's result is the same
   bit for bit whatever the other rows of the step, up to 64 (measured; above it oneDNN may
-  split the reduction differently). The reordered copy is held beside the weights (the model's linear
-  weights twice in memory: 0.5 GB more for SmolLM2-135M).
+  split the reduction differently): with ``packed`` for every count (``MODES``), a greedy
+  reply does not depend on what else is in the batch. The reordered copy is held beside
+  the weights (the model's linear weights twice in memory: 0.5 GB more for SmolLM2-135M).
 - ``wxt``: ``(W @ x.T).T`` with ``W`` untransposed (one row padded to two): MKL reads the
   weights about as fast as memory allows for few rows, but multiplies 16 columns far faster
   than 14 (60 against 100 ms a pass), so a count takes the padded size timed fastest.
