@@ -79,14 +79,6 @@ CONDS: dict[str, dict] = {
     # the 20 memories are cached and the rest are recall candidates (``memory/recall.py``)
     "platform (segment 64)": {"segment_tokens": 64},
     "- recall (segment 64)": {"segment_tokens": 64, "recall_k": 0},
-    # the guide only for the first reply tokens (``contrast.GUIDE_TOKENS``), then the row alone
-    "guide 1 token": {"guide_tokens": 1},
-    "guide 4 tokens": {"guide_tokens": 4},
-    "guide 8 tokens": {"guide_tokens": 8},
-    "guide 16 tokens": {"guide_tokens": 16},
-    # ... or until it has changed no pick for N steps in a row (``contrast.GUIDE_IDLE``)
-    "guide idle 8": {"guide_idle": 8},
-    "guide idle 16": {"guide_idle": 16},
     "- constraints": {"constrain": False},
     # a deep turn's first token as its last message alone would pick it (``anchor.py``)
     "- anchor": {"anchor": False, "anchor_many": False},
@@ -95,8 +87,7 @@ CONDS: dict[str, dict] = {
     "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
-SWITCHES = ("recall_top", "segment_tokens", "recall_k", "guide_tokens", "guide_idle",
-            "anchor", "anchor_many")
+SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -195,27 +186,24 @@ def _phase(job: tuple) -> tuple:
 def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     """The phase's switches set on the modules and the executor's memory planner;
     ``defaults`` (``_defaults``) where the phase does not set them."""
-    from injection.engine.guidance import contrast, plan
+    from injection.engine.guidance import plan
     from injection.prompting import reminder
 
-    sw, (top, options, guide) = dict(phase), defaults
-    plan.ONE_ANCHORED_DEEP = sw.get("anchor", guide[2])
-    plan.MANY_ANCHORED = sw.get("anchor_many", guide[3])
+    sw, (top, options, anchors) = dict(phase), defaults
+    plan.ONE_ANCHORED_DEEP = sw.get("anchor", anchors[0])
+    plan.MANY_ANCHORED = sw.get("anchor_many", anchors[1])
     reminder.RELEVANT_TOP = sw.get("recall_top", top)
-    contrast.GUIDE_TOKENS = sw.get("guide_tokens", guide[0])
-    contrast.GUIDE_IDLE = sw.get("guide_idle", guide[1])
     ex.memories.options = options._replace(
         segment_tokens=sw.get("segment_tokens", options.segment_tokens),
         top_k=sw.get("recall_k", options.top_k))
 
 
 def _defaults(ex) -> tuple:
-    from injection.engine.guidance import contrast, plan
+    from injection.engine.guidance import plan
     from injection.prompting import reminder
 
-    return reminder.RELEVANT_TOP, ex.memories.options, (
-        contrast.GUIDE_TOKENS, contrast.GUIDE_IDLE, plan.ONE_ANCHORED_DEEP,
-        plan.MANY_ANCHORED)
+    return reminder.RELEVANT_TOP, ex.memories.options, (plan.ONE_ANCHORED_DEEP,
+                                                        plan.MANY_ANCHORED)
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,

@@ -44,8 +44,6 @@ class RowJob:
     guide_strength: float = 0.0
     is_guide: bool = False
     guide_prefilled: int = 0  # tokens the guide row has prefilled (``contrast.prefill*``)
-    guide_until: int = 0  # the guide leaves after this many reply tokens (0: with the row)
-    guide_agreed: int = 0  # steps in a row the guide changed no pick (``contrast.GUIDE_IDLE``)
     first_scores: Any = None  # ``[V]`` first-token scores of its anchor (``guidance/anchor.py``)
     # decoding constraints (``engine/decoding/bans.py``, built by ``bans.prepare`` when submitted)
     token_map: Any = None
@@ -76,7 +74,7 @@ class RowJob:
 
     def reset(self, tokenizer: Any, device: Any) -> None:
         """Fresh generation state (also when a row is put back after an OOM)."""
-        self.gen, self.guide_agreed = [], 0
+        self.gen = []
         self.watch = GenerationWatch(tokenizer, 0, **self.watch_opts)
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,

@@ -132,8 +132,7 @@ def row_output(job: RowJob, reason: str, seq: PackedKV | None) -> GenerationOutp
         first_token_ms=(first - job.started) * 1000.0 if first is not None else 0.0,
         sequence_kv=seq, guide_prefill_tokens=job.guide_prefilled,
         # the guide is fed each of the row's tokens it guides but the last
-        guide_decode_tokens=max(0, min(len(job.gen), job.guide_until or len(job.gen)) - 1)
-        if job.guide_prefilled else 0,
+        guide_decode_tokens=max(0, len(job.gen) - 1) if job.guide_prefilled else 0,
     )
 
 

@@ -16,7 +16,6 @@ from transformers import DynamicCache
 from injection import InjectionExecutor, TenantLRU
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
-from injection.engine.guidance import contrast
 from injection.engine.guidance.contrast import PLAUSIBLE, Guide, combine
 from injection.errors import InvalidRequest
 from injection.metrics import Metrics
@@ -40,35 +39,22 @@ def client_text(adapter, ids: list[int]) -> str:
     return text.strip()
 
 
-def reference(adapter, with_ids, without_ids, n: int, strength: float,
-              until: int = 0, idle: int | None = None, fed: list | None = None) -> list[int]:
-    """The formula, one token at a time: both sequences fed the chosen token (``until``:
-    the row alone after that many tokens; ``idle``: after the guide changed no pick on
-    that many decoding steps in a row, None: the engine's ``GUIDE_IDLE``, 0: never;
-    ``fed`` gets how many tokens the guide was fed)."""
+def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[int]:
+    """The formula, one token at a time: both sequences fed the chosen token."""
     model, eos, out, dev = adapter.model, adapter._eos_ids(), [], adapter.device
-    idle = contrast.GUIDE_IDLE if idle is None else idle
-    agreed, left = 0, None
     with torch.inference_mode():
         caches = [DynamicCache(config=adapter._cache_config) for _ in range(2)]
         logits = [model(input_ids=torch.tensor([ids], device=dev), past_key_values=c,
                         use_cache=True).logits[0, -1] for ids, c in zip(
                             (with_ids, without_ids), caches, strict=True)]
         for _ in range(n):
-            guided = (not until or len(out) < until) and left is None
-            token = int((combine(logits[0], logits[1], strength) if guided
-                         else logits[0]).argmax())
-            if guided and idle and out:  # the first token is chosen in the prefill
-                agreed = agreed + 1 if token == int(logits[0].argmax()) else 0
-                left = len(out) if agreed >= idle else None
+            token = int(combine(logits[0], logits[1], strength).argmax())
             out.append(token)
             if token in eos:
                 break
             logits = [model(input_ids=torch.tensor([[token]], device=dev),
                             past_key_values=c,
                             use_cache=True).logits[0, -1] for c in caches]
-    if fed is not None:
-        fed.append(min(left if left is not None else len(out) - 1, (until or n) - 1))
     return out
 
 
@@ -104,46 +90,6 @@ def test_a_guided_row_equals_the_step_by_step_reference(adapter, strength, chunk
     assert eng.counters["guided_rows"] == 1
     assert eng.counters["guide_pairs"] == (chunk > len(with_ids))
     assert (eng.counters["prefill_chunks"] > 0) == (chunk < len(with_ids))
-
-
-def test_a_guide_for_the_first_tokens_leaves_and_the_row_goes_on_alone(adapter, monkeypatch):
-    """``GUIDE_TOKENS`` 4: the reply is the formula's for 4 tokens, then the row's own;
-    the guide was fed 3 of them and left the batch; a row beside it is unaffected."""
-    monkeypatch.setattr(contrast, "GUIDE_TOKENS", 4)
-    with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
-    other = _ids(adapter, MEMORY, [{"role": "user", "content": "Plan my weekend."}])
-    eng = BatchEngine(adapter, max_batch=4)
-    try:
-        alone = eng.run(None, 1.0, other, 16)
-        outs = _in_threads([
-            lambda: eng.run(None, 1.0, with_ids, 16, guide=Guide(1.0, None, without_ids)),
-            lambda: eng.run(None, 1.0, other, 16)])
-        assert eng.stats()["active"] == 0
-    finally:
-        eng.close()
-    want = reference(adapter, with_ids, without_ids, 16, 1.0, until=4)
-    assert outs[0].token_ids == want and len(want) > 4
-    assert want[:4] == reference(adapter, with_ids, without_ids, 4, 1.0)
-    assert want != reference(adapter, with_ids, without_ids, 16, 1.0, idle=0)  # guided throughout
-    assert outs[0].guide_decode_tokens == 3 and outs[1].token_ids == alone.token_ids
-
-
-def test_an_idle_guide_leaves_and_the_row_goes_on_alone(adapter, monkeypatch):
-    """``GUIDE_IDLE`` 2: once the guide changed no pick on 2 decoding steps in a row it
-    leaves; the reply is the formula's until then and the row's own after, and the guide's
-    tokens say where it left."""
-    monkeypatch.setattr(contrast, "GUIDE_IDLE", 2)
-    with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
-    eng = BatchEngine(adapter, max_batch=4)
-    try:
-        out = eng.run(None, 1.0, with_ids, 24, guide=Guide(1.0, None, without_ids))
-        assert eng.stats()["active"] == 0
-    finally:
-        eng.close()
-    fed: list[int] = []
-    want = reference(adapter, with_ids, without_ids, 24, 1.0, idle=2, fed=fed)
-    assert out.token_ids == want and out.guide_decode_tokens == fed[0]
-    assert fed[0] < len(want) - 1  # it left before the reply ended
 
 
 def test_off_is_todays_output(adapter):

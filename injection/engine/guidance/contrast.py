@@ -37,20 +37,18 @@ from injection.model.fingerprint import model_key
 from injection.prompting.constraints import kept
 from injection.prompting.reminder import standing
 
-__all__ = ["GUIDE_IDLE", "MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
+__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
            "combine", "count_pair", "guide_job", "mirror", "prefill", "prefill_guide",
            "resolve", "shares_forward", "split_rows", "with_guides"]
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
-# a guided row's guide leaves after this many reply tokens (None: it guides the whole reply)
-GUIDE_TOKENS: int | None = None
-# ... or once it has changed no pick (the guided argmax is the row's own) for this many
-# decoding steps in a row (None: never). Measured (bench_quality, standing instructions,
-# depth 0): on tuning 8 and 16 both kept all 4 of guidance's wins (37/85, 0 lost) at 19.3
-# and 33.6 guide forward tokens per reply against 48.2; on validation 8 lost 3 of its 6
-# (26/68 against 29/68: word limits and a keyword, won late in the reply), so it is off.
-GUIDE_IDLE: int | None = None
+# A guide guides the whole reply. Cheaper guides were measured and removed (bench_quality,
+# standing instructions, depth 0; docs/benchmarks/quality.md): the guide leaving once it had
+# changed no pick for 8 or 16 steps in a row kept guidance's 4 tuning wins at 19.3 and 33.6
+# guide forward tokens per reply against 48.2, but lost 3 of its 6 on validation (word
+# limits and a keyword, won late in the reply); guiding only the first 1, 4 or 8 tokens
+# lost 4-6 of the 35 tuning languages the whole-reply guide keeps.
 # Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
 # depth"): ``fingerprint.model_key`` -> strength. A model not listed (the random demo model
 # included) is off.
@@ -89,11 +87,9 @@ def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = (),
 
 
 def attach(job: RowJob, guide: Guide | None, max_batch: int) -> None:
-    """Give ``job`` its guide row (none at strength 0, or without room for two rows), for
-    its first ``GUIDE_TOKENS`` reply tokens."""
+    """Give ``job`` its guide row (none at strength 0, or without room for two rows)."""
     if guide is not None and guide.strength > 0 and max_batch >= 2:
         job.guide, job.guide_strength = guide_job(job, guide), guide.strength
-        job.guide_until = int(GUIDE_TOKENS or 0)
 
 
 def guide_job(main: RowJob, guide: Guide) -> RowJob:
@@ -126,25 +122,13 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
         g = index.get(id(row.guide)) if row.guide is not None else None
         if g is not None:
             out[j] = combine(logits[i], logits[g], row.guide_strength)
-            if GUIDE_IDLE:
-                same = int(out[j].argmax()) == int(logits[i].argmax())
-                row.guide_agreed = row.guide_agreed + 1 if same else 0
     return [rows[i] for i in keep], out
 
 
 def mirror(job: RowJob, token: int) -> None:
-    """The guide goes on with the row's token; after the row's ``guide_until`` tokens, or
-    ``GUIDE_IDLE`` steps in a row that it changed no pick, it is done (it leaves the batch
-    with the step's finished rows) and the row goes on alone."""
-    guide = job.guide
-    if guide is None:
-        return
-    guide.gen.append(token)
-    if GUIDE_IDLE and job.guide_agreed >= GUIDE_IDLE:
-        job.guide_until = len(job.gen)  # what it was fed: ``steps.row_output``
-    if job.guide_until and len(job.gen) >= job.guide_until:
-        job.guide = None
-        guide.finish()
+    """The guide goes on with the row's token (it leaves the batch with its row)."""
+    if job.guide is not None:
+        job.guide.gen.append(token)
 
 
 def with_guides(rows: list[Any]) -> list[Any]:
