@@ -16,8 +16,7 @@ FAMILIES = ("standing", "preference", "fact")
 # the paired comparisons reported: (row, against it); "platform" over its variants is what
 # the variant's missing mechanism adds
 VERSUS = ("system message", "no memory", "- guidance", "+ guidance", "- reminder", "- both",
-          "guidance only", "- recall pick", "guide 1 token", "guide 4 tokens", "guide 8 tokens", "guide 16 tokens", "- constraints",
-          "- anchor")
+          "guidance only", "- recall pick", "- constraints", "- anchor")
 
 
 def _cell_rows(scored, split, d, n):

@@ -49,7 +49,7 @@ from injection.kvcache.chain import segment_split
 from injection.prompting.reminder import turns_before
 from injection.prompting.template import compose_context
 
-__all__ = ["build_guide", "guide_figures", "plan_anchor", "plan_guide"]
+__all__ = ["build_guide", "guide_figures", "plan_anchor", "plan_guide", "turn_strength"]
 
 # A member with several memories: a turn with fewer exchanges before it than this is
 # guided against the same turn without its reminder (0: never). Measured on the memory
@@ -70,19 +70,15 @@ MANY_ANCHORED = True
 
 def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str]],
                mem: Any, remind: Any, *, on: bool, context: str, prompt_ids: list[int] | None,
-               done: int, keep_instructions: bool = False,
-               constraints: tuple[str, ...] = ()) -> GuidePlan | None:
+               done: int, strength: float, keep_instructions: bool = False
+               ) -> GuidePlan | None:
     """The turn's guide, or None (off, nothing personal injected, several memories, or a
     reminded turn). ``context``, ``prompt_ids`` and ``done``: the turn's system text, its
     prompt's ids and how many of them its cached link holds (a reminded turn's guide
     continues the row's own prefix). ``keep_instructions``: the one-memory guide keeps the
     tenant's instructions (measured: they then lose precedence; bench_tenant_precedence).
-    ``constraints``: the turn's decoding constraints (by default, an instruction they keep
-    is not guided: ``contrast.resolve``)."""
-    if not on:
-        return None
-    strength = _strength(adapter, req, constraints)
-    if strength <= 0.0:
+    ``strength``: the turn's (``turn_strength``)."""
+    if not on or strength <= 0.0:
         return None
     if remind.reminds_last(messages):
         # several memories, a first turn, and no tenant instructions: both rows have them,
@@ -100,17 +96,17 @@ def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str
 
 def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str]],
                 mem: Any, remind: Any, guide: GuidePlan | None, *, on: bool, context: str,
-                segment: str, keep_instructions: bool = False,
-                constraints: tuple[str, ...] = ()) -> AnchorPlan | None:
+                segment: str, strength: float, keep_instructions: bool = False
+                ) -> AnchorPlan | None:
     """A reminded turn's anchor (``anchor.py``), for memories that guidance would serve at
     depth 0 (``contrast.resolve``), where no guide runs (several memories: past their guided
     turns, no tenant instructions); None otherwise. ``segment``: the turn's injected system
-    turn (the anchor's prefix: it must be the same)."""
+    turn (the anchor's prefix: it must be the same); ``strength``: the turn's
+    (``turn_strength``)."""
     if not (on and (MANY_ANCHORED if mem.many else ONE_ANCHORED_DEEP)) or guide is not None:
         return None
     if not remind.reminds_last(messages) or (mem.many and req.instructions):
         return None  # (several memories and tenant instructions: as for their guide)
-    strength = _strength(adapter, req, constraints)
     if strength <= 0.0:
         return None
     system = [m for m in messages if m["role"] == "system"]
@@ -126,8 +122,10 @@ def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, st
                       negative)
 
 
-def _strength(adapter: Any, req: ExecutionRequest, constraints: tuple[str, ...]) -> float:
-    """The turn's guidance strength (``contrast.resolve``) over its memories' texts."""
+def turn_strength(adapter: Any, req: ExecutionRequest, constraints: tuple[str, ...]) -> float:
+    """The turn's guidance strength (``contrast.resolve``) over its memories' texts, given
+    its decoding ``constraints`` (by default, an instruction they keep is not guided);
+    resolved once per turn for its guide and its anchor."""
     return resolve(adapter, req.contrast, [m.text for m in req.memories] or [
         req.preference_text], constraints)
 

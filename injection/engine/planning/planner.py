@@ -32,7 +32,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from injection.base import ExecutionRequest, SegmentSplit
-from injection.engine.guidance.plan import plan_anchor, plan_guide
+from injection.engine.guidance.plan import plan_anchor, plan_guide, turn_strength
 from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
@@ -167,9 +167,11 @@ class TurnPlanner:
         link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha,
                                injected=True)  # the cache lookup: its result decides below
         sampling = constrained(sampling_options(req), req, personal, on=self.batching)
-        common = {"on": personal and self.batching, "context": system.context,
-                  "keep_instructions": self.guide_keeps_instructions,
-                  "constraints": tuple(sampling.get("constraints", ()))}
+        on = personal and self.batching
+        strength = turn_strength(self.adapter, req, tuple(sampling.get("constraints", ()))
+                                 ) if on else 0.0
+        common = {"on": on, "context": system.context, "strength": strength,
+                  "keep_instructions": self.guide_keeps_instructions}
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            prompt_ids=link.prompt_ids, done=link.done, **common)
         anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
