@@ -326,3 +326,48 @@ def test_reminded_turns_are_not_guided(adapter):
     assert deep.contrast_effective == 1.0 and deep.guide_decode_tokens == 0
     assert deep.guide_prefill_tokens > 0
     assert unreminded.contrast_effective == 1.0 and unreminded.guide_decode_tokens > 0
+
+
+def test_pairs_combined_at_once_equal_each_combined_alone():
+    """``split_rows`` combines a step's guided rows in one call: each row's scores are the
+    same bit for bit as combining it alone, whatever the strengths beside it."""
+    torch.manual_seed(3)
+    main, guide = torch.randn(5, 4000) * 4, torch.randn(5, 4000) * 4
+    strengths = [1.0, 0.5, 2.0, 0.3, 1.7]
+    together = combine(main, guide, strengths)
+    for r, s in enumerate(strengths):
+        alone = combine(main[r], guide[r], s)
+        assert torch.equal(together[r], alone)
+        lp_m, lp_g = torch.log_softmax(main[r], -1), torch.log_softmax(guide[r], -1)
+        want = ((1.0 + s) * lp_m - s * lp_g).masked_fill(
+            lp_m < lp_m.max() + torch.log(torch.tensor(PLAUSIBLE)), float("-inf"))
+        assert torch.equal(alone, want)  # the formula, as combine computed it before
+    assert torch.equal(combine(main, guide, [1.0] * 5), combine(main, guide, 1.0))
+
+
+def test_split_rows_drops_guides_and_combines_each_pair():
+    """A step's rows: guided rows (their guides anywhere in the step), an unguided row, and
+    a guided row whose guide is not in this step: guides choose nothing, each guided row's
+    logits are combined with its own guide's, the others pass unchanged."""
+    from injection.engine.batchrow import RowJob
+    from injection.engine.guidance.contrast import guide_job, split_rows
+
+    def row(strength: float = 0.0) -> RowJob:
+        job = RowJob(None, 1.0, [1], [1], 4, {}, {})
+        if strength:
+            job.guide, job.guide_strength = guide_job(job, Guide(strength, None, [2])), strength
+        return job
+
+    a, b, c, d = row(1.0), row(), row(2.0), row(0.5)
+    torch.manual_seed(5)
+    rows = [a, c.guide, b, c, a.guide, d]  # d's guide is not in the step
+    logits = torch.randn(len(rows), 300) * 3
+    kept, out = split_rows(rows, logits)
+    assert kept == [a, b, c, d]
+    assert torch.equal(out[0], combine(logits[0], logits[4], 1.0))
+    assert torch.equal(out[1], logits[2]) and torch.equal(out[3], logits[5])
+    assert torch.equal(out[2], combine(logits[3], logits[1], 2.0))
+    kept, out = split_rows([a, c, c.guide, a.guide], logits[:4])  # every row guided
+    assert kept == [a, c]
+    assert torch.equal(out[0], combine(logits[0], logits[3], 1.0))
+    assert torch.equal(out[1], combine(logits[1], logits[2], 2.0))

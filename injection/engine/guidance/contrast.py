@@ -42,6 +42,7 @@ __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
            "resolve", "shares_forward", "split_rows", "with_guides"]
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
+_LOG_PLAUSIBLE = float(torch.log(torch.tensor(PLAUSIBLE)))  # its log, as float32 computes it
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
 # A guide guides the whole reply. Cheaper guides were measured and removed (bench_quality,
 # standing instructions, depth 0; docs/benchmarks/quality.md): the guide leaving once it had
@@ -98,30 +99,45 @@ def guide_job(main: RowJob, guide: Guide) -> RowJob:
                   {}, {}, solo=True, is_guide=True)
 
 
-def combine(main: torch.Tensor, guide: torch.Tensor, strength: float,
+def combine(main: torch.Tensor, guide: torch.Tensor, strength: float | Sequence[float],
             plausible: float = PLAUSIBLE) -> torch.Tensor:
     """``[.., V]`` guided scores of ``main`` against ``guide`` (log-probabilities, with
-    implausible tokens at ``-inf``)."""
+    implausible tokens at ``-inf``). ``strength``: one for every row, or one per row of a
+    ``[k, V]`` pair (each row's scores the same, bit for bit, as combined alone)."""
     lp_main = torch.log_softmax(main.float(), dim=-1)
     lp_guide = torch.log_softmax(guide.float(), dim=-1)
-    scores = (1.0 + strength) * lp_main - strength * lp_guide
-    floor = lp_main.max(dim=-1, keepdim=True).values + float(torch.log(torch.tensor(plausible)))
-    return scores.masked_fill(lp_main < floor, float("-inf"))
+    if isinstance(strength, (int, float)):
+        scores = (1.0 + strength) * lp_main - strength * lp_guide
+    else:  # a factor per row, rounded to float32 as a Python number's is
+        factors = torch.tensor([[1.0 + float(s), float(s)] for s in strength],
+                               dtype=torch.float32, device=lp_main.device)
+        scores = factors[:, :1] * lp_main - factors[:, 1:] * lp_guide
+    log_plausible = (_LOG_PLAUSIBLE if plausible == PLAUSIBLE
+                     else float(torch.log(torch.tensor(plausible))))
+    floor = lp_main.amax(dim=-1, keepdim=True) + log_plausible
+    return scores.masked_fill_(lp_main < floor, float("-inf"))
 
 
 def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], torch.Tensor]:
     """The rows that choose a token (guides removed) and their logits, each guided row's
-    combined with its guide's when the guide is in the same step."""
+    combined with its guide's when the guide is in the same step: all such pairs in one
+    ``combine`` (half the time of one call per pair at 8 pairs of SmolLM2's vocabulary)."""
     if not any(r.guide is not None or r.is_guide for r in rows):
         return rows, logits
     index = {id(r): i for i, r in enumerate(rows)}
     keep = [i for i, r in enumerate(rows) if not r.is_guide]
+    pairs = [(j, i, index[id(rows[i].guide)]) for j, i in enumerate(keep)
+             if rows[i].guide is not None and id(rows[i].guide) in index]
+    if not pairs:
+        return [rows[i] for i in keep], logits[keep].float()
+    at, mains, guides = (list(x) for x in zip(*pairs, strict=True))
+    strengths = [rows[i].guide_strength for i in mains]
+    combined = combine(logits[mains], logits[guides],
+                       strengths[0] if len(set(strengths)) == 1 else strengths)
+    if len(at) == len(keep):  # every choosing row guided (at == 0, 1, ...)
+        return [rows[i] for i in keep], combined
     out = logits[keep].float()
-    for j, i in enumerate(keep):
-        row = rows[i]
-        g = index.get(id(row.guide)) if row.guide is not None else None
-        if g is not None:
-            out[j] = combine(logits[i], logits[g], row.guide_strength)
+    out[at] = combined
     return [rows[i] for i in keep], out
 
 
