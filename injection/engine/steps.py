@@ -50,7 +50,8 @@ def row_cache(adapter: Any, job: RowJob) -> DynamicCache:
                                layer=lambda k, v, n: SlabLayer(k, v, 1, n))
 
 
-def prefill_group(adapter: Any, jobs: list[RowJob]) -> tuple[list[DynamicCache], torch.Tensor]:
+def prefill_group(adapter: Any, jobs: list[RowJob], *, caches: bool = True
+                  ) -> tuple[list[DynamicCache], torch.Tensor]:
     """Several rows' new tokens in one forward, each after its own (alpha-scaled) prefix.
 
     Prefixes are right-aligned in a ``[k, H, P, D]`` cache (``P`` the longest), the new
@@ -58,7 +59,8 @@ def prefill_group(adapter: Any, jobs: list[RowJob]) -> tuple[list[DynamicCache],
     the padding before a prefix and the gap between a prefix and a shorter row's new
     tokens, and positions count real tokens only, so every row sees what it sees alone.
     Returns each row's cache with its real tokens only (batch 1, ready for
-    ``BatchCache.add``) and the logits of every row's last token ``[k, V]``.
+    ``BatchCache.add``; none with ``caches`` False: a forward that wants first tokens only)
+    and the logits of every row's last token ``[k, V]``.
     """
     dev = adapter.device
     plens = [j.prefix.num_tokens if j.prefix is not None else 0 for j in jobs]
@@ -86,7 +88,7 @@ def prefill_group(adapter: Any, jobs: list[RowJob]) -> tuple[list[DynamicCache],
                             cache_position=torch.arange(width, width + n, device=dev),
                             past_key_values=cache, use_cache=True, logits_to_keep=1)
         rows = [_row_cache(out.past_key_values, r, width, p, n, k)
-                for r, (p, k) in enumerate(zip(plens, nlens, strict=True))]
+                for r, (p, k) in enumerate(zip(plens, nlens, strict=True))] if caches else []
         return rows, out.logits[:, -1]
 
 

@@ -180,3 +180,37 @@ def test_the_callers_own_stop_during_the_anchor_is_raised_not_swallowed(ex, monk
     with pytest.raises(TimeLimit):
         _ask(ex)
     assert ex.engine.counters["anchor_failures"] == 0
+
+
+def test_deep_turns_at_once_share_one_anchor_forward_and_reply_as_alone(ex):
+    """Four members' deep turns whose anchors queue together (the engine held meanwhile)
+    run them as one forward; every reply is the same as the turn alone."""
+    import threading
+
+    from tests.injection.test_batch_faults import _until
+    from tests.injection.test_engine_forwards import _held
+
+    questions = [QUESTION, "What should I cook tonight?", "Plan a rainy Sunday for me.",
+                 "How do I store fresh basil?"]
+
+    def req(i: int) -> ExecutionRequest:
+        return ExecutionRequest("t", f"u{i}", _deep(questions[i]), FRENCH, max_new_tokens=N)
+
+    alone = [ex.execute(req(i)) for i in range(4)]  # segments computed, then each alone
+    alone = [ex.execute(req(i)).text for i in range(4)]
+    eng, box = ex.engine, {}
+    groups, anchors = eng.counters["forward_groups"], eng.counters["forwards_anchor"]
+    release, holder = _held(eng)
+    threads = [threading.Thread(target=lambda i=i: box.setdefault(i, ex.execute(req(i))))
+               for i in range(4)]
+    for t in threads:
+        t.start()
+    _until(lambda: len(eng._forwards) == 4, "the four anchors queued")
+    assert {job.kind for job in eng._forwards} == {"anchor"}
+    release.set()
+    for t in [holder, *threads]:
+        t.join(120)
+    assert [box[i].text for i in range(4)] == alone
+    assert all(box[i].contrast_effective > 0 for i in range(4))
+    assert eng.counters["forward_groups"] == groups + 1
+    assert eng.counters["forwards_anchor"] == anchors + 4

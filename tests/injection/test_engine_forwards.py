@@ -191,3 +191,107 @@ def _try(eng, fn):
         return eng.forward("embed", fn)
     except Exception as exc:  # noqa: BLE001 - collected for the assertion
         return exc
+
+
+def _held(eng):
+    """Hold ``eng``'s scheduler in a forward of its own until the returned event is set."""
+    release, running = threading.Event(), threading.Event()
+
+    def stuck():
+        running.set()
+        release.wait(60)
+
+    t = threading.Thread(target=lambda: eng.forward("embed", stuck))
+    t.start()
+    assert running.wait(60)
+    return release, t
+
+
+def _pair(adapter, text: str, bad: bool = False):
+    """An anchor-like forward's two rows (``RowJob``s of ``text`` and of its first word)."""
+    from injection.engine.batchrow import RowJob
+
+    ids = [adapter.renderer.encode(t, first=True) for t in (text, text.split()[0])]
+    if bad:
+        ids[1] = [*ids[1], adapter.model.config.vocab_size + 7]  # no such token
+    return [RowJob(None, 1.0, i, i, 1, {}, {}, solo=True) for i in ids]
+
+
+def test_row_forwards_queued_together_run_as_one_and_each_gets_its_own_result(adapter):
+    """Anchors of concurrent turns (``rows`` + ``then``) queued while the scheduler is busy
+    run as one prefill group; each caller gets ``then`` of its own rows' logits, as alone."""
+    from injection.engine import steps
+
+    texts = ["Plan my weekend.", "Hello there, how are you?", "What should I cook tonight?"]
+    pairs = [_pair(adapter, t) for t in texts]
+    alone = [steps.prefill_group(adapter, rows, caches=False)[1] for rows in pairs]
+    eng = BatchEngine(adapter, max_batch=4)
+    try:
+        release, holder = _held(eng)
+
+        def ask(rows):
+            return lambda: eng.forward("anchor", lambda: 1 / 0, rows=rows,
+                                       then=lambda logits: logits.clone())
+
+        box = {}
+        threads = [threading.Thread(target=lambda i=i: box.setdefault(i, ask(pairs[i])()))
+                   for i in range(len(pairs))]
+        for t in threads:
+            t.start()
+        _until(lambda: len(eng._forwards) == len(pairs), "the anchors queued")
+        release.set()
+        for t in [holder, *threads]:
+            t.join(60)
+    finally:
+        eng.close()
+    assert eng.counters["forward_groups"] == 1 and eng.counters["forwards_anchor"] == 3
+    for i, want in enumerate(alone):  # ``fn`` (1 / 0) never ran: the group's logits
+        torch.testing.assert_close(box[i], want, rtol=1e-4, atol=1e-4)
+        assert box[i].argmax(-1).tolist() == want.argmax(-1).tolist()
+
+
+def test_a_failing_group_runs_each_alone_and_only_the_bad_one_fails(adapter):
+    from injection.engine import steps
+
+    good, bad = _pair(adapter, "Plan my weekend."), _pair(adapter, "Hello there.", bad=True)
+    want = steps.prefill_group(adapter, good, caches=False)[1]
+    eng = BatchEngine(adapter, max_batch=4)
+    box = {}
+    try:
+        release, holder = _held(eng)
+
+        def ask(name, rows):
+            def run():
+                try:
+                    box[name] = eng.forward("anchor", lambda: steps.prefill_group(
+                        adapter, rows, caches=False)[1], rows=rows, then=lambda x: x.clone())
+                except Exception as exc:  # noqa: BLE001 - collected for the assertion
+                    box[name] = exc
+            return threading.Thread(target=run)
+
+        threads = [ask("good", good), ask("bad", bad)]
+        for t in threads:
+            t.start()
+        _until(lambda: len(eng._forwards) == 2, "both queued")
+        release.set()
+        for t in [holder, *threads]:
+            t.join(60)
+        assert eng.forward("embed", lambda: 7) == 7  # the engine goes on
+    finally:
+        eng.close()
+    assert isinstance(box["bad"], IndexError), box["bad"]
+    torch.testing.assert_close(box["good"], want)
+    assert eng.counters["forward_groups"] == 0 and eng.counters["forward_failures"] == 1
+
+
+def test_only_consecutive_row_forwards_of_one_kind_share_a_group_up_to_its_rows():
+    from injection.engine.prefill.forwards import GROUP_ROWS, ForwardJob, _runs
+
+    def job(kind, rows=2):
+        return ForwardJob(kind, lambda: None, [object()] * rows if rows else None,
+                          (lambda x: x) if rows else None)
+
+    a, b, e, c, d = job("anchor"), job("anchor"), job("embed", 0), job("anchor"), job("tenant")
+    assert _runs([a, b, e, c, d]) == [[a, b], [e], [c], [d]]
+    many = [job("anchor") for _ in range(GROUP_ROWS // 2 + 1)]
+    assert [len(r) for r in _runs(many)] == [GROUP_ROWS // 2, 1]

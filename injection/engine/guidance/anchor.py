@@ -15,7 +15,8 @@ nothing injected (``plan._unreminded``). A member with several memories, past th
 turns their guide serves (``plan.MANY_GUIDED_BEFORE``, no tenant instructions): the last
 message alone with its reminder against without it, both after the turn's segment, as
 their guide contrasts at depth 0. Both are prefilled in one forward of their own
-(``EngineForwards.forward``, kind ``anchor``: two short prompts, no history), and their
+(``EngineForwards.forward``, kind ``anchor``: two short prompts, no history; the anchors
+of concurrent turns queued together share one), and their
 guided scores replace the row's first-token logits (``first``); decoding constraints and
 sampling then apply to them as to any first token. No row is added to the batch and
 nothing is decoded: the cost is that forward, counted in the reply's
@@ -84,12 +85,12 @@ def scores(adapter: Any, engine: Any, anchor: Anchor | None) -> tuple[torch.Tens
             RowJob(anchor.guide_prefix, 1.0, anchor.guide_ids, anchor.guide_ids, 1, {}, {},
                    solo=True, is_guide=True)]
 
-    def run() -> torch.Tensor:
-        _, logits = steps.prefill_group(adapter, rows)
+    def then(logits: torch.Tensor) -> torch.Tensor:  # the two rows' first-token logits
         return combine(logits[0], logits[1], anchor.strength).cpu()
 
-    try:
-        out = engine.forward("anchor", run)
+    try:  # concurrent turns' anchors queued together run as one forward (``forwards``)
+        out = engine.forward("anchor", lambda: then(
+            steps.prefill_group(adapter, rows, caches=False)[1]), rows=rows, then=then)
     except (RuntimeError, ValueError, ModelOOMError) as exc:  # the forward's own failure:
         # an anchor is a refinement, never the turn's failure (a time limit reaching the
         # waiting caller, or the engine stopping, is the turn's: raised on)

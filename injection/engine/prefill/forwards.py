@@ -17,6 +17,13 @@ each under the watchdog's heartbeat. Per forward:
   alone with ``ModelOOMError``;
 * counted by kind (``forwards_<kind>``, ``FORWARD_KINDS``) in the engine's counters.
 
+A forward that is a prefill of rows whose last logits make its result (``rows`` and
+``then``: a deep turn's anchor) runs together with the like forwards queued beside it, up
+to ``GROUP_ROWS`` rows, as one ``steps.prefill_group`` (a burst of deep turns: one
+forward's fixed cost instead of one per turn; each row sees what it sees alone), counted
+in ``forward_groups``. Should that forward fail, each runs alone as above (its own
+failure, its own OOM retry).
+
 Asked from the scheduler thread itself (a callback inside a step), a forward runs at
 once: the thread is the device's already. A caller that stops waiting (its time limit)
 abandons a forward not yet started. Engines that stop or abort fail the waiting forwards
@@ -44,14 +51,19 @@ T = TypeVar("T")
 log = logging.getLogger("injection.engine.batch")
 FORWARD_KINDS = ("tenant", "member", "guide", "embed", "anchor")
 FORWARD_COUNTERS = (*(f"forwards_{k}" for k in FORWARD_KINDS), "forward_failures",
-                    "forward_ooms", "forward_oom_failures", "anchor_failures")
+                    "forward_ooms", "forward_oom_failures", "anchor_failures", "forward_groups")
+GROUP_ROWS = 16  # rows of queued row forwards run as one (a burst of 8 anchors' pairs)
 
 
 class ForwardJob:
     """One queued forward and how its caller waits for it."""
 
-    def __init__(self, kind: str, fn: Callable[[], Any]) -> None:
+    def __init__(self, kind: str, fn: Callable[[], Any], rows: list[Any] | None = None,
+                 then: Callable[[torch.Tensor], Any] | None = None) -> None:
         self.kind, self.fn = kind, fn
+        # a prefill of ``rows`` (``RowJob``) and its result from their last logits ``[k, V]``:
+        # ``fn`` runs it alone, a group runs it with others (``EngineForwards``)
+        self.rows, self.then = (rows, then) if rows and then is not None else (None, None)
         self.result: Any = None
         self.error: BaseException | None = None
         self.abandoned = False
@@ -79,13 +91,17 @@ class EngineForwards:
     _oom_cap: int
     busy: bool
     counters: dict[str, int]
+    adapter: Any
     _beat: Callable[[], None]
     _ensure_thread: Callable[[], None]
 
-    def forward(self, kind: str, fn: Callable[[], T]) -> T:
+    def forward(self, kind: str, fn: Callable[[], T], *, rows: list[Any] | None = None,
+                then: Callable[[torch.Tensor], T] | None = None) -> T:
         """Run ``fn`` (a forward of ``kind``, ``FORWARD_KINDS``) on the scheduler thread
-        between decoding steps and return what it returns (see module)."""
-        job = ForwardJob(kind, fn)
+        between decoding steps and return what it returns (see module); ``rows`` and
+        ``then``: ``fn`` is ``then`` of the rows' prefilled last logits, and may run in a
+        group."""
+        job = ForwardJob(kind, fn, rows, then)
         if threading.current_thread() is self._thread:
             self._run_forward(job)
             return job.wait()
@@ -110,10 +126,43 @@ class EngineForwards:
             self._forwards.clear()
             self._forwarding = jobs
         try:
-            for job in jobs:
-                self._run_forward(job)
+            for run in _runs(jobs):
+                if len(run) > 1:
+                    self._run_group(run)
+                else:
+                    self._run_forward(run[0])
         finally:
             self._forwarding = []
+
+    def _run_group(self, run: list[ForwardJob]) -> None:
+        """Row forwards in one prefill group, each finished with ``then`` of its rows'
+        logits; alone should the group fail (or fewer than two still wanted)."""
+        live = [job for job in run if not (job.abandoned or job.done.is_set())]
+        for job in (j for j in run if j not in live):
+            job.finish(error=InjectionError("abandoned before it started"))
+        logits = None
+        if len(live) > 1:
+            self._beat()
+            try:
+                _, logits = steps.prefill_group(self.adapter, [r for j in live for r in j.rows],
+                                                caches=False)
+            except Exception:  # an OOM too: each alone, with its own retry and failure
+                log.warning("a group of %d %s forwards failed; each runs alone", len(live),
+                            live[0].kind, exc_info=True)
+        if logits is None:
+            for job in live:
+                self._run_forward(job)
+            return
+        self.counters["forward_groups"] += 1
+        at = 0
+        for job in live:
+            self.counters[f"forwards_{job.kind}"] = self.counters.get(f"forwards_{job.kind}", 0) + 1
+            part, at = logits[at:at + len(job.rows)], at + len(job.rows)
+            try:
+                job.finish(job.then(part))
+            except Exception as exc:  # its own result's failure
+                self.counters["forward_failures"] += 1
+                job.finish(error=exc)
 
     def _run_forward(self, job: ForwardJob) -> None:
         if job.abandoned or job.done.is_set():  # its caller stopped waiting, or aborted
@@ -157,3 +206,17 @@ class EngineForwards:
             if running:  # a stuck forward's caller gets the error now
                 jobs += self._forwarding
         return sum(job.finish(error=exc) for job in jobs)
+
+
+def _runs(jobs: list[ForwardJob]) -> list[list[ForwardJob]]:
+    """``jobs`` in order, consecutive row forwards of one kind together (``GROUP_ROWS``)."""
+    runs: list[list[ForwardJob]] = []
+    for job in jobs:
+        last = runs[-1] if runs else None
+        if (job.rows is not None and last is not None and last[0].rows is not None
+                and last[0].kind == job.kind
+                and sum(len(j.rows) for j in last) + len(job.rows) <= GROUP_ROWS):
+            last.append(job)
+        else:
+            runs.append([job])
+    return runs
