@@ -16,13 +16,15 @@ they do not ("Always answer in French.": guided), a preference/fact ("I am veget
 and I cook for two.") and a required word the decoder keeps ("Work the word 'harbour' into
 every answer."), 8 of each, and French members asked after 8 unrelated exchanges (sent
 through ``/v1`` with that history: a reminded turn, which runs no guide row but is
-anchored: ``guidance/anchor.py``). Conditions: ``defaults`` (nothing sent: the platform
+anchored: ``guidance/anchor.py``), and a mixed tenant: the four first-turn memories,
+two members each, in one burst (what defaults cost where a quarter of the members is
+guided). Conditions: ``defaults`` (nothing sent: the platform
 decides), ``contrast 0`` (guidance off, the baseline) and, for the lowercase instruction,
 ``constraints off`` (its constraint off, so it is guided again: what keeping it by the
 decoder saves) and, for the required word, ``neither`` (no constraint, no guide: what
 keeping it costs by itself). Each member's memory is warmed by one earlier request. All replies greedy
 (temperature 0), ``TOKENS`` new tokens, each request the first turn of a new conversation.
-Per rep the six kind x condition cells run interleaved (their order rotates and reverses;
+Per rep the kind x condition cells run interleaved (their order rotates and reverses;
 the streams in rounds over the cells, then the bursts), so load from elsewhere hits every
 condition alike. ``--quick``: one rep (2 streams per cell), about 15 minutes on a loaded
 2-core CPU; else 3 reps:
@@ -80,7 +82,12 @@ KINDS = {"instruction": "Always answer in lowercase letters only.",
          "guided instruction": "Always answer in French.",
          "preference": "I am vegetarian and I cook for two.",
          "required word": "Work the word 'harbour' into every answer.",
-         "deep guided instruction": "Always answer in French."}
+         "deep guided instruction": "Always answer in French.",
+         # a tenant's members as they come: the four first-turn memories above, two members
+         # each (the first French: its stream is guided), on the same defaults
+         "mixed tenant": ("Always answer in French.", "Always answer in lowercase letters only.",
+                          "I am vegetarian and I cook for two.",
+                          "Work the word 'harbour' into every answer.")}
 # kinds whose requests come after this many exchanges (bench/memory_cases.py's distractors,
 # sent through ``/v1``, which takes the history: a reminded turn, anchored by default)
 KIND_DEPTH = {"deep guided instruction": 8}
@@ -97,7 +104,8 @@ KIND_CONDITIONS = {"instruction": ["defaults", "constraints off"],
                    "guided instruction": ["defaults", "contrast 0"],
                    "preference": ["defaults", "contrast 0"],
                    "required word": ["defaults", "constraints off", "neither"],
-                   "deep guided instruction": ["defaults", "contrast 0"]}
+                   "deep guided instruction": ["defaults", "contrast 0"],
+                   "mixed tenant": ["defaults", "contrast 0"]}
 STREAM_QUESTION = "What should I cook tonight?"
 WARM_QUESTION = "Hello! Who are you?"
 QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday.",
@@ -105,6 +113,11 @@ QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday."
              "Give me three ideas for a picnic.", "How should I store leftover rice?",
              "What can I bring to a dinner party?", "Plan a simple lunch for tomorrow."]
 assert len(QUESTIONS) == BURST
+
+
+def member_memory(memory: str | tuple[str, ...], i: int) -> str:
+    """Member ``i``'s memory: the kind's one, or its ``i``-th in turn (a mixed kind)."""
+    return memory if isinstance(memory, str) else memory[i % len(memory)]
 
 
 def start(model: Path) -> tuple[list[subprocess.Popen], str, Path]:
@@ -257,7 +270,7 @@ def main() -> None:
         raise SystemExit(f"no model at {model}: `manage.py prepare_model` makes it")
     tenant = actions.do_create_tenant(f"bench-guide-{int(time.time())}")
     keys = {kind: [actions.do_create_api_token(actions.do_add_member(
-        tenant, f"{tenant.slug}-{kind[:4]}{i}", preference=memory))
+        tenant, f"{tenant.slug}-{kind[:4]}{i}", preference=member_memory(memory, i)))
         for i in range(BURST)] for kind, memory in KINDS.items()}
     load = [os.getloadavg()[0]]
     t_start = time.monotonic()
@@ -311,7 +324,8 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
                 "rate": _median(x["rate"] for x in s),
                 "guide_v1": _median(x["guide"] for x in s),
                 "guide_chat": _median(r["guide"] for r in chats),
-                "contrast": _median(r["contrast"] for r in chats),
+                # the mean: a mixed kind's share of guided requests (0 or 1 for the others)
+                "contrast": statistics.fmean(r["contrast"] for r in chats) if chats else 0.0,
                 "seq": _median(b["wall"] for b in seq),
                 "conc": _median(b["wall"] for b in conc),
                 "ratio": _median(a["wall"] / b["wall"] for a, b in zip(seq, conc, strict=True)),
@@ -363,7 +377,7 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
         "the slowest worker-side first token of the 8 sent at once. Batch-1 figures "
         f"from {reps * per_rep} streams on a loaded machine are noisy; the bursts less so.",
         "",
-        table(["memory", "condition", "contrast applied", "guide tokens /reply",
+        table(["memory", "condition", "contrast applied (mean)", "guide tokens /reply",
                "/v1 b1 first token ms", "/v1 b1 decode tok/s", "8 one after another s",
                "8 at once s", "ratio", "burst max TTFT ms"], rows),
         "",
