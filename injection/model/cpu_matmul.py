@@ -27,7 +27,8 @@ faster); more rows get ``packed`` where it beat ``F.linear`` at ``PREFILL_ROWS``
 CPU: ``W @ x.T`` for 1 and 2 rows (20 ms a pass against 26 and 29), ``packed`` above. A
 model small enough to sit in the CPU's caches keeps ``F.linear`` (``AUTO_MIN_BYTES``: the
 random demo and test models). The results differ from ``F.linear``'s by float rounding
-only. Float32 on a CPU only: elsewhere nothing changes.
+only. Float32 on a CPU, and bfloat16 where oneDNN computes it (``_dtypes``): elsewhere
+nothing changes.
 """
 
 from __future__ import annotations
@@ -114,8 +115,20 @@ def pack(linears: list[nn.Linear]) -> dict[nn.Module, torch.Tensor] | None:
 
 
 def _linears(model: nn.Module) -> list[nn.Linear]:
-    return [m for m in model.modules() if isinstance(m, nn.Linear)
-            and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"]
+    dtypes = _dtypes()
+    found = [m for m in model.modules() if isinstance(m, nn.Linear)
+             and m.weight.dtype in dtypes and m.weight.device.type == "cpu"]
+    return [m for m in found if m.weight.dtype == found[0].weight.dtype]  # one dtype timed
+
+
+def _dtypes() -> tuple[torch.dtype, ...]:
+    """The weights' dtypes measured: float32, and bfloat16 where oneDNN computes it on this
+    CPU (AVX-512 BF16 or AMX: ``MODEL_DTYPE=bf16``, docs/BENCHMARKS.md cpu-matmul)."""
+    try:
+        bf16 = bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (RuntimeError, AttributeError):  # a build without oneDNN
+        bf16 = False
+    return (torch.float32, torch.bfloat16) if bf16 else (torch.float32,)
 
 
 def _pass_ms(linears: list[nn.Linear], xs: dict[int, torch.Tensor], rows: int, kernel: str,
@@ -136,7 +149,9 @@ def _pass_ms(linears: list[nn.Linear], xs: dict[int, torch.Tensor], rows: int, k
 def _best(linears: list[nn.Linear], rows: int, kernels: tuple[str, ...], reps: int,
           gen: torch.Generator, packed: Any = None) -> dict[str, float]:
     """Best of ``reps`` interleaved rounds (after a warm-up round, kept only if best)."""
-    xs = {n: torch.randn(rows, n, generator=gen) for n in {m.in_features for m in linears}}
+    dtype = linears[0].weight.dtype
+    xs = {n: torch.randn(rows, n, generator=gen).to(dtype)
+          for n in {m.in_features for m in linears}}
     best = dict.fromkeys(kernels, float("inf"))
     for _ in range(reps + 1):
         for k in kernels:
@@ -178,7 +193,7 @@ def choose(timings: dict[int, tuple[float | None, ...]]) -> tuple[int, ...]:
 
 def install(model: nn.Module, choice: MatmulChoice,
             packed: dict[nn.Module, torch.Tensor] | None = None) -> int:
-    """Route each float32 CPU linear layer's products through the kernel ``choice`` picks
+    """Route each float32 (or bfloat16) CPU linear layer's products through the kernel ``choice`` picks
     for their row count (``packed``: the reordered weights it needs); returns how many
     layers were routed."""
     if choice.packs and not packed:
@@ -204,7 +219,8 @@ def _routed_forward(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
 
 def setup(model: nn.Module, device: torch.device, mode: str = "auto") -> MatmulChoice | None:
     """Measure and install on a CPU (``mode``: one of ``MODES``); None elsewhere, when the
-    model has no float32 linear layer, or (``packed``) this torch has no oneDNN."""
+    model has no linear layer of a dtype measured (``_dtypes``), or (``packed``) this torch
+    has no oneDNN."""
     if mode not in MODES:
         raise ValueError(f"cpu matmul mode must be one of {MODES}, not {mode!r}")
     linears = _linears(model) if device.type == "cpu" else []

@@ -153,7 +153,7 @@ def test_install_packed_routes_its_counts_and_a_copy_falls_back(monkeypatch):
     assert calls == [16]  # 17 rows: F.linear
 
 
-def test_setup_modes():
+def test_setup_modes(monkeypatch):
     model = nn.Linear(8, 8)
     assert cpu_matmul.setup(model, torch.device("cpu"), "linear") is None
     assert "forward" not in vars(model)
@@ -166,8 +166,12 @@ def test_setup_modes():
     choice = cpu_matmul.setup(packed, torch.device("cpu"), "packed")
     assert choice.prefill_packed and set(choice.use[1:]) == {cpu_matmul.PACKED}
     assert packed in cpu_matmul._PACKED
-    half = nn.Linear(8, 8).to(torch.bfloat16)
-    assert cpu_matmul.setup(half, torch.device("cpu"), "wxt") is None  # float32 only
+    half = nn.Linear(8, 8).to(torch.float16)
+    assert cpu_matmul.setup(half, torch.device("cpu"), "wxt") is None  # float32, bfloat16
+    monkeypatch.setattr(cpu_matmul, "_dtypes", lambda: (torch.float32,))  # a CPU without
+    bf16 = nn.Linear(8, 8).to(torch.bfloat16)  # oneDNN's bfloat16: left to F.linear
+    assert cpu_matmul.setup(bf16, torch.device("cpu"), "wxt") is None
+    monkeypatch.undo()
     small = nn.Linear(8, 8)  # far below AUTO_MIN_BYTES: its weights sit in the caches
     assert cpu_matmul.setup(small, torch.device("cpu"), "auto") is None
     assert "forward" not in vars(small)
@@ -233,3 +237,23 @@ def test_real_model_guided_replies_with_either_kernel(real_model_path):
         assert outs[0].token_ids == alone  # alone and beside another guided request
         replies[mode] = [o.token_ids for o in outs]
     assert replies["wxt"] == replies["linear"] == replies["packed"]
+
+
+@pytest.mark.skipif(torch.bfloat16 not in cpu_matmul._dtypes(),
+                    reason="oneDNN computes no bfloat16 on this CPU")
+@pytest.mark.parametrize("mode", ["packed", "auto"])
+def test_bfloat16_layers_take_the_measured_kernels_with_the_same_products(mode, monkeypatch):
+    """``MODEL_DTYPE=bf16`` on a CPU with AVX-512 BF16 or AMX: its linears are packed and
+    timed like float32's, and multiply as ``F.linear`` does (bfloat16 rounding apart)."""
+    monkeypatch.setattr(cpu_matmul, "AUTO_MIN_BYTES", 1)  # as if it were large
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(576, 1536), nn.Linear(1536, 576)).to(torch.bfloat16)
+    reference = copy.deepcopy(model)  # its own layers: F.linear (a copy is never routed)
+    choice = cpu_matmul.setup(model, torch.device("cpu"), mode)
+    assert choice is not None and "forward" in vars(model[0])
+    if mode == "auto":
+        assert set(cpu_matmul.ROWS) <= set(choice.timings)
+    with torch.inference_mode():
+        for rows in (1, 2, 8, 16, 40):
+            x = torch.randn(rows, 1, 576).to(torch.bfloat16)
+            torch.testing.assert_close(model(x), reference(x), rtol=3e-2, atol=3e-2)
