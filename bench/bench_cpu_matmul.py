@@ -1,6 +1,6 @@
 """What the CPU's decoding kernel (``injection/model/cpu_matmul.py``) buys, in one run.
 
-    .venv/bin/python bench/bench_cpu_matmul.py [--reps N] [--write-docs]
+    .venv/bin/python bench/bench_cpu_matmul.py [--reps N] [--write-docs | --bf16]
 
 The real default model (SmolLM2-135M-Instruct, ``var/models/smollm2-135m-instruct``
 unless ``MODEL_PATH`` names another) loaded three times on the CPU: ``linear``
@@ -20,6 +20,10 @@ of ``--reps``: decode tokens/s, ``auto`` against ``linear`` and ``wxt``, guided 
 unguided, the prefill (the 1-token pass) of ``auto`` against ``wxt``, the load time of each
 (``auto`` includes the calibration) and how many greedy replies are the same token for
 token under the kernels (they differ by float rounding only).
+
+``--bf16``: instead, ``auto`` in float32 against ``auto`` with the model in bfloat16
+(``MODEL_DTYPE=bf16``: packed where oneDNN computes bfloat16 on this CPU), the same cells
+and replies compared; printed only.
 """
 
 from __future__ import annotations
@@ -91,12 +95,15 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--write-docs", action="store_true")
+    parser.add_argument("--bf16", action="store_true", help="float32 against bfloat16, auto")
     args = parser.parse_args()
     path = os.environ.get("MODEL_PATH") or str(ROOT / "var/models/smollm2-135m-instruct")
     engines, loads, choice = {}, {}, None
-    for mode in ("linear", "wxt", "auto"):
+    modes = {"auto": ("auto", None), "auto bf16": ("auto", "bf16")} if args.bf16 else {
+        m: (m, None) for m in ("linear", "wxt", "auto")}
+    for mode, (kernel, dtype) in modes.items():
         t0 = time.perf_counter()
-        adapter = load_adapter(path, device="cpu", cpu_matmul=mode)
+        adapter = load_adapter(path, device="cpu", cpu_matmul=kernel, dtype=dtype)
         loads[mode] = time.perf_counter() - t0
         choice = adapter.matmul or choice
         engines[mode] = BatchEngine(adapter, max_batch=8)
@@ -120,6 +127,9 @@ def main() -> None:
             e.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
     pre = {k: statistics.median(v) for k, v in firsts.items()}
+    if args.bf16:
+        print(_bf16_report(cells, med, pre, replies, args.reps, loads))
+        return
     rows = []
     for guided, n in cells:
         lin, wxt, auto = (med[(m, (guided, n))] for m in ("linear", "wxt", "auto"))
@@ -144,6 +154,21 @@ def main() -> None:
     print(body)
     if args.write_docs:
         write_section("cpu-matmul", body)
+
+
+def _bf16_report(cells, med, pre, replies, reps: int, loads: dict) -> str:
+    rows = [[f"{n} {'guided' if g else 'unguided'}", f"{med[('auto', (g, n))]:.1f}",
+             f"{med[('auto bf16', (g, n))]:.1f}",
+             f"**{med[('auto bf16', (g, n))] / med[('auto', (g, n))]:.2f}x**",
+             f"{pre[('auto bf16', (g, n))] / pre[('auto', (g, n))]:.2f}x",
+             f"{sum(a == b for a, b in zip(replies[('auto', (g, n))], replies[('auto bf16', (g, n))], strict=True))}/{n}"]
+            for g, n in cells]
+    return "\n".join([
+        f"`.venv/bin/python bench/bench_cpu_matmul.py --bf16 --reps {reps}` — {machine()}, "
+        f"SmolLM2-135M-Instruct, {TOKENS} tokens per row, greedy, prefill subtracted, median "
+        f"of {reps}. Load: " + ", ".join(f"{m} {t:.1f} s" for m, t in loads.items()) + ".", "",
+        table(["requests", "float32 tok/s", "bfloat16 tok/s", "bf16 / fp32",
+               "prefill bf16 / fp32", "same greedy replies"], rows)])
 
 
 def _picked(choice) -> str:

@@ -330,6 +330,7 @@ def main() -> None:
     path = Path(os.environ.get("MODEL_PATH") or prepare_model(
         ROOT / "var" / "models" / "smollm2-135m-instruct"))
     adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None,
+                           dtype=os.environ.get("MODEL_DTYPE") or None,
                            cpu_matmul=os.environ.get("MODEL_CPU_MATMUL", "auto"),
                            cpu_threads=os.environ.get("MODEL_CPU_THREADS", "engine"))
     ex, budget = worker_executor(adapter, args.workers)
