@@ -215,7 +215,7 @@ class InjectionExecutor:
         guide = build_guide(plan.guide, self.chain, req.tenant, prefix, chain.lead,
                             plan.link.done)
         anchored = build_anchor(plan.anchor, self.chain, req.tenant, chain.kv)
-        first, anchor_tokens = scores(self.adapter, self.engine, anchored)
+        first, anchor_tokens = scores(self.engine, anchored)
         out = self.turns.run(plan, prefix, lead=chain.lead, capture=chain.capture, guide=guide,
                              first=first)
         reply = self._reply(plan, req, out, chain.num_tokens, planning_ms, fetch_ms, t0)

@@ -193,9 +193,9 @@ def choose(timings: dict[int, tuple[float | None, ...]]) -> tuple[int, ...]:
 
 def install(model: nn.Module, choice: MatmulChoice,
             packed: dict[nn.Module, torch.Tensor] | None = None) -> int:
-    """Route each float32 (or bfloat16) CPU linear layer's products through the kernel ``choice`` picks
-    for their row count (``packed``: the reordered weights it needs); returns how many
-    layers were routed."""
+    """Route each CPU linear layer's products (float32, or bfloat16: ``_dtypes``) through
+    the kernel ``choice`` picks for their row count (``packed``: the reordered weights it
+    needs); returns how many layers were routed."""
     if choice.packs and not packed:
         raise ValueError("the packed kernel needs the layers' packed weights")
     linears = _linears(model) if any(choice.use) or choice.packs else []

@@ -217,21 +217,24 @@ def _pair(adapter, text: str, bad: bool = False):
     return [RowJob(None, 1.0, i, i, 1, {}, {}, solo=True) for i in ids]
 
 
-def test_row_forwards_queued_together_run_as_one_and_each_gets_its_own_result(adapter):
-    """Anchors of concurrent turns (``rows`` + ``then``) queued while the scheduler is busy
+def test_row_forwards_queued_together_run_as_one_and_each_gets_its_own_result(
+        adapter, monkeypatch):
+    """Anchors of concurrent turns (``forward_rows``) queued while the scheduler is busy
     run as one prefill group; each caller gets ``then`` of its own rows' logits, as alone."""
     from injection.engine import steps
 
     texts = ["Plan my weekend.", "Hello there, how are you?", "What should I cook tonight?"]
     pairs = [_pair(adapter, t) for t in texts]
     alone = [steps.prefill_group(adapter, rows, caches=False)[1] for rows in pairs]
+    prefills, real = [], steps.prefill_group
+    monkeypatch.setattr(steps, "prefill_group", lambda a, rows, **kw: (
+        prefills.append(len(rows)), real(a, rows, **kw))[1])
     eng = BatchEngine(adapter, max_batch=4)
     try:
         release, holder = _held(eng)
 
         def ask(rows):
-            return lambda: eng.forward("anchor", lambda: 1 / 0, rows=rows,
-                                       then=lambda logits: logits.clone())
+            return lambda: eng.forward_rows("anchor", rows, lambda logits: logits.clone())
 
         box = {}
         threads = [threading.Thread(target=lambda i=i: box.setdefault(i, ask(pairs[i])()))
@@ -245,7 +248,8 @@ def test_row_forwards_queued_together_run_as_one_and_each_gets_its_own_result(ad
     finally:
         eng.close()
     assert eng.counters["forward_groups"] == 1 and eng.counters["forwards_anchor"] == 3
-    for i, want in enumerate(alone):  # ``fn`` (1 / 0) never ran: the group's logits
+    assert prefills == [6]  # one forward of the three pairs, none alone
+    for i, want in enumerate(alone):  # the group's logits
         torch.testing.assert_close(box[i], want, rtol=1e-4, atol=1e-4)
         assert box[i].argmax(-1).tolist() == want.argmax(-1).tolist()
 
@@ -263,8 +267,7 @@ def test_a_failing_group_runs_each_alone_and_only_the_bad_one_fails(adapter):
         def ask(name, rows):
             def run():
                 try:
-                    box[name] = eng.forward("anchor", lambda: steps.prefill_group(
-                        adapter, rows, caches=False)[1], rows=rows, then=lambda x: x.clone())
+                    box[name] = eng.forward_rows("anchor", rows, lambda x: x.clone())
                 except Exception as exc:  # noqa: BLE001 - collected for the assertion
                     box[name] = exc
             return threading.Thread(target=run)

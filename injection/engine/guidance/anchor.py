@@ -15,7 +15,7 @@ nothing injected (``plan._unreminded``). A member with several memories, past th
 turns their guide serves (``plan.MANY_GUIDED_BEFORE``, no tenant instructions): the last
 message alone with its reminder against without it, both after the turn's segment, as
 their guide contrasts at depth 0. Both are prefilled in one forward of their own
-(``EngineForwards.forward``, kind ``anchor``: two short prompts, no history; the anchors
+(``EngineForwards.forward_rows``, kind ``anchor``: two short prompts, no history; the anchors
 of concurrent turns queued together share one), and their
 guided scores replace the row's first-token logits (``first``); decoding constraints and
 sampling then apply to them as to any first token. No row is added to the batch and
@@ -39,7 +39,6 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine import steps
 from injection.engine.batchrow import RowJob
 from injection.engine.guidance.contrast import combine
 from injection.engine.guidance.plan import build_guide
@@ -75,7 +74,7 @@ def build_anchor(plan: Any, chain: Any, tenant: str, chain_kv: PackedKV | None
     return Anchor(plan.strength, chain_kv, list(plan.ids), guide.prefix, list(guide.ids))
 
 
-def scores(adapter: Any, engine: Any, anchor: Anchor | None) -> tuple[torch.Tensor | None, int]:
+def scores(engine: Any, anchor: Anchor | None) -> tuple[torch.Tensor | None, int]:
     """The anchor's guided first-token scores (``[V]``, on the CPU) and its prefilled
     tokens; ``(None, 0)`` without an anchor or when its forward fails (the turn goes on
     unanchored)."""
@@ -89,8 +88,7 @@ def scores(adapter: Any, engine: Any, anchor: Anchor | None) -> tuple[torch.Tens
         return combine(logits[0], logits[1], anchor.strength).cpu()
 
     try:  # concurrent turns' anchors queued together run as one forward (``forwards``)
-        out = engine.forward("anchor", lambda: then(
-            steps.prefill_group(adapter, rows, caches=False)[1]), rows=rows, then=then)
+        out = engine.forward_rows("anchor", rows, then)
     except (RuntimeError, ValueError, ModelOOMError) as exc:  # the forward's own failure:
         # an anchor is a refinement, never the turn's failure (a time limit reaching the
         # waiting caller, or the engine stopping, is the turn's: raised on)

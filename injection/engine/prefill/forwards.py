@@ -17,11 +17,11 @@ each under the watchdog's heartbeat. Per forward:
   alone with ``ModelOOMError``;
 * counted by kind (``forwards_<kind>``, ``FORWARD_KINDS``) in the engine's counters.
 
-A forward that is a prefill of rows whose last logits make its result (``rows`` and
-``then``: a deep turn's anchor) runs together with the like forwards queued beside it, up
-to ``GROUP_ROWS`` rows, as one ``steps.prefill_group`` (a burst of deep turns: one
-forward's fixed cost instead of one per turn; each row sees what it sees alone), counted
-in ``forward_groups``. Should that forward fail, each runs alone as above (its own
+A forward that is a prefill of rows whose last logits make its result
+(:meth:`EngineForwards.forward_rows`: a deep turn's anchor) runs together with the like
+forwards queued beside it, up to ``GROUP_ROWS`` rows, as one ``steps.prefill_group`` (a
+burst of deep turns: one forward's fixed cost instead of one per turn; each row sees what
+it sees alone), counted in ``forward_groups``. Should that forward fail, each runs alone as above (its own
 failure, its own OOM retry).
 
 Asked from the scheduler thread itself (a callback inside a step), a forward runs at
@@ -62,7 +62,7 @@ class ForwardJob:
                  then: Callable[[torch.Tensor], Any] | None = None) -> None:
         self.kind, self.fn = kind, fn
         # a prefill of ``rows`` (``RowJob``) and its result from their last logits ``[k, V]``:
-        # ``fn`` runs it alone, a group runs it with others (``EngineForwards``)
+        # ``fn`` runs it alone, a group runs it with others (``EngineForwards.forward_rows``)
         self.rows, self.then = (rows, then) if rows and then is not None else (None, None)
         self.result: Any = None
         self.error: BaseException | None = None
@@ -95,13 +95,21 @@ class EngineForwards:
     _beat: Callable[[], None]
     _ensure_thread: Callable[[], None]
 
-    def forward(self, kind: str, fn: Callable[[], T], *, rows: list[Any] | None = None,
-                then: Callable[[torch.Tensor], T] | None = None) -> T:
+    def forward(self, kind: str, fn: Callable[[], T]) -> T:
         """Run ``fn`` (a forward of ``kind``, ``FORWARD_KINDS``) on the scheduler thread
-        between decoding steps and return what it returns (see module); ``rows`` and
-        ``then``: ``fn`` is ``then`` of the rows' prefilled last logits, and may run in a
-        group."""
-        job = ForwardJob(kind, fn, rows, then)
+        between decoding steps and return what it returns (see module)."""
+        return self._submit(ForwardJob(kind, fn))
+
+    def forward_rows(self, kind: str, rows: list[Any], then: Callable[[torch.Tensor], T]) -> T:
+        """``then`` of the last logits ``[k, V]`` of ``rows`` (``RowJob``s) prefilled, as
+        ``forward`` runs a forward; with the like forwards queued beside it, in one group."""
+        return self._submit(ForwardJob(kind, lambda: then(self._prefill_rows(rows)), rows, then))
+
+    def _prefill_rows(self, rows: list[Any]) -> torch.Tensor:
+        """The last logits of ``rows`` prefilled in one forward (no caches kept)."""
+        return steps.prefill_group(self.adapter, rows, caches=False)[1]
+
+    def _submit(self, job: ForwardJob) -> Any:
         if threading.current_thread() is self._thread:
             self._run_forward(job)
             return job.wait()
@@ -144,8 +152,7 @@ class EngineForwards:
         if len(live) > 1:
             self._beat()
             try:
-                _, logits = steps.prefill_group(self.adapter, [r for j in live for r in j.rows],
-                                                caches=False)
+                logits = self._prefill_rows([r for j in live for r in j.rows])
             except Exception:  # an OOM too: each alone, with its own retry and failure
                 log.warning("a group of %d %s forwards failed; each runs alone", len(live),
                             live[0].kind, exc_info=True)
@@ -156,7 +163,7 @@ class EngineForwards:
         self.counters["forward_groups"] += 1
         at = 0
         for job in live:
-            self.counters[f"forwards_{job.kind}"] = self.counters.get(f"forwards_{job.kind}", 0) + 1
+            self._count(job)
             part, at = logits[at:at + len(job.rows)], at + len(job.rows)
             try:
                 job.finish(job.then(part))
@@ -168,7 +175,7 @@ class EngineForwards:
         if job.abandoned or job.done.is_set():  # its caller stopped waiting, or aborted
             job.finish(error=InjectionError("abandoned before it started"))
             return
-        self.counters[f"forwards_{job.kind}"] = self.counters.get(f"forwards_{job.kind}", 0) + 1
+        self._count(job)
         for _attempt in (1, 2):
             self._beat()
             oom = False
@@ -189,6 +196,9 @@ class EngineForwards:
         self.counters["forward_oom_failures"] += 1
         log.warning("a %s forward ran out of accelerator memory twice; it fails alone", job.kind)
         job.finish(error=ModelOOMError("accelerator out of memory for this request"))
+
+    def _count(self, job: ForwardJob) -> None:
+        self.counters[f"forwards_{job.kind}"] = self.counters.get(f"forwards_{job.kind}", 0) + 1
 
     def abort(self, exc: BaseException) -> int:
         failed = super().abort(exc)  # type: ignore[misc]
