@@ -33,6 +33,7 @@ class RowSampler:
         self.titled: int | None = None  # the reply's length when its title closed (done)
         self.bullets: list[int] = []  # where each of its bullet points' "*" was forced
         self.highlights: list[int] = []  # where its highlights' stars stand (open, close, ..)
+        self.placeholders: list[int] = []  # where its placeholders' brackets stand (the same)
         self.keywords: list[tuple[int, tuple[int, ...]]] = []  # where a word was forced, its ids
         self.generator: torch.Generator | None = None
         if self.temperature > 0.0 and seed is not None:

@@ -44,7 +44,11 @@ cost of a map on the step's logits or a forced token (no second row, no prompt t
   (``engine/decoding/highlights.py``); not beside ``bullets:`` (a line's star is a point);
 * ``word:<word>:<n>``: "Work the word 'garden' into every answer." (n = 1), "Say 'indeed' at
   least twice." (n = 2): the word opens a sentence where the reply would end, until it holds
-  it n times (``engine/decoding/keywords.py``); not where it is also banned.
+  it n times (``engine/decoding/keywords.py``); not where it is also banned;
+* ``placeholders:<n>``: "Include at least two placeholders in square brackets, like
+  [name].": the word the model starts after a determiner ("your", "the") becomes a
+  ``[placeholder]`` until n are closed (``engine/decoding/placeholders.py``); not beside
+  bullet points or highlights.
 
 ``detect`` reads them from the tenant's instructions and the member's memories (the
 sentences and memories ``reminder.standing`` calls standing instructions), as data the
@@ -71,6 +75,7 @@ from injection.prompting.readers import (
     highlight_count,
     keywords,
     negated,
+    placeholder_count,
     sentence_limit,
     word_limit,
 )
@@ -182,11 +187,11 @@ def opening(constraints: Sequence[str], asked: str) -> tuple[str, ...]:
 def _consistent(found: set[str]) -> set[str]:
     """``found`` without contradictions: lowercase and capitals both asked: neither; bullet
     points and highlights: the points (a star opening a line is a point); a sentence limit
-    beside either: the points or spans."""
+    or placeholders beside either: the points or spans (placeholders then not kept)."""
     if any(c.startswith("bullets:") for c in found):
         found = {c for c in found if not c.startswith("highlights:")}
     if any(c.startswith(("bullets:", "highlights:")) for c in found):
-        found = {c for c in found if not c.startswith("max_sentences:")}
+        found = {c for c in found if not c.startswith(("max_sentences:", "placeholders:"))}
     both = {w for w in (required(c) for c in found) if w and f"ban:{w[0]}" in found}
     found -= {f"ban:{w}" for w, _ in both} | {f"word:{w}:{n}" for w, n in both}
     return found - {"lowercase", "uppercase"} if {"lowercase", "uppercase"} <= found else found
@@ -240,6 +245,8 @@ def _of(text: str) -> set[str]:
         out.add(f"bullets:{k}")
     if (k := highlight_count(text)) is not None:
         out.add(f"highlights:{k}")
+    if (k := placeholder_count(text)) is not None:
+        out.add(f"placeholders:{k}")
     title = _TITLE.search(text)
     if title and _ANGLE.search(text) and not negated(text, title.start()):
         out.add("title")
@@ -261,5 +268,6 @@ def tokenwise(constraint: str) -> bool:
     """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
     return (constraint not in (*TRANSFORMS, "repeat", "title")
             and not constraint.startswith(("choice:", "max_words:", "max_sentences:", "bullets:",
-                                             "highlights:", "word:"))
+                                             "highlights:", "word:",
+                                             "placeholders:"))
             and phrase(constraint) is None)

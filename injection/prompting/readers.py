@@ -7,7 +7,8 @@ from __future__ import annotations
 import re
 
 __all__ = ["NEG", "QUOTED", "bullet_count", "capped", "choice", "forbids", "highlight_count",
-           "keywords", "negated", "sentence_count", "sentence_limit", "word_count", "word_limit"]
+           "keywords", "negated", "placeholder_count", "sentence_count", "sentence_limit",
+           "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
@@ -124,6 +125,29 @@ def highlight_count(text: str) -> int | None:
     said = next(g for g in m.groups() if g)
     n = {"once": 1, "twice": 2}.get(said.lower()) or (
         int(said) if said.isdigit() else _NUMBERS[said.lower()])
+    return n if 1 <= n <= 10 else None
+
+
+_SLOT = re.compile(r"\bplace-?holders?\b|\bblanks?\b|\bfill-?in\b|\bfields?\b", re.I)
+_SQUARE = re.compile(r"\bsquare[\s-]+brackets?\b|\bbracket(?:ed|s)?\b|\[[^\]\n]+\]", re.I)
+_SLOTS_AT_LEAST = re.compile(r"\bat\s+least\s+(?:(once)|(twice)|" + _N + r")\b|\b" + _N
+                             + r"\s+(?:or\s+more\s+)?(?:[\w-]+\s+){0,2}?(?:place-?holders?|"
+                             r"blanks?|fields?)\b|\b(once)\b|\b(twice)\b", re.I)
+
+
+def placeholder_count(text: str) -> int | None:
+    """n where ``text`` asks for at least n placeholders in square brackets ("Include at
+    least two placeholders in square brackets, like [name]", "leave a blank in square
+    brackets such as [date]": 1 where no count is said; 1 to 10), not negated; None for
+    none."""
+    slot = _SLOT.search(text)
+    if slot is None or not _SQUARE.search(text) or negated(text, slot.start()):
+        return None
+    m = _SLOTS_AT_LEAST.search(text)
+    if m is None:
+        return 1
+    said = next(g for g in m.groups() if g).lower()
+    n = {"once": 1, "twice": 2}.get(said) or (int(said) if said.isdigit() else _NUMBERS[said])
     return n if 1 <= n <= 10 else None
 
 

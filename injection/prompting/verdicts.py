@@ -69,4 +69,6 @@ def violates(constraint: str, text: str) -> bool:
         spans = [h.strip("*").strip() for h in re.findall(r"\*[^\n*]*\*", text)]
         bold = [h[2:-2].strip() for h in re.findall(r"\*\*[^\n*]*\*\*", text)]
         return sum(map(bool, spans + bold)) < int(constraint[11:])
+    if constraint.startswith("placeholders:"):  # as IFEval counts them
+        return len(re.findall(r"\[.*?\]", text)) < int(constraint[13:])
     raise ValueError(f"unknown constraint {constraint!r}")

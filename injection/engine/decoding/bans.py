@@ -28,6 +28,7 @@ from injection.engine.decoding.bullets import first
 from injection.engine.decoding.highlights import mask
 from injection.engine.decoding.keywords import fresh
 from injection.engine.decoding.phrases import Phrases, choices, forced, holds, phrases
+from injection.engine.decoding.placeholders import mask as placeholder_mask
 from injection.engine.decoding.text import token_texts
 from injection.prompting.constraints import FOLDS, tokenwise, violates
 
@@ -153,8 +154,9 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
     starting = [i for i in said if rows[i].sampler.forced.bullets is not None
                 and rows[i].sampler.bullets]  # a point's first token (``bullets.first``)
     marking = [i for i in said if rows[i].sampler.forced.highlights is not None]
+    slotting = [i for i in said if rows[i].sampler.forced.placeholders is not None]
     worded = [i for i in said if rows[i].sampler.keywords]  # a word was forced (``fresh``)
-    if not groups and not choosing and not holding and not starting and not marking and not worded:
+    if not (groups or choosing or holding or starting or marking or worded or slotting):
         return logits
     logits = logits.float().clone()
     for key, idx in groups.items():
@@ -170,4 +172,6 @@ def apply(rows: Sequence[Any], logits: torch.Tensor) -> torch.Tensor:
         logits[i] = mask(rows[i], logits[i])
     for i in worded:
         logits[i] = fresh(rows[i], logits[i])
+    for i in slotting:
+        logits[i] = placeholder_mask(rows[i], logits[i])
     return logits

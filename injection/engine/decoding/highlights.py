@@ -23,7 +23,7 @@ import torch
 
 from injection.engine.decoding.text import only, tail_ended, token_texts
 
-__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "highlights", "mask",
+__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "due", "highlights", "mask",
            "open_spans", "step"]
 
 WORDS = 3  # a span closes before its next word once it has this many
@@ -63,6 +63,12 @@ def open_spans(job: Any) -> tuple[int, bool]:
     """(spans closed, whether one is open) in the row's reply so far."""
     marks = job.sampler.highlights
     return len(marks) // 2, len(marks) % 2 == 1
+
+
+def due(job: Any) -> bool:
+    """Whether the row may not end yet: a span is open or fewer than n are closed."""
+    closed, inside = open_spans(job)
+    return inside or closed < job.sampler.forced.highlights.count
 
 
 def mask(job: Any, scores: torch.Tensor) -> torch.Tensor:

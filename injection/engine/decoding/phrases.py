@@ -6,8 +6,9 @@ A word the reply is to hold (``word:``) is forced where it would end (``keywords
 ``forced`` replaces the row's chosen token with the phrase's token due at that point of the
 reply; ``choices`` and ``holds`` are what ``bans.apply`` does to a step's logits: only the
 tokens that go on with one of the options, and no end of turn right after a forced
-opening or postscript marker. Bullet points and highlighted spans are kept in their own
-modules (``bullets.py``, ``highlights.py``), called from ``forced`` once a title is closed.
+opening or postscript marker. Bullet points, highlighted spans and placeholders are kept in
+their own modules (``bullets.py``, ``highlights.py``, ``placeholders.py``), called from
+``forced`` once a title is closed.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import torch
 
 from injection.engine.decoding.bullets import Bullets, bullets
 from injection.engine.decoding.bullets import step as bullet_step
-from injection.engine.decoding.highlights import Highlights, highlights, open_spans
+from injection.engine.decoding.highlights import Highlights, highlights
+from injection.engine.decoding.highlights import due as spans_due
 from injection.engine.decoding.highlights import step as highlight_step
 from injection.engine.decoding.keywords import (
     OWN,
@@ -31,14 +33,15 @@ from injection.engine.decoding.keywords import (
     pending,
     start,
 )
+from injection.engine.decoding.placeholders import Placeholders, placeholders
+from injection.engine.decoding.placeholders import due as slots_due
+from injection.engine.decoding.placeholders import step as placeholder_step
 from injection.engine.decoding.text import ended, tail_ended, token_texts
 from injection.prompting.readers import sentence_count, word_count
 from injection.prompting.verdicts import phrase, violates
 
 __all__ = ["OWN", "PS_NOTE", "TITLE_TOKENS", "Phrases", "choices", "forced", "holds",
            "phrases"]
-
-
 
 def holds(job: Any) -> bool:
     """Whether the row may not end yet: an opening phrase ("repeat my question"), a title
@@ -51,15 +54,10 @@ def holds(job: Any) -> bool:
     return ((bool(said.start) and n < len(said.start) + OWN)
             or (bool(words) and n < words[-1][0] + len(words[-1][1]) + OWN)
             or (bool(marks) and n < marks[-1] + 1 + OWN)
-            or (said.highlights is not None and _spans_due(job))
+            or (said.highlights is not None and spans_due(job))
+            or (said.placeholders is not None and slots_due(job))
             or (titled is not None and n < titled + OWN)
             or (at is not None and at >= 0 and n < at + len(said.ps) + OWN))
-
-
-def _spans_due(job: Any) -> bool:
-    """Whether a highlighted span is open, or fewer than the row's n are closed."""
-    closed, inside = open_spans(job)
-    return inside or closed < job.sampler.forced.highlights.count
 
 
 def choices(options: Sequence[tuple[int, ...]], gen: Sequence[int],
@@ -92,6 +90,7 @@ class Phrases(NamedTuple):
     sentences: int = 0  # ... at most this many sentences (0: no limit)
     bullets: Bullets | None = None  # the reply is exactly n bullet points
     highlights: Highlights | None = None  # ... has at least n *highlighted* spans
+    placeholders: Placeholders | None = None  # ... at least n [placeholders]
     required: tuple[Keyword, ...] = ()  # ... holds each of these words at least n times
 
 
@@ -103,9 +102,9 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     limits = [int(c[10:]) for c in constraints if c.startswith("max_words:")]
     most = [int(c[14:]) for c in constraints if c.startswith("max_sentences:")]
     points, spans = bullets(tokenizer, constraints), highlights(tokenizer, constraints)
-    required = keywords(tokenizer, constraints)
+    required, slots = keywords(tokenizer, constraints), placeholders(tokenizer, constraints)
     if (not said and "title" not in constraints and not options and not limits and not most
-            and not points and not spans and not required):
+            and not points and not spans and not required and not slots):
         return None
 
     def ids(text: str) -> tuple[int, ...]:
@@ -119,7 +118,7 @@ def phrases(tokenizer: Any, constraints: Sequence[str]) -> Phrases | None:
     return Phrases(ids(said.get("start", "")), ids(" " + end if end else ""), end,
                    ids("\n\n" + ps if ps else ""), ps, title, words=min(limits or [0]),
                    sentences=min(most or [0]), bullets=points, highlights=None if points else spans,
-                   required=required)
+                   required=required, placeholders=None if points or spans else slots)
 
 
 def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
@@ -211,17 +210,19 @@ def _sentence_limit(job: Any, token: int, tokenizer: Any) -> bool:
 
 
 def _points(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
-    """The token with the reply's bullet points or highlights kept (``bullets.step``,
-    ``highlights.step``), once its title is closed and until its closing phrase or
-    postscript starts."""
+    """The token with the reply's bullet points, highlights or placeholders kept
+    (``bullets.step``, ``highlights.step``, ``placeholders.step``), once its title is closed
+    and until its closing phrase or postscript starts."""
     said, sampler = job.sampler.forced, job.sampler
-    if ((said.bullets is None and said.highlights is None) or sampler.ending is not None
+    if ((said.bullets is None and said.highlights is None and said.placeholders is None)
+            or sampler.ending is not None
             or (sampler.postscript is not None and sampler.postscript >= 0)
             or (said.title is not None and sampler.titled is None)):
         return token
     words = (sum(w.count for w in said.required) - len(sampler.keywords)) * ROOM
     opened = len(said.start) if sampler.titled is None else sampler.titled
-    keep = bullet_step if said.bullets is not None else highlight_step
+    keep = (bullet_step if said.bullets is not None
+            else highlight_step if said.highlights is not None else placeholder_step)
     return keep(job, token, eos, tokenizer, opened, _reserve(job) + max(0, words))
 
 
