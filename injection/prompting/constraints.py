@@ -119,6 +119,7 @@ _REPEAT = re.compile(  # the reply opens with the user's message, as written
     + r"|\bwrit\w*\s+" + _ASKED + r"\s+back\b", re.I)
 _PS = re.compile(r"(?<![A-Za-z]\.)\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?\b",
                  re.I)  # not "U.P.S."
+_ABBREVIATION = re.compile(r"\b(?:e\.\s?g|i\.\s?e|etc|vs|cf)\.", re.I)
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
 _SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
@@ -149,8 +150,9 @@ def kept(memory: str, found: Sequence[str]) -> bool:
     outside quoted phrases) asks for a constraint, and only for ``found`` ones (what
     ``detect`` kept for the turn). One sentence asking for one kept and one other thing
     ("Answer in lowercase, in French.") counts as kept: the reader cannot tell the rest."""
-    masked = _PS.sub(lambda m: "_" * len(m.group()),  # "P.S." ends no sentence either
-                     QUOTED.sub(lambda m: "_" * len(m.group()), memory))
+    masked = _ABBREVIATION.sub(lambda m: "_" * len(m.group()),  # nor do "P.S." and "e.g."
+                               _PS.sub(lambda m: "_" * len(m.group()),
+                                       QUOTED.sub(lambda m: "_" * len(m.group()), memory)))
     cuts = [0, *(i for m in _SENTENCE.finditer(masked) for i in m.span()), len(memory)]
     parts = [memory[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
     asked, kept_now = [_of(p) for p in parts if standing(p)], set(found)

@@ -131,7 +131,7 @@ def highlight_count(text: str) -> int | None:
 _SLOT = re.compile(r"\bplace-?holders?\b|\bblanks?\b|\bfill-?in\b|\bfields?\b", re.I)
 _SQUARE = re.compile(r"\bsquare[\s-]+brackets?\b|\bbracket(?:ed|s)?\b|\[[^\]\n]+\]", re.I)
 _SLOTS_AT_LEAST = re.compile(r"\bat\s+least\s+(?:(once)|(twice)|" + _N + r")\b|\b" + _N
-                             + r"\s+(?:or\s+more\s+)?(?:[\w-]+\s+){0,2}?(?:place-?holders?|"
+                             + r"\s+(?:or\s+more\s+)?(?:\S+\s+){0,2}?(?:place-?holders?|"
                              r"blanks?|fields?)\b|\b(once)\b|\b(twice)\b", re.I)
 
 

@@ -28,6 +28,9 @@ READ = [
     ("Use square-bracket placeholders, like [item], at least twice per reply.",
      ("placeholders:2",)),
     ("Always include three placeholders like [x] in replies.", ("placeholders:3",)),
+    ("Use four or more [square-bracket] placeholders per reply.", ("placeholders:4",)),
+    ("Add two blanks in square brackets, e.g. [name], to every answer.",  # "e.g." ends no
+     ("placeholders:2",)),  # sentence: the rest is no second, unread instruction
     ("Never use placeholders in square brackets.", ()),  # negated
     ("Leave blanks for names.", ()),  # no square brackets
     ("Fill in the form fields for me.", ()),

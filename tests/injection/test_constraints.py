@@ -87,6 +87,8 @@ def test_a_memory_is_kept_when_each_standing_sentence_asks_only_for_kept_constra
     assert not kept("Answer in lowercase. Always reply in French.", ("lowercase",))
     asked = "End each answer with 'Is that all?' please."  # a "?" inside quotes cuts nothing
     assert kept(asked, detect([asked]))
+    asked = "Always answer in lowercase, e.g. in every reply and every list."  # nor "e.g."
+    assert kept(asked, detect([asked]))
     # nothing read, not an instruction, or the tenant's rule won: not kept
     for memory in ("Always answer in French.", "I am vegetarian.", "Never use the letter e."):
         assert not kept(memory, detect([memory]))
