@@ -13,15 +13,16 @@ under uvicorn; rate limits off, every other setting the platform's default.
 Members of one tenant, five kinds by their one memory: a standing instruction the decoding
 constraints keep ("Always answer in lowercase letters only.": not guided by default), one
 they do not ("Always answer in French.": guided), a preference/fact ("I am vegetarian
-and I cook for two.") and a required word the decoder keeps ("Work the word 'harbour' into
-every answer."), 8 of each, and French members asked after 8 unrelated exchanges (sent
+and I cook for two."), a required word the decoder keeps ("Work the word 'harbour' into
+every answer.") and placeholders it keeps ("Put at least two placeholders in square
+brackets, like [date], in every reply."), 8 of each, and French members asked after 8 unrelated exchanges (sent
 through ``/v1`` with that history: a reminded turn, which runs no guide row but is
 anchored: ``guidance/anchor.py``), and a mixed tenant: the four first-turn memories,
 two members each, in one burst (what defaults cost where a quarter of the members is
 guided). Conditions: ``defaults`` (nothing sent: the platform
 decides), ``contrast 0`` (guidance off, the baseline) and, for the lowercase instruction,
 ``constraints off`` (its constraint off, so it is guided again: what keeping it by the
-decoder saves) and, for the required word, ``neither`` (no constraint, no guide: what
+decoder saves) and, for the required word and placeholders, ``neither`` (no constraint, no guide: what
 keeping it costs by itself). Each member's memory is warmed by one earlier request. All replies greedy
 (temperature 0), ``TOKENS`` new tokens, each request the first turn of a new conversation.
 Per rep the kind x condition cells run interleaved (their order rotates and reverses;
@@ -46,6 +47,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import statistics
 import subprocess
 import sys
@@ -82,6 +84,8 @@ KINDS = {"instruction": "Always answer in lowercase letters only.",
          "guided instruction": "Always answer in French.",
          "preference": "I am vegetarian and I cook for two.",
          "required word": "Work the word 'harbour' into every answer.",
+         "placeholders": "Put at least two placeholders in square brackets, like [date], in "
+                         "every reply.",
          "deep guided instruction": "Always answer in French.",
          # a tenant's members as they come: the four first-turn memories above, two members
          # each (the first French: its stream is guided), on the same defaults
@@ -104,8 +108,12 @@ KIND_CONDITIONS = {"instruction": ["defaults", "constraints off"],
                    "guided instruction": ["defaults", "contrast 0"],
                    "preference": ["defaults", "contrast 0"],
                    "required word": ["defaults", "constraints off", "neither"],
+                   "placeholders": ["defaults", "constraints off", "neither"],
                    "deep guided instruction": ["defaults", "contrast 0"],
                    "mixed tenant": ["defaults", "contrast 0"]}
+# what a kind the decoder keeps asks of a reply (counted in the `/api/chat` replies)
+KIND_KEPT = {"required word": ("the word", lambda t: "harbour" in t.lower()),
+             "placeholders": ("two placeholders", lambda t: len(re.findall(r"\[.*?\]", t)) >= 2)}
 STREAM_QUESTION = "What should I cook tonight?"
 WARM_QUESTION = "Hello! Who are you?"
 QUESTIONS = ["What should I cook tonight?", "Suggest a plan for a rainy Sunday.",
@@ -331,7 +339,11 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
                 "ratio": _median(a["wall"] / b["wall"] for a, b in zip(seq, conc, strict=True)),
                 "max_ttft": _median(max(r["ttft_ms"] for r in b["replies"]) for b in conc),
                 "tokens": _median(r["tokens"] for r in chats),
-                "held": sum("harbour" in r["text"].lower() for r in chats), "of": len(chats),
+                "mean_tok": _median(statistics.fmean(r["tokens"] for r in b["replies"])
+                                    for b in conc),
+                "long_tok": _median(max(r["tokens"] for r in b["replies"]) for b in conc),
+                "held": sum(KIND_KEPT[kind][1](r["text"]) for r in chats) if kind in KIND_KEPT
+                else 0, "of": len(chats),
             }
             rows.append([kind, cond, f"{f['contrast']:g}", f"{f['guide_v1']:.0f} / "
                          f"{f['guide_chat']:.0f}", f"{f['ttft']:.0f}", f"{f['rate']:.1f}",
@@ -350,7 +362,7 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
         if "neither" in KIND_CONDITIONS[kind]:
             c = fig[(kind, "neither")]
             lines.append(_versus(kind, "neither constraints nor guidance (what the decoder keeping "
-                                 "it costs)", d, c) + f"; the word in {d['held']}/{d['of']} "
+                                 "it costs)", d, c) + f"; {KIND_KEPT[kind][0]} in {d['held']}/{d['of']} "
                          f"`/api/chat` replies vs {c['held']}/{c['of']} (guided, constraints off: "
                          f"{fig[(kind, 'constraints off')]['held']}/{c['of']}).")
     guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0
@@ -362,6 +374,7 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
                 f"{fig[(k, 'contrast 0')]['max_ttft']:.0f} ms" for k in guided)
             + f": a guided request takes two batch rows (its own and its guide's) and one of "
             f"the {settings.WORKER_BATCH_MAX} request slots, so all 8 run at once.")
+        lines.extend(_bound(k, fig[(k, "defaults")], fig[(k, "contrast 0")]) for k in guided)
     lines.append("- replies (greedy): " + replies_line(streams, bursts))
     cmd = "`.venv/bin/python bench/bench_guide_cost.py" + (" --quick" if args.quick else "") + (
         f" --reps {args.reps}" if args.reps else "") + "`"
@@ -395,6 +408,18 @@ def _versus(kind: str, other: str, d: dict, c: dict, goal: str = "") -> str:
             f"batch-1 decode **{d['rate'] / c['rate']:.2f}x**{goal}, 8 one after another "
             f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**; "
             f"at once / one after another {d['ratio']:.2f}x vs {c['ratio']:.2f}x")
+
+
+def _bound(kind: str, d: dict, c: dict) -> str:
+    """What a guide at no cost would leave of the burst ratio: 8 at once take as long as
+    their longest reply, one after another the sum of them."""
+    bound = d["seq"] / c["conc"]
+    return (f"- {kind}, 8 at once: reply tokens (mean / longest of the 8) {d['mean_tok']:.0f} / "
+            f"{d['long_tok']:.0f} on defaults vs {c['mean_tok']:.0f} / {c['long_tok']:.0f} with "
+            f"`contrast: 0`; a guide that cost nothing would leave 8 at once at about `contrast: "
+            f"0`'s {c['conc']:.1f} s (where the longest replies are as long), so about "
+            f"**{bound:.2f}x** ({d['seq']:.1f} s one after another / {c['conc']:.1f} s) where "
+            f"the goal asks 3.5x.")
 
 
 def replies_line(streams: dict, bursts: dict) -> str:
