@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 __all__ = ["NEG", "QUOTED", "bullet_count", "capped", "choice", "forbids", "highlight_count",
-           "keywords", "negated", "placeholder_count", "sentence_count", "sentence_limit",
+           "keywords", "names_language", "negated", "placeholder_count", "sentence_count", "sentence_limit",
            "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
@@ -149,6 +149,21 @@ def placeholder_count(text: str) -> int | None:
     said = next(g for g in m.groups() if g).lower()
     n = {"once": 1, "twice": 2}.get(said) or (int(said) if said.isdigit() else _NUMBERS[said])
     return n if 1 <= n <= 10 else None
+
+
+_LANGUAGE = re.compile(r"\b(?:" + "|".join(
+    "English French Spanish German Italian Portuguese Dutch Swedish Norwegian Danish Finnish "
+    "Polish Czech Slovak Hungarian Romanian Bulgarian Greek Turkish Russian Ukrainian Serbian "
+    "Croatian Slovenian Catalan Basque Galician Irish Welsh Icelandic Estonian Latvian "
+    "Lithuanian Arabic Hebrew Persian Farsi Hindi Urdu Bengali Punjabi Tamil Telugu Marathi "
+    "Gujarati Chinese Mandarin Cantonese Japanese Korean Vietnamese Thai Indonesian Malay "
+    "Tagalog Filipino Swahili Afrikaans Zulu Esperanto Latin".split()) + r")\b")
+
+
+def names_language(text: str) -> bool:
+    """Whether ``text`` names a language (capitalised: "Always answer in French.", "I only
+    read Portuguese"), where a standing instruction asks for replies in it."""
+    return _LANGUAGE.search(text) is not None
 
 
 _COUNT = r"(\d+|" + "|".join(_NUMBERS) + r"|a\s+single|single)"

@@ -8,6 +8,7 @@ conversation without the memory."""
 from __future__ import annotations
 
 import threading
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,7 +17,13 @@ from transformers import DynamicCache
 from injection import InjectionExecutor, TenantLRU
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
-from injection.engine.guidance.contrast import PLAUSIBLE, Guide, combine
+from injection.engine.guidance.contrast import (
+    MEASURED_DEFAULTS,
+    PLAUSIBLE,
+    Guide,
+    combine,
+    resolve,
+)
 from injection.errors import InvalidRequest
 from injection.metrics import Metrics
 from injection.prompting.output_filter import clean_reply
@@ -371,3 +378,18 @@ def test_split_rows_drops_guides_and_combines_each_pair():
     assert kept == [a, c]
     assert torch.equal(out[0], combine(logits[0], logits[3], 1.0))
     assert torch.equal(out[1], combine(logits[1], logits[2], 2.0))
+
+
+def test_by_default_only_memories_of_a_measured_kind_are_guided():
+    """``resolve``: a standing instruction naming a language, or asking for what a decoding
+    constraint would keep but the turn's do not; not one of no measured kind, nor a fact."""
+    smol = SimpleNamespace(_model_key=next(iter(MEASURED_DEFAULTS)))  # SmolLM2's key
+    on = MEASURED_DEFAULTS[smol._model_key]
+    assert resolve(smol, None, ["Always answer in French."]) == on
+    assert resolve(smol, None, ["Always answer in lowercase."]) == on  # constraints off
+    assert resolve(smol, None, ["Always answer in lowercase."], ("lowercase",)) == 0.0
+    for memory in ("I like short answers.", "Be polite in every answer.", "I live in Paris."):
+        assert resolve(smol, None, [memory]) == 0.0
+    assert resolve(smol, None, ["I like short answers.", "Reply in German."]) == on
+    assert resolve(smol, 1.5, ["I like short answers."]) == 1.5  # asked for: any memory
+    assert resolve(SimpleNamespace(_model_key="other"), None, ["Reply in German."]) == 0.0

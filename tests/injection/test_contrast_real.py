@@ -18,7 +18,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
 CASES = [("I am vegetarian and I do not like spicy food.", "Suggest a dinner recipe."),
          ("Always answer in French.", "How are you today?"),
-         ("My cat is called Whiskers.", "What is my cat's name?")]
+         ("My cat is called Whiskers.", "What is my cat's name?"),
+         ("I like short answers.", "What should I cook tonight?")]
+# guided by default: a standing instruction naming a language; "I like short answers." is a
+# standing instruction too, of no kind guidance was measured to pay for (``contrast._measured``)
+GUIDED = {"Always answer in French."}
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +31,13 @@ def smollm(real_model_path):
 
 
 def test_the_default_guides_first_turns_as_the_formula_says(smollm):
-    """By default only a standing instruction ("Always answer in French.") is guided, at
-    the measured strength; asked for (a request's or tenant's strength), any memory is."""
+    """By default only a standing instruction guidance was measured to pay for ("Always
+    answer in French.") is guided, at the measured strength; asked for (a request's or
+    tenant's strength), any memory is."""
     strength = resolve(smollm, None, ["Always answer in French."])
     assert strength > 0  # measured for this model (docs/BENCHMARKS.md, quality)
-    assert resolve(smollm, None, [CASES[0][0]]) == resolve(smollm, None, [CASES[2][0]]) == 0.0
+    assert all(resolve(smollm, None, [c[0]]) == 0.0 for c in CASES if c[0] not in GUIDED)
+    assert standing(CASES[3][0])
     ex = build_executor(smollm, batch_max=4, metrics=Metrics())
     try:
         for pref, question in CASES:
@@ -45,7 +51,7 @@ def test_the_default_guides_first_turns_as_the_formula_says(smollm):
             assert asked.contrast_effective == strength
             assert asked.text.strip() == smollm.tokenizer.decode(
                 want, skip_special_tokens=True).strip()
-            if standing(pref):
+            if pref in GUIDED:
                 assert (default.contrast_effective, default.text) == (strength, asked.text)
             else:  # not guided: the reply without a guide, and no guide row's tokens
                 off = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24,

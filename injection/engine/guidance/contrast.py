@@ -34,7 +34,8 @@ from injection.engine import steps
 from injection.engine.batchrow import RowJob
 from injection.kvcache.packed import PackedKV
 from injection.model.fingerprint import model_key
-from injection.prompting.constraints import kept
+from injection.prompting.constraints import detect, kept
+from injection.prompting.readers import names_language
 from injection.prompting.reminder import standing
 
 __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
@@ -66,6 +67,14 @@ MEASURED_DEFAULTS: dict[str, float] = {"b7753234439613b9": 1.0}
 # Not where the decoder keeps the instruction (``prompting/constraints.py``: lowercase, no
 # commas, ...): on top of the constraints, guidance changed none of those 30 tuning cases'
 # verdicts (its +4 of 85 all on the others: language, keyword, word limit).
+# Nor for a standing instruction that names no language and asks for nothing a constraint
+# would keep ("I like short answers.", "Be polite."): with the decoder keeping 16 of the 17
+# types, every win of guidance in the full profile is a language's (depth 0: tuning 10 of 10,
+# validation 8 of 8, p=0.008; the anchor at depth 8: 27 of 27, 10 of 10), and such a memory
+# was never shown to gain (the benchmark's few, its reader's misses, lost nothing
+# without it: docs/BENCHMARKS.md, quality); a guide there cost a second batch row for nothing
+# measured. With the constraints off, a readable instruction is guided again (its wins before
+# the decoder kept them: keyword, word limit, placeholders).
 
 
 class Guide(NamedTuple):
@@ -80,11 +89,19 @@ def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = (),
             constraints: Sequence[str] = ()) -> float:
     """Effective strength: the request's (or tenant's), else the model's measured default
     where it pays: for ``memories`` holding a standing instruction that the turn's decoding
-    ``constraints`` do not keep (``constraints.kept``; 0 for the others)."""
+    ``constraints`` do not keep (``constraints.kept``) and that names a language or asks for
+    what a constraint would keep (``constraints.detect``: one the turn's constraints do not
+    keep, e.g. with ``constraints`` off); 0 for the others."""
     if requested is None:
-        pays = any(standing(m) and not kept(m, constraints) for m in memories)
+        pays = any(standing(m) and not kept(m, constraints) and _measured(m) for m in memories)
         requested = MEASURED_DEFAULTS.get(model_key(adapter), 0.0) if pays else 0.0
     return min(max(float(requested), 0.0), MAX_CONTRAST)
+
+
+def _measured(memory: str) -> bool:
+    """Whether ``memory`` is of a kind guidance was measured to pay for (``MEASURED_DEFAULTS``):
+    a language, or an instruction a decoding constraint would keep."""
+    return names_language(memory) or bool(detect([memory]))
 
 
 def attach(job: RowJob, guide: Guide | None, max_batch: int) -> None:
