@@ -43,23 +43,27 @@ PROCESS_MARKS = {"web": "config.asgi", "worker": "celery", "redis": "redis-serve
                  "postgres": "postgres"}
 
 
-def members(count: int) -> list[str]:
-    """API keys of ``count`` members of the ``soak`` tenant (created when missing)."""
+MEMORY = "I like short answers. My favourite number is {i}."
+
+
+def members(count: int, slug: str = "soak", memory: str = MEMORY) -> list[str]:
+    """API keys of ``count`` members of the ``slug`` tenant (created when missing), member i
+    with the preference ``memory`` (``{i}``: i) when created."""
     import django
 
     django.setup()
     from tenants import actions
     from tenants.models import Member, Tenant
 
-    tenant = Tenant.objects.filter(slug="soak").first() or actions.do_create_tenant(
-        "soak", "Soak probe")
+    tenant = Tenant.objects.filter(slug=slug).first() or actions.do_create_tenant(
+        slug, "Soak probe")
     keys = []
     for i in range(count):
         name = f"soak-m{i:02d}"
         member = Member.objects.filter(tenant=tenant, user__username=name).first()
         if member is None:
             member = actions.do_add_member(
-                tenant, name, preference=f"I like short answers. My favourite number is {i}.")
+                tenant, name, preference=memory.format(i=i))
         keys.append(actions.do_create_api_token(member, name="soak"))
     return keys
 
@@ -158,7 +162,7 @@ def stream_keys_left(idle_wait: float = 30.0) -> int:
 
 
 def run(args) -> dict:
-    keys = members(args.members)
+    keys = members(args.members, args.tenant, args.memory)
     tally = Tally()
     until = time.monotonic() + args.seconds
     threads = [threading.Thread(target=member_loop, daemon=True,
@@ -207,6 +211,9 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=16)
     ap.add_argument("--contrast", type=float, default=None,
                     help="send kvinject.contrast (default: the platform decides)")
+    ap.add_argument("--tenant", default="soak", help="the tenant's slug (created when missing)")
+    ap.add_argument("--memory", default=MEMORY,
+                    help="each new member's preference ({i}: its number); use a new --tenant")
     ap.add_argument("--write-docs", action="store_true")
     args = ap.parse_args()
     if args.contrast is not None:
@@ -220,6 +227,8 @@ def main() -> None:
                       f"`.venv/bin/python bench/soak.py --members {args.members} --seconds "
                       f"{args.seconds:g} --tokens {args.tokens}"
                       + ("" if args.contrast is None else f" --contrast {args.contrast:g}")
+                      + ("" if args.tenant == "soak" else f" --tenant {args.tenant}")
+                      + ("" if args.memory == MEMORY else f" --memory '{args.memory}'")
                       + "`\n\n```\n" + "\n".join(lines)
                       + "\n```\n")
 
