@@ -119,12 +119,17 @@ def highlight_count(text: str) -> int | None:
     mark = _MARK.search(text)
     if mark is None or not _MARKDOWN.search(text) or negated(text, mark.start()):
         return None
-    m = _AT_LEAST.search(text)
+    return _count_at_least(_AT_LEAST, text)
+
+
+def _count_at_least(pattern: re.Pattern, text: str) -> int | None:
+    """The count ``pattern`` reads in ``text`` (a digit, a number's name, "once",
+    "twice"): 1 where it reads none; None outside 1 to 10."""
+    m = pattern.search(text)
     if m is None:
         return 1
-    said = next(g for g in m.groups() if g)
-    n = {"once": 1, "twice": 2}.get(said.lower()) or (
-        int(said) if said.isdigit() else _NUMBERS[said.lower()])
+    said = next(g for g in m.groups() if g).lower()
+    n = {"once": 1, "twice": 2}.get(said) or (int(said) if said.isdigit() else _NUMBERS[said])
     return n if 1 <= n <= 10 else None
 
 
@@ -143,12 +148,7 @@ def placeholder_count(text: str) -> int | None:
     slot = _SLOT.search(text)
     if slot is None or not _SQUARE.search(text) or negated(text, slot.start()):
         return None
-    m = _SLOTS_AT_LEAST.search(text)
-    if m is None:
-        return 1
-    said = next(g for g in m.groups() if g).lower()
-    n = {"once": 1, "twice": 2}.get(said) or (int(said) if said.isdigit() else _NUMBERS[said])
-    return n if 1 <= n <= 10 else None
+    return _count_at_least(_SLOTS_AT_LEAST, text)
 
 
 _LANGUAGE = re.compile(r"\b(?:" + "|".join(

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.text import only, tail_ended, token_texts
+from injection.engine.decoding.text import masks, only, tail_ended, token_texts
 
 __all__ = ["EARLY", "SLACK", "Bullets", "bullets", "first", "step"]
 
@@ -45,11 +45,11 @@ def bullets(tokenizer: Any, constraints: Any) -> Bullets | None:
     counts = [int(c[8:]) for c in constraints if c.startswith("bullets:")]
     if not counts:
         return None
-    texts = token_texts(tokenizer)
     star, newline = (tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("*", "\n"))
     if len(star) != 1 or len(newline) != 1:
         return None  # a tokenizer without them as single tokens: not kept
-    spaced = torch.tensor([len(t) > 1 and t[0] == " " and t[1].isalnum() for t in texts])
+    spaced = masks(tokenizer, "bullets", lambda texts: torch.tensor(
+        [len(t) > 1 and t[0] == " " and t[1].isalnum() for t in texts]))
     return Bullets(min(counts), star[0], newline[0], spaced)
 
 

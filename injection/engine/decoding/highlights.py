@@ -21,10 +21,10 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.text import only, tail_ended, token_texts
+from injection.engine.decoding.text import masks, only, tail_ended, token_texts
 
-__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "due", "highlights", "mask",
-           "open_spans", "step"]
+__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "closes", "due", "highlights",
+           "mask", "open_spans", "step"]
 
 WORDS = 3  # a span closes before its next word once it has this many
 TOKENS = 8  # ... or before the next word this many tokens on, clause or not
@@ -53,10 +53,10 @@ def highlights(tokenizer: Any, constraints: Any) -> Highlights | None:
     star, spaced = (tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("*", " *"))
     if len(star) != 1 or len(spaced) != 1:
         return None  # a tokenizer without them as single tokens: not kept
-    texts = token_texts(tokenizer)
-    glued = torch.tensor([t[:1].isalnum() for t in texts])
-    return Highlights(max(counts), star[0], spaced[0], glued,
-                      torch.tensor(["*" not in t for t in texts]))
+    glued, starless = masks(tokenizer, "highlights", lambda texts: (
+        torch.tensor([t[:1].isalnum() for t in texts]),
+        torch.tensor(["*" not in t for t in texts])))
+    return Highlights(max(counts), star[0], spaced[0], glued, starless)
 
 
 def open_spans(job: Any) -> tuple[int, bool]:
@@ -98,7 +98,8 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
         if "*" in piece and marks[-1] < n - 1:  # the model closes it
             marks.append(n)
             return token if piece.startswith("*") else said.star
-        if marks[-1] < n - 1 and _closes(job, piece, token in eos, texts):
+        if marks[-1] < n - 1 and closes(job.gen[marks[-1] + 1:], piece, token in eos, texts,
+                                        WORDS, TOKENS):
             marks.append(n)
             return said.star
         return token
@@ -114,14 +115,14 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
     return token
 
 
-def _closes(job: Any, piece: str, stop: bool, texts: list[str]) -> bool:
-    """Whether the open span closes before ``piece``: the reply would end or break a line,
-    a clause ends (punctuation), or a word starts past ``WORDS`` words or ``TOKENS`` tokens."""
+def closes(inside: list[int], piece: str, stop: bool, texts: list[str], words: int,
+           tokens: int) -> bool:
+    """Whether a span holding the tokens ``inside`` closes before ``piece``: the reply would
+    end or break a line, a clause ends (punctuation), or a word starts past ``words`` words
+    (the last no ``BINDING`` word) or ``tokens`` tokens."""
     if stop or "\n" in piece or piece[:1] in ",.;:!?)":
         return True
     if not piece[:1].isspace():
         return False
-    inside = job.gen[job.sampler.highlights[-1] + 1:]
-    words = "".join(texts[t] for t in inside).split()
-    return ((len(words) >= WORDS and words[-1].lower() not in BINDING)
-            or len(inside) >= TOKENS)
+    said = "".join(texts[t] for t in inside).split()
+    return (len(said) >= words and said[-1].lower() not in BINDING) or len(inside) >= tokens

@@ -23,8 +23,8 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.highlights import BINDING
-from injection.engine.decoding.text import only, token_texts
+from injection.engine.decoding.highlights import closes
+from injection.engine.decoding.text import masks, only, token_texts
 
 __all__ = ["OPENING", "ROOM", "SLOTS", "TOKENS", "WORDS", "Placeholders", "due", "mask",
            "open_slots", "placeholders", "step"]
@@ -58,14 +58,19 @@ def placeholders(tokenizer: Any, constraints: Any) -> Placeholders | None:
     marks = [tokenizer(t, add_special_tokens=False)["input_ids"] for t in ("[", " [", "]")]
     if any(len(m) != 1 for m in marks):
         return None  # a tokenizer without them as single tokens: not kept
-    texts = token_texts(tokenizer)
+    opening = [marks[0][0], marks[1][0]]
+    return Placeholders(max(counts), *(m[0] for m in marks),
+                        *masks(tokenizer, "placeholders", lambda texts: _masks(texts, opening)))
+
+
+def _masks(texts: list[str], opening: list[int]) -> tuple[torch.Tensor, ...]:
+    """``Placeholders``' glued, within and outside masks over the tokens' ``texts``."""
     plain = torch.tensor(["[" not in t and "]" not in t for t in texts])
     within = plain | torch.tensor([t[:1] == "]" and "]" not in t[1:] and "[" not in t
                                    for t in texts])
     outside = plain.clone()
-    outside[[marks[0][0], marks[1][0]]] = True
-    glued = torch.tensor([t[:1].isalnum() for t in texts]) & plain
-    return Placeholders(max(counts), *(m[0] for m in marks), glued, within, outside)
+    outside[opening] = True
+    return torch.tensor([t[:1].isalnum() for t in texts]) & plain, within, outside
 
 
 def open_slots(job: Any) -> tuple[int, bool]:
@@ -107,7 +112,8 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
         if piece.startswith("]") and marks[-1] < n - 1:  # the model closes it
             marks.append(n)
             return token
-        if marks[-1] < n - 1 and _closes(job, piece, token in eos, texts):
+        if marks[-1] < n - 1 and closes(job.gen[marks[-1] + 1:], piece, token in eos, texts,
+                                        WORDS, TOKENS):
             marks.append(n)
             return said.close
         return token
@@ -123,16 +129,3 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
         marks.append(n)
         return said.spaced
     return token
-
-
-def _closes(job: Any, piece: str, stop: bool, texts: list[str]) -> bool:
-    """Whether the open placeholder closes before ``piece``: the reply would end or break a
-    line, a clause ends, or a word starts past ``WORDS`` words or ``TOKENS`` tokens."""
-    if stop or "\n" in piece or piece[:1] in ",.;:!?)":
-        return True
-    if not piece[:1].isspace():
-        return False
-    inside = job.gen[job.sampler.placeholders[-1] + 1:]
-    words = "".join(texts[t] for t in inside).split()
-    return ((len(words) >= WORDS and words[-1].lower() not in BINDING)
-            or len(inside) >= TOKENS)

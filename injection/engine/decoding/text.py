@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-__all__ = ["ended", "only", "tail_ended", "token_texts"]
+__all__ = ["ended", "masks", "only", "tail_ended", "token_texts"]
 
 
 def token_texts(tokenizer: Any) -> list[str]:
@@ -19,6 +19,18 @@ def token_texts(tokenizer: Any) -> list[str]:
         texts = tokenizer.batch_decode([[i] for i in range(len(tokenizer))])
         tokenizer._kvinject_token_texts = texts
     return texts
+
+
+def masks(tokenizer: Any, name: str, build: Any) -> Any:
+    """``build(token_texts(tokenizer))``, built once per tokenizer and ``name`` (a
+    constraint's ``[V]`` masks: tens of milliseconds of Python each, on the request's
+    thread); never changed by its callers."""
+    built = getattr(tokenizer, "_kvinject_masks", None)
+    if built is None:
+        built = tokenizer._kvinject_masks = {}
+    if name not in built:
+        built[name] = build(token_texts(tokenizer))
+    return built[name]
 
 
 _END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*\s*$")  # a word's end, then .!? ("1." is a list's)
