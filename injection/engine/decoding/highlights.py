@@ -24,7 +24,7 @@ import torch
 from injection.engine.decoding.text import masks, only, tail_ended, token_texts
 
 __all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "closes", "due", "highlights",
-           "mask", "open_spans", "step"]
+           "mask", "open_spans", "paired", "pending", "step"]
 
 WORDS = 3  # a span closes before its next word once it has this many
 TOKENS = 8  # ... or before the next word this many tokens on, clause or not
@@ -61,14 +61,23 @@ def highlights(tokenizer: Any, constraints: Any) -> Highlights | None:
 
 def open_spans(job: Any) -> tuple[int, bool]:
     """(spans closed, whether one is open) in the row's reply so far."""
-    marks = job.sampler.highlights
+    return paired(job.sampler.highlights)
+
+
+def paired(marks: list[int]) -> tuple[int, bool]:
+    """(spans closed, whether one is open) by where their marks stand (open, close, ..)."""
     return len(marks) // 2, len(marks) % 2 == 1
 
 
 def due(job: Any) -> bool:
     """Whether the row may not end yet: a span is open or fewer than n are closed."""
-    closed, inside = open_spans(job)
-    return inside or closed < job.sampler.forced.highlights.count
+    return pending(job.sampler.highlights, job.sampler.forced.highlights.count)
+
+
+def pending(marks: list[int], count: int) -> bool:
+    """Whether a span is open or fewer than ``count`` are closed, by their ``marks``."""
+    closed, inside = paired(marks)
+    return inside or closed < count
 
 
 def mask(job: Any, scores: torch.Tensor) -> torch.Tensor:

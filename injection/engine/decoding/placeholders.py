@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.highlights import closes
+from injection.engine.decoding.highlights import closes, paired, pending
 from injection.engine.decoding.text import masks, only, token_texts
 
 __all__ = ["OPENING", "ROOM", "SLOTS", "TOKENS", "WORDS", "Placeholders", "due", "mask",
@@ -75,14 +75,12 @@ def _masks(texts: list[str], opening: list[int]) -> tuple[torch.Tensor, ...]:
 
 def open_slots(job: Any) -> tuple[int, bool]:
     """(placeholders closed, whether one is open) in the row's reply so far."""
-    marks = job.sampler.placeholders
-    return len(marks) // 2, len(marks) % 2 == 1
+    return paired(job.sampler.placeholders)
 
 
 def due(job: Any) -> bool:
     """Whether the row may not end yet: a placeholder is open or fewer than n are closed."""
-    closed, inside = open_slots(job)
-    return inside or closed < job.sampler.forced.placeholders.count
+    return pending(job.sampler.placeholders, job.sampler.forced.placeholders.count)
 
 
 def mask(job: Any, scores: torch.Tensor) -> torch.Tensor:
