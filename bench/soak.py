@@ -59,7 +59,7 @@ def members(count: int, slug: str = "soak", memory: str = MEMORY) -> list[str]:
         slug, "Soak probe")
     keys = []
     for i in range(count):
-        name = f"soak-m{i:02d}"
+        name = f"{slug}-m{i:02d}"  # user names are the whole platform's: the tenant's in it
         member = Member.objects.filter(tenant=tenant, user__username=name).first()
         if member is None:
             member = actions.do_add_member(
