@@ -100,3 +100,21 @@ def test_the_engine_highlights_replies_on_the_default_model(real_model_path):
     text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("highlights:2", text), text
     assert violates("highlights:2", smol.tokenizer.decode(plain.token_ids))
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_a_word_limit_closes_an_open_span_before_the_reply_ends(smol_tok):
+    tok = smol_tok
+    eos = eos_ids(tok)
+    job = _row(tok, ("highlights:1", "max_words:5"), eos)
+    for piece in ("Sleep", " well", "\n", "Pack", "Pack", " light"):  # a line's start: a span
+        (t,) = _ids(tok, piece)
+        job.gen.append(forced(job, t, eos, tok))
+    assert tok.decode(job.gen) == "Sleep well\n*Pack light"
+    (now,) = _ids(tok, " now")  # would start the 5th word: the limit
+    assert [tok.decode([forced(job, now, eos, tok)])] == ["*"]  # closed first ...
+    job.gen.append(_ids(tok, "*")[0])
+    assert forced(job, now, eos, tok) in eos  # ... then the reply ends
+    text = tok.decode(job.gen)
+    assert not violates("highlights:1", text) and not violates("max_words:5", text), text

@@ -133,3 +133,23 @@ def test_the_engine_keeps_placeholders_on_the_default_model(real_model_path):
     text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("placeholders:2", text), text
     assert violates("placeholders:2", smol.tokenizer.decode(plain.token_ids))
+
+
+@pytest.mark.slow
+@pytest.mark.real_model
+def test_a_word_limit_closes_an_open_placeholder_before_the_reply_ends(smol_tok):
+    tok = smol_tok
+    eos = eos_ids(tok)
+    job = _row(tok, ("max_words:11", "placeholders:1"), eos)
+    said = ["Then", " ask", " your", " doctor", " and", " your", " nurse", " for", " the"]
+    for piece in [*said, " store", "store"]:  # " store" after "the": opens one, then its word
+        (t,) = _ids(tok, piece)
+        job.gen.append(forced(job, t, eos, tok))
+    assert tok.decode(job.gen).endswith("the [store")
+    (now,) = _ids(tok, " now")  # would start the 11th word: the limit
+    job.gen.append(forced(job, now, eos, tok))
+    assert tok.decode(job.gen[-1:]) == "]"  # closed first ...
+    job.gen.append(forced(job, now, eos, tok))
+    assert job.gen[-1] in eos  # ... then the reply ends
+    text = tok.decode(job.gen[:-1])
+    assert not violates("placeholders:1", text) and not violates("max_words:11", text), text

@@ -23,7 +23,7 @@ import torch
 
 from injection.engine.decoding.text import masks, only, tail_ended, token_texts
 
-__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "closes", "due", "highlights",
+__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "close_open", "closes", "due", "highlights",
            "mask", "open_spans", "paired", "pending", "step"]
 
 WORDS = 3  # a span closes before its next word once it has this many
@@ -62,6 +62,20 @@ def highlights(tokenizer: Any, constraints: Any) -> Highlights | None:
 def open_spans(job: Any) -> tuple[int, bool]:
     """(spans closed, whether one is open) in the row's reply so far."""
     return paired(job.sampler.highlights)
+
+
+def close_open(job: Any) -> int | None:
+    """The ``*`` that closes the row's open span now (its mark set), or None:
+    none open, or one opened by the token now replaced."""
+    said = job.sampler.forced.highlights
+    if said is None or not open_spans(job)[1]:
+        return None
+    marks = job.sampler.highlights
+    if marks[-1] == len(job.gen):  # opened by this very token: it is not written
+        marks.pop()
+        return None
+    marks.append(len(job.gen))
+    return said.star
 
 
 def paired(marks: list[int]) -> tuple[int, bool]:

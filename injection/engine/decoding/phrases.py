@@ -21,6 +21,7 @@ import torch
 from injection.engine.decoding.bullets import Bullets, bullets
 from injection.engine.decoding.bullets import step as bullet_step
 from injection.engine.decoding.highlights import Highlights, highlights
+from injection.engine.decoding.highlights import close_open as close_span
 from injection.engine.decoding.highlights import due as spans_due
 from injection.engine.decoding.highlights import step as highlight_step
 from injection.engine.decoding.keywords import (
@@ -34,6 +35,7 @@ from injection.engine.decoding.keywords import (
     start,
 )
 from injection.engine.decoding.placeholders import Placeholders, placeholders
+from injection.engine.decoding.placeholders import close_open as close_slot
 from injection.engine.decoding.placeholders import due as slots_due
 from injection.engine.decoding.placeholders import step as placeholder_step
 from injection.engine.decoding.text import ended, tail_ended, token_texts
@@ -146,6 +148,8 @@ def forced(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
         return ps
     if job.sampler.ending is None and (_word_limit(job, token, tokenizer)
                                        or _sentence_limit(job, token, tokenizer)):
+        if (close := close_span(job)) is not None or (close := close_slot(job)) is not None:
+            return close  # an open span or placeholder closes first (the limit holds)
         if not said.end:
             return next(iter(eos))
         job.sampler.ending = n

@@ -26,7 +26,7 @@ import torch
 from injection.engine.decoding.highlights import closes, paired, pending
 from injection.engine.decoding.text import masks, only, token_texts
 
-__all__ = ["OPENING", "ROOM", "SLOTS", "TOKENS", "WORDS", "Placeholders", "due", "mask",
+__all__ = ["OPENING", "ROOM", "SLOTS", "TOKENS", "WORDS", "Placeholders", "close_open", "due", "mask",
            "open_slots", "placeholders", "step"]
 
 WORDS = 2  # a placeholder closes before its next word once it has this many
@@ -76,6 +76,20 @@ def _masks(texts: list[str], opening: list[int]) -> tuple[torch.Tensor, ...]:
 def open_slots(job: Any) -> tuple[int, bool]:
     """(placeholders closed, whether one is open) in the row's reply so far."""
     return paired(job.sampler.placeholders)
+
+
+def close_open(job: Any) -> int | None:
+    """The ``]`` that closes the row's open placeholder now (its mark set), or None:
+    none open, or one opened by the token now replaced."""
+    said = job.sampler.forced.placeholders
+    if said is None or not open_slots(job)[1]:
+        return None
+    marks = job.sampler.placeholders
+    if marks[-1] == len(job.gen):  # opened by this very token: it is not written
+        marks.pop()
+        return None
+    marks.append(len(job.gen))
+    return said.close
 
 
 def due(job: Any) -> bool:
