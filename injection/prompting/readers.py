@@ -158,12 +158,14 @@ _LANGUAGE = re.compile(r"\b(?:" + "|".join(
     "Lithuanian Arabic Hebrew Persian Farsi Hindi Urdu Bengali Punjabi Tamil Telugu Marathi "
     "Gujarati Chinese Mandarin Cantonese Japanese Korean Vietnamese Thai Indonesian Malay "
     "Tagalog Filipino Swahili Afrikaans Zulu Esperanto Latin".split()) + r")\b")
+_IN_LANGUAGE = re.compile(r"\b(?:in|into)\s+" + _LANGUAGE.pattern, re.I)  # "answer in french"
 
 
 def names_language(text: str) -> bool:
-    """Whether ``text`` names a language (capitalised: "Always answer in French.", "I only
-    read Portuguese"), where a standing instruction asks for replies in it."""
-    return _LANGUAGE.search(text) is not None
+    """Whether ``text`` names a language ("Always answer in French.", "I only read
+    Portuguese"; lower-case after "in": "reply in german"), where a standing instruction
+    asks for replies in it."""
+    return _LANGUAGE.search(text) is not None or _IN_LANGUAGE.search(text) is not None
 
 
 _COUNT = r"(\d+|" + "|".join(_NUMBERS) + r"|a\s+single|single)"

@@ -391,5 +391,7 @@ def test_by_default_only_memories_of_a_measured_kind_are_guided():
     for memory in ("I like short answers.", "Be polite in every answer.", "I live in Paris."):
         assert resolve(smol, None, [memory]) == 0.0
     assert resolve(smol, None, ["I like short answers.", "Reply in German."]) == on
+    assert resolve(smol, None, ["always reply in german please"]) == on  # as people type
+    assert resolve(smol, None, ["Give polish to every answer."]) == 0.0  # no language
     assert resolve(smol, 1.5, ["I like short answers."]) == 1.5  # asked for: any memory
     assert resolve(SimpleNamespace(_model_key="other"), None, ["Reply in German."]) == 0.0
