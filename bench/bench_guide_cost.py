@@ -15,15 +15,15 @@ constraints keep ("Always answer in lowercase letters only.": not guided by defa
 they do not ("Always answer in French.": guided), a preference/fact ("I am vegetarian
 and I cook for two."), a required word the decoder keeps ("Work the word 'harbour' into
 every answer.") and placeholders it keeps ("Put at least two placeholders in square
-brackets, like [date], in every reply."), 8 of each, and French members asked after 8 unrelated exchanges (sent
-through ``/v1`` with that history: a reminded turn, which runs no guide row but is
+brackets, like [date], in every reply."), 8 of each, and French members asked after 8
+unrelated exchanges (sent through ``/v1`` with that history: a reminded turn, which runs no guide row but is
 anchored: ``guidance/anchor.py``), and a mixed tenant: the four first-turn memories,
 two members each, in one burst (what defaults cost where a quarter of the members is
 guided). Conditions: ``defaults`` (nothing sent: the platform
 decides), ``contrast 0`` (guidance off, the baseline) and, for the lowercase instruction,
 ``constraints off`` (its constraint off, so it is guided again: what keeping it by the
-decoder saves) and, for the required word and placeholders, ``neither`` (no constraint, no guide: what
-keeping it costs by itself). Each member's memory is warmed by one earlier request. All replies greedy
+decoder saves) and, for the required word and placeholders, ``neither`` (no constraint, no
+guide: what keeping it costs by itself). Each member's memory is warmed by one earlier request. All replies greedy
 (temperature 0), ``TOKENS`` new tokens, each request the first turn of a new conversation.
 Per rep the kind x condition cells run interleaved (their order rotates and reverses;
 the streams in rounds over the cells, then the bursts), so load from elsewhere hits every
@@ -362,7 +362,8 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
         if "neither" in KIND_CONDITIONS[kind]:
             c = fig[(kind, "neither")]
             lines.append(_versus(kind, "neither constraints nor guidance (what the decoder keeping "
-                                 "it costs)", d, c) + f"; {KIND_KEPT[kind][0]} in {d['held']}/{d['of']} "
+                                 "it costs)", d, c)
+                         + f"; {KIND_KEPT[kind][0]} in {d['held']}/{d['of']} "
                          f"`/api/chat` replies vs {c['held']}/{c['of']} (guided, constraints off: "
                          f"{fig[(kind, 'constraints off')]['held']}/{c['of']}).")
     guided = [k for k in KINDS if fig[(k, "defaults")]["contrast"] > 0

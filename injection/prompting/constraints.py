@@ -150,9 +150,9 @@ def kept(memory: str, found: Sequence[str]) -> bool:
     outside quoted phrases) asks for a constraint, and only for ``found`` ones (what
     ``detect`` kept for the turn). One sentence asking for one kept and one other thing
     ("Answer in lowercase, in French.") counts as kept: the reader cannot tell the rest."""
-    masked = _ABBREVIATION.sub(lambda m: "_" * len(m.group()),  # nor do "P.S." and "e.g."
-                               _PS.sub(lambda m: "_" * len(m.group()),
-                                       QUOTED.sub(lambda m: "_" * len(m.group()), memory)))
+    masked = memory
+    for pattern in (QUOTED, _PS, _ABBREVIATION):  # nor do "P.S." and "e.g."
+        masked = pattern.sub(lambda m: "_" * len(m.group()), masked)
     cuts = [0, *(i for m in _SENTENCE.finditer(masked) for i in m.span()), len(memory)]
     parts = [memory[a:b] for a, b in zip(cuts[::2], cuts[1::2], strict=True)]
     asked, kept_now = [_of(p) for p in parts if standing(p)], set(found)
@@ -270,6 +270,5 @@ def tokenwise(constraint: str) -> bool:
     """Whether ``constraint`` is kept token by token (a token map: ``engine/decoding/bans.py``)."""
     return (constraint not in (*TRANSFORMS, "repeat", "title")
             and not constraint.startswith(("choice:", "max_words:", "max_sentences:", "bullets:",
-                                             "highlights:", "word:",
-                                             "placeholders:"))
+                                             "highlights:", "word:", "placeholders:"))
             and phrase(constraint) is None)

@@ -7,8 +7,8 @@ from __future__ import annotations
 import re
 
 __all__ = ["NEG", "QUOTED", "bullet_count", "capped", "choice", "forbids", "highlight_count",
-           "keywords", "names_language", "negated", "placeholder_count", "sentence_count", "sentence_limit",
-           "word_count", "word_limit"]
+           "keywords", "names_language", "negated", "placeholder_count", "sentence_count",
+           "sentence_limit", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)

@@ -23,8 +23,8 @@ import torch
 
 from injection.engine.decoding.text import masks, only, tail_ended, token_texts
 
-__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "close_open", "closes", "due", "highlights",
-           "mask", "open_spans", "paired", "pending", "step"]
+__all__ = ["BINDING", "ROOM", "TOKENS", "WORDS", "Highlights", "close_marks", "close_open",
+           "closes", "due", "highlights", "mask", "open_spans", "paired", "pending", "step"]
 
 WORDS = 3  # a span closes before its next word once it has this many
 TOKENS = 8  # ... or before the next word this many tokens on, clause or not
@@ -65,17 +65,22 @@ def open_spans(job: Any) -> tuple[int, bool]:
 
 
 def close_open(job: Any) -> int | None:
-    """The ``*`` that closes the row's open span now (its mark set), or None:
-    none open, or one opened by the token now replaced."""
+    """The ``*`` that closes the row's open span now (``close_marks``), or None."""
     said = job.sampler.forced.highlights
-    if said is None or not open_spans(job)[1]:
+    return None if said is None else close_marks(job.sampler.highlights, len(job.gen), said.star)
+
+
+def close_marks(marks: list[int], n: int, close: int) -> int | None:
+    """``close``, the token that closes the span open in ``marks`` at reply position ``n``
+    (its mark set), or None: none open, or one opened by the token now replaced at ``n``
+    (its mark dropped: it is not written)."""
+    if not paired(marks)[1]:
         return None
-    marks = job.sampler.highlights
-    if marks[-1] == len(job.gen):  # opened by this very token: it is not written
+    if marks[-1] == n:
         marks.pop()
         return None
-    marks.append(len(job.gen))
-    return said.star
+    marks.append(n)
+    return close
 
 
 def paired(marks: list[int]) -> tuple[int, bool]:

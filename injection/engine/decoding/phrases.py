@@ -45,6 +45,7 @@ from injection.prompting.verdicts import phrase, violates
 __all__ = ["OWN", "PS_NOTE", "TITLE_TOKENS", "Phrases", "choices", "forced", "holds",
            "phrases"]
 
+
 def holds(job: Any) -> bool:
     """Whether the row may not end yet: an opening phrase ("repeat my question"), a title
     or a postscript's marker was forced and the model has not yet written ``OWN`` tokens
@@ -218,15 +219,14 @@ def _points(job: Any, token: int, eos: Any, tokenizer: Any) -> int:
     (``bullets.step``, ``highlights.step``, ``placeholders.step``), once its title is closed
     and until its closing phrase or postscript starts."""
     said, sampler = job.sampler.forced, job.sampler
-    if ((said.bullets is None and said.highlights is None and said.placeholders is None)
-            or sampler.ending is not None
+    keep = next((f for f, on in ((bullet_step, said.bullets), (highlight_step, said.highlights),
+                                 (placeholder_step, said.placeholders)) if on is not None), None)
+    if (keep is None or sampler.ending is not None
             or (sampler.postscript is not None and sampler.postscript >= 0)
             or (said.title is not None and sampler.titled is None)):
         return token
     words = (sum(w.count for w in said.required) - len(sampler.keywords)) * ROOM
     opened = len(said.start) if sampler.titled is None else sampler.titled
-    keep = (bullet_step if said.bullets is not None
-            else highlight_step if said.highlights is not None else placeholder_step)
     return keep(job, token, eos, tokenizer, opened, _reserve(job) + max(0, words))
 
 

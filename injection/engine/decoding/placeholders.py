@@ -7,14 +7,14 @@ The model writes as it would, and opens a placeholder itself where it likes (``[
 starts after a determiner or possessive (``SLOTS``: "ask your *[doctor]*", "at the
 *[bakery]*") becomes one: a forced `` [`` in its place, then the model's words glued to it
 (a first token with no space before it, no bracket, not an earlier placeholder's first
-token: greedy, SmolLM2 wrote "[melanometer] of the [melanometer]"), then a ``]`` where its first clause
-ends (the model's punctuation or line break comes after it), where it has ``WORDS`` words
-and the last is no function word (``highlights.BINDING``), or ``TOKENS`` tokens on at a
-word's start; the model's own ``]`` closes it first. Not in the reply's first ``OPENING``
-tokens (its answer first: a placeholder there drew SmolLM2 into reciting the memory, as a
-highlight did). Where only the placeholders still to come fit (``ROOM`` tokens each), one
-opens at the next word instead; the end of turn waits until the n-th is closed
-(``phrases.holds``). IFEval counts ``\\[.*?\\]`` spans (``verdicts.violates``).
+token: greedy, SmolLM2 wrote "[melanometer] of the [melanometer]"), then a ``]`` where its
+first clause ends (the model's punctuation or line break comes after it), where it has
+``WORDS`` words and the last is no function word (``highlights.BINDING``), or ``TOKENS``
+tokens on at a word's start; the model's own ``]`` closes it first. Not in the reply's
+first ``OPENING`` tokens (its answer first: a placeholder there drew SmolLM2 into reciting
+the memory, as a highlight did). Where only the placeholders still to come fit (``ROOM``
+tokens each), one opens at the next word instead; the end of turn waits until the n-th is
+closed (``phrases.holds``). IFEval counts ``\\[.*?\\]`` spans (``verdicts.violates``).
 """
 
 from __future__ import annotations
@@ -23,11 +23,11 @@ from typing import Any, NamedTuple
 
 import torch
 
-from injection.engine.decoding.highlights import closes, paired, pending
+from injection.engine.decoding.highlights import close_marks, closes, paired, pending
 from injection.engine.decoding.text import masks, only, token_texts
 
-__all__ = ["OPENING", "ROOM", "SLOTS", "TOKENS", "WORDS", "Placeholders", "close_open", "due", "mask",
-           "open_slots", "placeholders", "step"]
+__all__ = ["OPENING", "ROOM", "SLOTS", "TOKENS", "WORDS", "Placeholders", "close_open", "due",
+           "mask", "open_slots", "placeholders", "step"]
 
 WORDS = 2  # a placeholder closes before its next word once it has this many
 TOKENS = 6  # ... or before the next word this many tokens on, clause or not
@@ -79,17 +79,10 @@ def open_slots(job: Any) -> tuple[int, bool]:
 
 
 def close_open(job: Any) -> int | None:
-    """The ``]`` that closes the row's open placeholder now (its mark set), or None:
-    none open, or one opened by the token now replaced."""
+    """The ``]`` that closes the row's open placeholder now (``highlights.close_marks``)."""
     said = job.sampler.forced.placeholders
-    if said is None or not open_slots(job)[1]:
-        return None
-    marks = job.sampler.placeholders
-    if marks[-1] == len(job.gen):  # opened by this very token: it is not written
-        marks.pop()
-        return None
-    marks.append(len(job.gen))
-    return said.close
+    return None if said is None else close_marks(job.sampler.placeholders, len(job.gen),
+                                                 said.close)
 
 
 def due(job: Any) -> bool:
@@ -132,7 +125,7 @@ def step(job: Any, token: int, eos: Any, tokenizer: Any, opened: int, reserve: i
     if token in (said.bracket, said.spaced):  # the model opens one
         marks.append(n)
         return token
-    if done >= said.count or token in eos or not piece[:1] == " " or not piece[1:2].isalnum():
+    if done >= said.count or token in eos or piece[:1] != " " or not piece[1:2].isalnum():
         return token
     left = job.max_new_tokens - reserve - n
     squeezed = left <= (said.count - done) * ROOM

@@ -4,7 +4,7 @@ text (built once per tokenizer) and where a sentence ends."""
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -21,7 +21,7 @@ def token_texts(tokenizer: Any) -> list[str]:
     return texts
 
 
-def masks(tokenizer: Any, name: str, build: Any) -> Any:
+def masks(tokenizer: Any, name: str, build: Callable[[list[str]], Any]) -> Any:
     """``build(token_texts(tokenizer))``, built once per tokenizer and ``name`` (a
     constraint's ``[V]`` masks: tens of milliseconds of Python each, on the request's
     thread); never changed by its callers."""
