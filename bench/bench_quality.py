@@ -82,12 +82,16 @@ CONDS: dict[str, dict] = {
     "- constraints": {"constrain": False},
     # a deep turn's first token as its last message alone would pick it (``anchor.py``)
     "- anchor": {"anchor": False, "anchor_many": False},
+    # the guide leaving after k decoding steps, its mean contrast kept as a lean (``lean.py``;
+    # the platform's: 4), or guiding the whole reply (0: ``LEAN_AFTER = None``)
+    **{f"lean {k}": {"lean": k} for k in (1, 2, 8, 16)},
+    "whole guide": {"lean": 0},
     # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
     "alpha 1.5": {"alpha": 1.5},
     "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
-SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many")
+SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -186,10 +190,11 @@ def _phase(job: tuple) -> tuple:
 def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     """The phase's switches set on the modules and the executor's memory planner;
     ``defaults`` (``_defaults``) where the phase does not set them."""
-    from injection.engine.guidance import plan
+    from injection.engine.guidance import lean, plan
     from injection.prompting import reminder
 
-    sw, (top, options, anchors) = dict(phase), defaults
+    sw, (top, options, anchors, leans) = dict(phase), defaults
+    lean.LEAN_AFTER = sw.get("lean", leans) or None
     plan.ONE_ANCHORED_DEEP = sw.get("anchor", anchors[0])
     plan.MANY_ANCHORED = sw.get("anchor_many", anchors[1])
     reminder.RELEVANT_TOP = sw.get("recall_top", top)
@@ -199,11 +204,11 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
 
 
 def _defaults(ex) -> tuple:
-    from injection.engine.guidance import plan
+    from injection.engine.guidance import lean, plan
     from injection.prompting import reminder
 
-    return reminder.RELEVANT_TOP, ex.memories.options, (plan.ONE_ANCHORED_DEEP,
-                                                        plan.MANY_ANCHORED)
+    return (reminder.RELEVANT_TOP, ex.memories.options,
+            (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED), lean.LEAN_AFTER)
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
@@ -227,7 +232,7 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
     derived = _derive(late, done)
     _run(ex, budget, [j for j in late if _key(j) not in derived], workers, partial, done)
     if late:
-        print(f"  {len(derived)} of {len(late)} '- guidance'/'- anchor' replies are the platform's "
+        print(f"  {len(derived)} of {len(late)} '- guidance', '- anchor', 'lean' replies: the platform's "
               "(no guide ran for them)", flush=True)
     if partial:
         Path(partial).write_text(json.dumps(done))
@@ -235,12 +240,13 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
 
 
 def _derivable(job: tuple, jobs: list[tuple]) -> bool:
-    """A ``- guidance`` (or ``- anchor``) job whose ``platform`` twin is in the run: where the
-    platform runs no guide and no anchor (its guide forward tokens are 0: guidance is not
-    applied to that member), the reply without them is the platform's, token for token
-    (greedy; tests/injection test the switches), so it is copied instead of generated again
-    (``_derive``)."""
-    return job[3] in ("- guidance", "- anchor") and (*job[:3], "platform") in jobs
+    """A ``- guidance``, ``- anchor`` or ``lean k`` job whose ``platform`` twin is in the run:
+    where the platform runs no guide and no anchor (its guide forward tokens are 0: guidance
+    is not applied to that member), the reply without them (or with a guide leaving early)
+    is the platform's, token for token (greedy; tests/injection test the switches), so it is
+    copied instead of generated again (``_derive``)."""
+    return ((job[3] in ("- guidance", "- anchor", "whole guide") or job[3].startswith("lean "))
+            and (*job[:3], "platform") in jobs)
 
 
 def _derive(late: list[tuple], done: dict) -> set[str]:

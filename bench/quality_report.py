@@ -16,7 +16,8 @@ FAMILIES = ("standing", "preference", "fact")
 # the paired comparisons reported: (row, against it); "platform" over its variants is what
 # the variant's missing mechanism adds
 VERSUS = ("system message", "no memory", "- guidance", "+ guidance", "- reminder", "- both",
-          "guidance only", "- recall pick", "- constraints", "- anchor")
+          "guidance only", "- recall pick", "- constraints", "- anchor", "whole guide",
+          "lean 1", "lean 2", "lean 8", "lean 16")
 
 
 def _cell_rows(scored, split, d, n):

@@ -44,6 +44,10 @@ class RowJob:
     guide_strength: float = 0.0
     is_guide: bool = False
     guide_prefilled: int = 0  # tokens the guide row has prefilled (``contrast.prefill*``)
+    # a guide that left early (``guidance/lean.py``): its ``[V]`` lean, steps seen, steps fed
+    lean: Any = None
+    lean_steps: int = 0
+    guide_fed: int | None = None
     first_scores: Any = None  # ``[V]`` first-token scores of its anchor (``guidance/anchor.py``)
     # decoding constraints (``engine/decoding/bans.py``, built by ``bans.prepare`` when submitted)
     token_map: Any = None

@@ -26,6 +26,7 @@ from injection.devices import to_host
 from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
+from injection.engine.guidance import lean
 from injection.engine.guidance.contrast import with_guides
 from injection.errors import InjectionError, ModelOOMError
 from injection.kvcache.packed import PackedKV
@@ -83,9 +84,10 @@ class EngineFaults:
 
     # -- rows ---------------------------------------------------------------------------
     def _drop(self, leaving: list[RowJob]) -> None:
+        # a guide leaves with its row, or once its row leans (``guidance/lean.py``)
+        leaving = with_guides(leaving) + lean.leaving(self._rows)
         if not leaving:
             return
-        leaving = with_guides(leaving)  # a guide leaves with its row
         keep = [i for i, r in enumerate(self._rows) if r not in leaving]
         self._batch.keep(keep)
         self._rows = [self._rows[i] for i in keep]

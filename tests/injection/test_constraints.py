@@ -16,10 +16,11 @@ from injection import build_executor
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
 from injection.engine.decoding.bans import TokenMap, fold, token_map
-from injection.engine.guidance.contrast import Guide, combine
+from injection.engine.guidance.contrast import Guide
 from injection.metrics import Metrics
 from injection.prompting.constraints import detect, kept, transform, violates
 from tests.injection.test_batch import _in_threads
+from tests.injection.test_contrast import reference as guided_reference
 from tests.injection.test_planner import ASK, TextOnly, planner
 
 READ = [
@@ -159,21 +160,24 @@ def test_fold_moves_each_tokens_share_to_where_it_maps():
 def reference(adapter, ids: list[int], to, n: int, guide_ids: list[int] | None = None,
               strength: float = 1.0) -> list[int]:
     """Greedy, one token at a time: the row's logits folded (then contrasted with the
-    guide's, which is fed the same tokens)."""
+    guide's, which is fed the same tokens: ``test_contrast.reference``)."""
+    def row(x):
+        return fold(x, to) if to is not None else x
+
+    if guide_ids:
+        return guided_reference(adapter, ids, guide_ids, n, strength, row=row)
     model, eos, out, dev = adapter.model, adapter._eos_ids(), [], adapter.device
-    seqs = [ids] + ([guide_ids] if guide_ids else [])
     with torch.inference_mode():
-        caches = [DynamicCache(config=adapter._cache_config) for _ in seqs]
-        logits = [model(input_ids=torch.tensor([s], device=dev), past_key_values=c,
-                        use_cache=True).logits[0, -1] for s, c in zip(seqs, caches, strict=True)]
+        cache = DynamicCache(config=adapter._cache_config)
+        logits = model(input_ids=torch.tensor([ids], device=dev), past_key_values=cache,
+                       use_cache=True).logits[0, -1]
         for _ in range(n):
-            row = fold(logits[0], to) if to is not None else logits[0]
-            token = int((combine(row, logits[1], strength) if guide_ids else row).argmax())
+            token = int(row(logits).argmax())
             out.append(token)
             if token in eos:
                 break
-            logits = [model(input_ids=torch.tensor([[token]], device=dev), past_key_values=c,
-                            use_cache=True).logits[0, -1] for c in caches]
+            logits = model(input_ids=torch.tensor([[token]], device=dev), past_key_values=cache,
+                           use_cache=True).logits[0, -1]
     return out
 
 

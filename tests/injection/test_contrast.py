@@ -17,6 +17,7 @@ from transformers import DynamicCache
 from injection import InjectionExecutor, TenantLRU
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
+from injection.engine.guidance import lean
 from injection.engine.guidance.contrast import (
     MEASURED_DEFAULTS,
     PLAUSIBLE,
@@ -46,19 +47,42 @@ def client_text(adapter, ids: list[int]) -> str:
     return text.strip()
 
 
-def reference(adapter, with_ids, without_ids, n: int, strength: float) -> list[int]:
-    """The formula, one token at a time: both sequences fed the chosen token."""
+_DEFAULT = object()
+
+
+def reference(adapter, with_ids, without_ids, n: int, strength: float,
+              lean_after: int | None | object = _DEFAULT, row=lambda x: x) -> list[int]:
+    """The formula, one token at a time: both sequences fed the chosen token (``row``: what
+    the engine does to the row's logits first, e.g. a constraint's fold). With ``lean_after``
+    k (default: the engine's ``lean.LEAN_AFTER``; None: never), the guide stops after k
+    decoding steps and the row goes on with ``s`` times the mean of those steps'
+    log-probability differences (``lean.py``)."""
+    k = lean.LEAN_AFTER if lean_after is _DEFAULT else lean_after
     model, eos, out, dev = adapter.model, adapter._eos_ids(), [], adapter.device
+    total, steps = 0.0, 0
     with torch.inference_mode():
         caches = [DynamicCache(config=adapter._cache_config) for _ in range(2)]
         logits = [model(input_ids=torch.tensor([ids], device=dev), past_key_values=c,
                         use_cache=True).logits[0, -1] for ids, c in zip(
                             (with_ids, without_ids), caches, strict=True)]
-        for _ in range(n):
-            token = int(combine(logits[0], logits[1], strength).argmax())
+        for i in range(n):
+            mine = row(logits[0])
+            if len(logits) == 2:
+                token = int(combine(mine, logits[1], strength).argmax())
+                if i > 0:  # a decoding step (the first token is the prefill's)
+                    diff = (torch.log_softmax(mine.float(), -1)
+                            - torch.log_softmax(logits[1].float(), -1))
+                    total, steps = total + diff.nan_to_num(0.0, 0.0, 0.0), steps + 1
+            else:
+                lp = torch.log_softmax(mine.float(), -1)
+                scores = lp + total * (strength / steps)
+                scores[lp < lp.max() + torch.log(torch.tensor(PLAUSIBLE))] = float("-inf")
+                token = int(scores.argmax())
             out.append(token)
             if token in eos:
                 break
+            if k is not None and steps >= k:
+                caches, logits = caches[:1], logits[:1]  # the guide leaves
             logits = [model(input_ids=torch.tensor([[token]], device=dev),
                             past_key_values=c,
                             use_cache=True).logits[0, -1] for c in caches]
@@ -119,7 +143,8 @@ def test_off_is_todays_output(adapter):
 def test_the_guide_rows_tokens_come_back_with_the_reply(adapter, chunk):
     """The guide's prefill is the ids it ran after its cached prefix (in the row's forward,
     or after the row's last chunk); its decode, the row's tokens it was fed (all but the
-    last: no step follows it). The reply's own counts are unchanged."""
+    last, no step follows it, and none once it has left: ``lean.LEAN_AFTER``). The reply's
+    own counts are unchanged."""
     with_ids, without_ids = _ids(adapter, MEMORY), _ids(adapter, "")
     head = adapter.compute_kv_ids(without_ids[:6])  # a cached prefix: not prefilled
     eng = BatchEngine(adapter, max_batch=4, prefill_chunk=chunk)
@@ -132,7 +157,8 @@ def test_the_guide_rows_tokens_come_back_with_the_reply(adapter, chunk):
     for out, prefilled in ((whole, len(without_ids)), (after, len(without_ids) - 6)):
         assert len(out.token_ids) > 1 and out.prompt_token_ids == with_ids
         assert (out.guide_prefill_tokens, out.guide_decode_tokens) == (
-            prefilled, len(out.token_ids) - 1)
+            prefilled, min(len(out.token_ids) - 1, lean.LEAN_AFTER))
+        assert len(out.token_ids) - 1 > lean.LEAN_AFTER  # it left before the reply ended
 
 
 def test_a_guided_row_beside_other_rows(adapter):
@@ -288,9 +314,9 @@ def test_the_executor_guides_against_the_conversation_without_the_memory(adapter
     assert client_text(adapter, want) == res.text.strip()
     assert none.contrast_effective == 0.0  # nothing personal: no guide
     # the guide row's work, beside the reply's: its prefill (at most its whole input, less
-    # a cached head) and one decoding step per reply token but the last
+    # a cached head) and one decoding step per reply token but the last, until it leaves
     assert 0 < res.guide_prefill_tokens <= len(_ids(adapter, ""))
-    assert res.guide_decode_tokens == res.completion_tokens - 1
+    assert res.guide_decode_tokens == min(res.completion_tokens - 1, lean.LEAN_AFTER)
     assert (again.guide_prefill_tokens, again.guide_decode_tokens) == (
         res.guide_prefill_tokens, res.guide_decode_tokens)
     assert (none.guide_prefill_tokens, none.guide_decode_tokens) == (0, 0)

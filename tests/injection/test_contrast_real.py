@@ -9,6 +9,7 @@ import pytest
 
 from injection import build_executor, load_adapter
 from injection.base import ExecutionRequest
+from injection.engine.guidance import lean
 from injection.engine.guidance.contrast import resolve
 from injection.metrics import Metrics
 from injection.prompting.reminder import standing
@@ -89,3 +90,31 @@ def test_an_instruction_the_decoder_keeps_is_not_guided_unless_its_constraints_a
         assert off.text == run(constrain=False, contrast=strength).text
     finally:
         ex.close()
+
+
+def test_the_guide_leaves_after_its_first_steps_and_off_it_guides_the_whole_reply(
+        smollm, monkeypatch):
+    """A guided first turn's guide decodes ``lean.LEAN_AFTER`` steps, then the row leans
+    (the reference's reply); with ``LEAN_AFTER = None`` the whole reply is guided, token for
+    token the whole-reply formula."""
+    memory, msgs = "Always answer in French.", [{"role": "user", "content": "What is rain?"}]
+    ids = [smollm.renderer.encode(smollm.plain_prompt(c, msgs), first=True)
+           for c in (memory, "")]
+    default = lean.LEAN_AFTER
+    ex = build_executor(smollm, batch_max=4, metrics=Metrics())
+    try:
+        def run():
+            return ex.execute(ExecutionRequest("t", "u", msgs, memory, max_new_tokens=32))
+
+        leaned = run()
+        monkeypatch.setattr(lean, "LEAN_AFTER", None)
+        whole = run()
+    finally:
+        ex.close()
+    strength = resolve(smollm, None, [memory])
+    for res, k in ((leaned, default), (whole, None)):
+        want = reference(smollm, ids[0], ids[1], 32, strength, k)
+        assert res.text.strip() == smollm.tokenizer.decode(
+            want, skip_special_tokens=True).strip()
+    assert leaned.guide_decode_tokens == default < whole.guide_decode_tokens
+    assert whole.guide_decode_tokens == whole.completion_tokens - 1

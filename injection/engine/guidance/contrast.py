@@ -32,6 +32,7 @@ import torch
 
 from injection.engine import steps
 from injection.engine.batchrow import RowJob
+from injection.engine.guidance import lean
 from injection.kvcache.packed import PackedKV
 from injection.model.fingerprint import model_key
 from injection.prompting.constraints import detect, kept
@@ -45,12 +46,12 @@ __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
 _LOG_PLAUSIBLE = float(torch.log(torch.tensor(PLAUSIBLE)))  # its log, as float32 computes it
 MAX_CONTRAST = 4.0  # requests and tenants are validated against it
-# A guide guides the whole reply. Cheaper guides were measured and removed (bench_quality,
+# A guide guides the first ``lean.LEAN_AFTER`` decoding steps, then leaves its mean contrast
+# behind (``lean.py``). Other cheaper guides were measured and removed (bench_quality,
 # standing instructions, depth 0; docs/benchmarks/quality.md): the guide leaving once it had
-# changed no pick for 8 or 16 steps in a row kept guidance's 4 tuning wins at 19.3 and 33.6
-# guide forward tokens per reply against 48.2, but lost 3 of its 6 on validation (word
-# limits and a keyword, won late in the reply); guiding only the first 1, 4 or 8 tokens
-# lost 4-6 of the 35 tuning languages the whole-reply guide keeps.
+# changed no pick for 8 or 16 steps in a row lost 3 of its 6 validation wins (word limits
+# and a keyword, won late in the reply); guiding only the first 1, 4 or 8 tokens and nothing
+# after lost 4-6 of the 35 tuning languages the whole-reply guide keeps.
 # Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
 # depth"): ``fingerprint.model_key`` -> strength. A model not listed (the random demo model
 # included) is off.
@@ -138,23 +139,31 @@ def combine(main: torch.Tensor, guide: torch.Tensor, strength: float | Sequence[
 def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], torch.Tensor]:
     """The rows that choose a token (guides removed) and their logits, each guided row's
     combined with its guide's when the guide is in the same step: all such pairs in one
-    ``combine`` (half the time of one call per pair at 8 pairs of SmolLM2's vocabulary)."""
-    if not any(r.guide is not None or r.is_guide for r in rows):
+    ``combine`` (half the time of one call per pair at 8 pairs of SmolLM2's vocabulary);
+    a row whose guide has left chooses with its lean (``lean.py``)."""
+    if not any(r.guide is not None or r.is_guide or r.lean is not None for r in rows):
         return rows, logits
     index = {id(r): i for i, r in enumerate(rows)}
     keep = [i for i, r in enumerate(rows) if not r.is_guide]
     pairs = [(j, i, index[id(rows[i].guide)]) for j, i in enumerate(keep)
              if rows[i].guide is not None and id(rows[i].guide) in index]
-    if not pairs:
+    leaned = [(j, i) for j, i in enumerate(keep) if lean.leaned(rows[i])]
+    if not pairs and not leaned:
         return [rows[i] for i in keep], logits[keep].float()
-    at, mains, guides = (list(x) for x in zip(*pairs, strict=True))
-    strengths = [rows[i].guide_strength for i in mains]
-    combined = combine(logits[mains], logits[guides],
-                       strengths[0] if len(set(strengths)) == 1 else strengths)
-    if len(at) == len(keep):  # every choosing row guided (at == 0, 1, ...)
-        return [rows[i] for i in keep], combined
     out = logits[keep].float()
-    out[at] = combined
+    if pairs:
+        at, mains, guides = (list(x) for x in zip(*pairs, strict=True))
+        strengths = [rows[i].guide_strength for i in mains]
+        combined = combine(logits[mains], logits[guides],
+                           strengths[0] if len(set(strengths)) == 1 else strengths)
+        lean.observe([rows[i] for i in mains], logits[mains], logits[guides])
+        if len(at) == len(keep):  # every choosing row guided (at == 0, 1, ...)
+            return [rows[i] for i in keep], combined
+        out[at] = combined
+    if leaned:
+        at, mains = (list(x) for x in zip(*leaned, strict=True))
+        out[at] = lean.scores(logits[mains], torch.stack([rows[i].lean for i in mains]),
+                              _LOG_PLAUSIBLE)
     return [rows[i] for i in keep], out
 
 
