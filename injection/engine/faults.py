@@ -88,8 +88,9 @@ class EngineFaults:
         leaving = with_guides(leaving) + lean.leaving(self._rows)
         if not leaving:
             return
-        keep = [i for i, r in enumerate(self._rows) if r not in leaving]
-        self._batch.keep(keep)
+        keep = BatchCache.filled(len(self._rows), {i for i, r in enumerate(self._rows)
+                                                   if r in leaving})
+        self._batch.keep(keep)  # only rows from past the new end move into freed slots
         self._rows = [self._rows[i] for i in keep]
         if not self._rows:
             self._oom_cap = self.max_rows  # a drained batch may grow again
@@ -136,7 +137,7 @@ class EngineFaults:
         if not self._batch.consistent():  # never decode on a torn cache
             raise InjectionError("the batch cache is inconsistent after a failed step")
         self.counters["oom_shrinks"] += 1
-        victim = next(r for r in reversed(self._rows) if not r.is_guide)
+        victim = max((r for r in self._rows if not r.is_guide), key=lambda r: r.started)
         self._oom_cap = max(1, len(self._rows) - 1)
         self._drop([victim])
         steps.free_accelerator()

@@ -81,6 +81,37 @@ def test_rows_join_and_leave_between_steps_keeping_the_layout():
     _assert_layout(batch, [want[1]])
 
 
+def test_rows_leaving_free_slots_that_rows_past_the_new_end_move_into():
+    """The engine's order (``filled``): rows before the new end stay in their slots, rows past
+    it move into the freed ones; unused columns stay until they are a quarter of the width."""
+    assert BatchCache.filled(4, {3}) == [0, 1, 2] and BatchCache.filled(4, {0}) == [3, 1, 2]
+    assert BatchCache.filled(5, {1, 2}) == [0, 3, 4] and BatchCache.filled(2, {0, 1}) == []
+    batch = BatchCache(max_slots=8)
+    rows = [_row(n, s) for s, n in enumerate((6, 5, 7, 6, 5), start=1)]
+    for row in rows:
+        batch.add(row)
+    want = [_own(r) for r in rows]
+    _append(want, _step(batch, 10))
+    assert batch.pads == [1, 2, 0, 1, 2] and batch.width == 8
+    stay = batch.cache.layers[0].keys[0].clone()
+    batch.keep(BatchCache.filled(5, {1, 2}))  # the longest leaves: 1 column of 8 unused
+    assert batch.pads == [1, 1, 2] and batch.width == 8
+    want = [want[0], want[3], want[4]]
+    _assert_layout(batch, want)
+    assert torch.equal(batch.cache.layers[0].keys[0], stay)  # row 0 stayed where it was
+    _append(want, _step(batch, 11))
+    batch.keep(BatchCache.filled(3, {0, 1}))  # 2 of 9 columns unused: they stay
+    assert batch.pads == [2] and batch.width == 9
+    _assert_layout(batch, [want[2]])
+    rows = [_row(4, 8), _row(8, 9)]
+    batch = BatchCache(max_slots=8)
+    for row in rows:
+        batch.add(row)
+    batch.keep(BatchCache.filled(2, {1}))  # 4 of 8 columns unused: they go
+    assert batch.pads == [0] and batch.width == 4
+    _assert_layout(batch, [_own(rows[0])])
+
+
 def test_steps_write_in_place_and_capacity_doubles_when_it_runs_out():
     batch = BatchCache()
     batch.add(_row(4, 1))
