@@ -44,10 +44,12 @@ class RowJob:
     guide_strength: float = 0.0
     is_guide: bool = False
     guide_prefilled: int = 0  # tokens the guide row has prefilled (``contrast.prefill*``)
-    # a guide that left early (``guidance/lean.py``): its ``[V]`` lean, steps seen, steps fed
+    # a guide that left early (``guidance/lean.py``): its ``[V]`` lean, steps seen, steps fed,
+    # and the guide itself, back for a row that starts over (``reset``)
     lean: Any = None
     lean_steps: int = 0
     guide_fed: int | None = None
+    guide_left: RowJob | None = None
     first_scores: Any = None  # ``[V]`` first-token scores of its anchor (``guidance/anchor.py``)
     # decoding constraints (``engine/decoding/bans.py``, built by ``bans.prepare`` when submitted)
     token_map: Any = None
@@ -77,8 +79,12 @@ class RowJob:
         self.max_new_tokens = admitted(self.sampling, len(self.input_ids), self.max_new_tokens)
 
     def reset(self, tokenizer: Any, device: Any) -> None:
-        """Fresh generation state (also when a row is put back after an OOM)."""
+        """Fresh generation state (also when a row is put back after an OOM): a guide that
+        had left guides the row again from its start."""
         self.gen = []
+        if self.guide_left is not None:
+            self.guide, self.guide_left = self.guide_left, None
+        self.lean, self.lean_steps, self.guide_fed = None, 0, None
         self.watch = GenerationWatch(tokenizer, 0, **self.watch_opts)
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,

@@ -14,7 +14,7 @@ from injection.engine.batchrow import RowJob
 from injection.engine.guidance import lean
 from injection.engine.guidance.contrast import PLAUSIBLE, Guide, split_rows
 from tests.injection.test_batch import _in_threads
-from tests.injection.test_batch_faults import _Faulty, _with_model
+from tests.injection.test_batch_faults import _Faulty, _gate_until_queued, _until, _with_model
 from tests.injection.test_contrast import MEMORY, _ids, reference
 
 
@@ -107,3 +107,43 @@ def test_leaning_rows_beside_guided_and_plain_ones(adapter, monkeypatch, k):
     assert outs[0].token_ids == reference(adapter, ids[0], without[0], 16, 1.0)
     assert outs[1].token_ids == reference(adapter, ids[1], without[1], 12, 0.5)
     assert outs[2].token_ids == alone.token_ids
+
+
+def test_a_leaning_row_put_back_after_an_oom_is_guided_again_from_its_start(adapter):
+    """The step after the guide left ([plain row, leaning row]) runs out of memory: the newest
+    row (the leaning one, no text streamed) goes back in line and starts over with its guide
+    (prefilled again), so its reply is still the reference's; the plain one is unchanged."""
+    model = _with_model(adapter, adapter.model).model
+    plain_ids, with_ids, without = _ids(adapter, ""), _ids(adapter, MEMORY), _ids(adapter, "")
+    raised: list[bool] = []
+
+    def oom_after_the_guide_left(_module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.shape[0] == 2 and hidden.shape[1] == 1 and not raised:
+            raised.append(True)
+            raise torch.cuda.OutOfMemoryError("injected")
+
+    hook = model.model.layers[1].register_forward_pre_hook(oom_after_the_guide_left,
+                                                           with_kwargs=True)
+    ref: dict = {}
+    eng = ref["eng"] = BatchEngine(
+        _with_model(adapter, _Faulty(model, _gate_until_queued(ref, 1))), max_batch=4)
+
+    def guided():
+        _until(lambda: eng._admitting is not None, "the plain row admitted first")
+        return eng.run(None, 1.0, with_ids, 16, guide=Guide(1.0, None, without))
+
+    try:
+        outs = _in_threads([lambda: eng.run(None, 1.0, plain_ids, 16), guided])
+    finally:
+        eng.close()
+        hook.remove()
+    assert raised and eng.counters["oom_shrinks"] == 1 and eng.counters["step_failures"] == 0
+    assert outs[1].token_ids == reference(adapter, with_ids, without, 16, 1.0)
+    assert outs[1].guide_prefill_tokens == 2 * len(without)  # started over, guided again
+    assert outs[1].guide_decode_tokens == lean.LEAN_AFTER
+    alone = BatchEngine(adapter, max_batch=1)
+    try:
+        assert outs[0].token_ids == alone.run(None, 1.0, plain_ids, 16).token_ids
+    finally:
+        alone.close()

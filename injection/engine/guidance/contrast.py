@@ -150,7 +150,6 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
     leaned = [(j, i) for j, i in enumerate(keep) if lean.leaned(rows[i])]
     if not pairs and not leaned:
         return [rows[i] for i in keep], logits[keep].float()
-    out = logits[keep].float()
     if pairs:
         at, mains, guides = (list(x) for x in zip(*pairs, strict=True))
         strengths = [rows[i].guide_strength for i in mains]
@@ -159,6 +158,8 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
         lean.observe([rows[i] for i in mains], logits[mains], logits[guides])
         if len(at) == len(keep):  # every choosing row guided (at == 0, 1, ...)
             return [rows[i] for i in keep], combined
+    out = logits[keep].float()
+    if pairs:
         out[at] = combined
     if leaned:
         at, mains = (list(x) for x in zip(*leaned, strict=True))

@@ -56,14 +56,15 @@ def observe(rows: Sequence[RowJob], main: torch.Tensor, guide: torch.Tensor) -> 
 
 def leaving(rows: Sequence[RowJob]) -> list[RowJob]:
     """The guides whose rows have their lean now: each row keeps ``s`` times its mean
-    difference and no guide (the guide's decoding steps are counted in ``guide_fed``)."""
+    difference and no guide (its decoding steps counted in ``guide_fed``; the guide kept in
+    ``guide_left`` for a row that starts over after an OOM: ``RowJob.reset``)."""
     out = []
     for job in rows:
         if (LEAN_AFTER is not None and job.guide is not None and not job.is_guide
                 and job.lean_steps >= LEAN_AFTER):
             out.append(job.guide)
             job.lean = job.lean.mul_(job.guide_strength / job.lean_steps)
-            job.guide_fed, job.guide = job.lean_steps, None
+            job.guide_fed, job.guide_left, job.guide = job.lean_steps, job.guide, None
     return out
 
 
