@@ -245,20 +245,27 @@ def test_guided_rows_waiting_together_are_prefilled_in_one_forward_with_their_gu
         alone.close()
 
 
+def oom_once(model, rows: int):
+    """A hook on ``model``'s second layer: the first decoding step of ``rows`` rows runs out
+    of memory. Returns the list it marks when it raised, and the hook (to remove)."""
+    raised: list[bool] = []
+
+    def oom_in_layer(_module, args, kwargs):
+        hidden = args[0] if args else kwargs["hidden_states"]
+        if hidden.shape[0] == rows and hidden.shape[1] == 1 and not raised:
+            raised.append(True)
+            raise torch.cuda.OutOfMemoryError("injected")
+
+    return raised, model.model.layers[1].register_forward_pre_hook(oom_in_layer,
+                                                                    with_kwargs=True)
+
+
 def test_an_oom_puts_the_guided_row_back_with_its_guide(adapter):
     """The step with [plain row, guided row, its guide] runs out of memory: the newest row
     that is not a guide goes back in line with its guide; both replies are unchanged."""
     model = _with_model(adapter, adapter.model).model
     plain_ids, with_ids, without = _ids(adapter, ""), _ids(adapter, MEMORY), _ids(adapter, "")
-    raised: list[bool] = []
-
-    def oom_in_layer(_module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        if hidden.shape[0] == 3 and hidden.shape[1] == 1 and not raised:
-            raised.append(True)
-            raise torch.cuda.OutOfMemoryError("injected")
-
-    hook = model.model.layers[1].register_forward_pre_hook(oom_in_layer, with_kwargs=True)
+    raised, hook = oom_once(model, rows=3)
     ref: dict = {}
     eng = ref["eng"] = BatchEngine(
         _with_model(adapter, _Faulty(model, _gate_until_queued(ref, 1))), max_batch=4)

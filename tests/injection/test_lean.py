@@ -15,7 +15,7 @@ from injection.engine.guidance import lean
 from injection.engine.guidance.contrast import PLAUSIBLE, Guide, split_rows
 from tests.injection.test_batch import _in_threads
 from tests.injection.test_batch_faults import _Faulty, _gate_until_queued, _until, _with_model
-from tests.injection.test_contrast import MEMORY, _ids, reference
+from tests.injection.test_contrast import MEMORY, _ids, oom_once, reference
 
 
 def _pair(strength: float = 1.0) -> RowJob:
@@ -115,16 +115,7 @@ def test_a_leaning_row_put_back_after_an_oom_is_guided_again_from_its_start(adap
     (prefilled again), so its reply is still the reference's; the plain one is unchanged."""
     model = _with_model(adapter, adapter.model).model
     plain_ids, with_ids, without = _ids(adapter, ""), _ids(adapter, MEMORY), _ids(adapter, "")
-    raised: list[bool] = []
-
-    def oom_after_the_guide_left(_module, args, kwargs):
-        hidden = args[0] if args else kwargs["hidden_states"]
-        if hidden.shape[0] == 2 and hidden.shape[1] == 1 and not raised:
-            raised.append(True)
-            raise torch.cuda.OutOfMemoryError("injected")
-
-    hook = model.model.layers[1].register_forward_pre_hook(oom_after_the_guide_left,
-                                                           with_kwargs=True)
+    raised, hook = oom_once(model, rows=2)  # the first step after the guide left
     ref: dict = {}
     eng = ref["eng"] = BatchEngine(
         _with_model(adapter, _Faulty(model, _gate_until_queued(ref, 1))), max_batch=4)
