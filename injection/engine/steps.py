@@ -133,11 +133,16 @@ def row_output(job: RowJob, reason: str, seq: PackedKV | None) -> GenerationOutp
         kv_bytes_gpu=job.kv_bytes_gpu, finish_reason=reason,
         first_token_ms=(first - job.started) * 1000.0 if first is not None else 0.0,
         sequence_kv=seq, guide_prefill_tokens=job.guide_prefilled,
-        # the guide is fed each of the row's tokens but the last (no step follows it), or
-        # those before it left (``lean.py``)
-        guide_decode_tokens=(0 if not job.guide_prefilled else job.guide_fed
-                             if job.guide_fed is not None else max(0, len(job.gen) - 1)),
+        guide_decode_tokens=_guide_steps(job),
     )
+
+
+def _guide_steps(job: RowJob) -> int:
+    """The guide's decoding steps: none without a guide, those before it left (``lean.py``),
+    else one per row token but the last (no step follows it)."""
+    if not job.guide_prefilled:
+        return 0
+    return job.guide_fed if job.guide_fed is not None else max(0, len(job.gen) - 1)
 
 
 def bytes_per_token(adapter: Any) -> int:

@@ -69,8 +69,9 @@ def leaving(rows: Sequence[RowJob]) -> list[RowJob]:
 
 
 def leaned(job: RowJob) -> bool:
-    """Whether ``job`` chooses with its lean (its guide has left)."""
-    return job.guide is None and job.lean is not None and job.guide_fed is not None
+    """Whether ``job`` chooses with its lean: its guide has left (``leaving`` sets
+    ``guide_fed`` with the lean and takes the guide; ``RowJob.reset`` clears all three)."""
+    return job.guide_fed is not None
 
 
 def scores(main: torch.Tensor, leans: torch.Tensor, log_plausible: float) -> torch.Tensor:
