@@ -30,6 +30,10 @@ from quality_questions import (
     FACTS,
     GUIDED_MORE,
     GUIDED_QUESTIONS,
+    LANGUAGE_FRESH,
+    LANGUAGE_FRESH_QUESTIONS,
+    LANGUAGE_MORE,
+    LANGUAGE_MORE_QUESTIONS,
     LANGUAGE_QUESTIONS,
     LANGUAGE_TUNING,
     LENGTH_PREFERENCES,
@@ -157,10 +161,19 @@ def _language_tuning() -> list[Case]:
             for j, (phrase, args) in enumerate(LANGUAGE_TUNING)]
 
 
+def _languages(entries: list[tuple[str, dict]], questions: list[str]) -> list[Case]:
+    """Validation cases of a language instruction (``entries``), one question each."""
+    return [Case("standing", "language", "validation", phrase, questions[j],
+                 verifier("language", args, questions[j]))
+            for j, (phrase, args) in enumerate(entries)]
+
+
 # later additions last: the cases before keep their index (quality_questions.py)
 CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
                      *_preferences(LENGTH_PREFERENCES), *_guided_more(),
-                     *_language_tuning()]
+                     *_language_tuning(),
+                     *_languages(LANGUAGE_MORE, LANGUAGE_MORE_QUESTIONS),
+                     *_languages(LANGUAGE_FRESH, LANGUAGE_FRESH_QUESTIONS)]
 
 
 def family_split(family: str, split: str) -> list[Case]:
