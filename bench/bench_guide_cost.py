@@ -27,7 +27,8 @@ guide: what keeping it costs by itself). Each member's memory is warmed by one e
 (temperature 0), ``TOKENS`` new tokens, each request the first turn of a new conversation.
 Per rep the kind x condition cells run interleaved (their order rotates and reverses;
 the streams in rounds over the cells, then the bursts), so load from elsewhere hits every
-condition alike. ``--quick``: one rep (2 streams per cell), about 15 minutes on a loaded
+condition alike; the first request of each member (the warm-up, on the defaults) measures
+its lean where its first turns are guided (``guidance/probe.py``), reported apart. ``--quick``: one rep (2 streams per cell), about 15 minutes on a loaded
 2-core CPU; else 3 reps:
 
 1. ``/v1`` streamed at batch 1 (the kind's first member): time to the first content chunk,
@@ -220,13 +221,14 @@ def v1_chat(base: str, key: str, question: str, extra: dict, depth: int) -> dict
             "ttft_ms": float(cache.get("ttft_ms") or 0.0)}
 
 
-def warm(base: str, key: str, tries: int = 3) -> None:
-    """One unguided request (8 rows fit). A fresh worker's first requests can run past the
-    task's time limit on a loaded machine: a failed one is sent again."""
+def warm(base: str, key: str, tries: int = 3) -> dict:
+    """One request on the defaults: the member's K/V in L1 and, where its first turns are
+    guided, its lean measured (``guidance/probe.py``: its probes, once per member). A fresh
+    worker's first requests can run past the task's time limit on a loaded machine: a failed
+    one is sent again."""
     for attempt in range(tries):
         try:
-            chat(base, key, WARM_QUESTION, {"contrast": 0.0})
-            return
+            return chat(base, key, WARM_QUESTION, {})
         except SystemExit as exc:
             print(f"warm-up request failed ({exc}); {'again' if attempt + 1 < tries else 'giving up'}",
                   flush=True)
@@ -284,12 +286,13 @@ def main() -> None:
     t_start = time.monotonic()
     procs, base, logpath = start(model)
     streams: dict = {cell: [] for cell in cell_order(0)}
+    warmups: dict = {}
     bursts: dict = {(cell, t): [] for cell in cell_order(0) for t in (True, False)}
     try:
-        for ks in keys.values():  # warm: the model, the guide's head, each member's K/V in L1
-            stream(base, ks[0], {})
+        for kind, ks in keys.items():  # warm: the model, the guide's head, each member's K/V
+            stream(base, ks[0], {"contrast": 0.0})  # and lean in L1 (the 8 members at once)
             with ThreadPoolExecutor(len(ks)) as pool:
-                list(pool.map(lambda k: warm(base, k), ks))
+                warmups[kind] = list(pool.map(lambda k: warm(base, k), ks))
         print(f"warm after {time.monotonic() - t_start:.0f} s", flush=True)
         for rep in range(reps):
             for r in range(streams_per_rep):  # rounds over the four cells
@@ -310,7 +313,7 @@ def main() -> None:
     raw.write_text(json.dumps({"streams": [[list(k), v] for k, v in streams.items()],
                                "bursts": [[[list(c), t], v] for (c, t), v in bursts.items()]}))
     report(streams, bursts, reps, streams_per_rep, load, args, model.name,
-           time.monotonic() - t_start, logpath)
+           time.monotonic() - t_start, logpath, warmups)
 
 
 def _median(values) -> float:
@@ -319,7 +322,7 @@ def _median(values) -> float:
 
 
 def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[float], args,
-           model_name: str, seconds: float, logpath: Path) -> None:
+           model_name: str, seconds: float, logpath: Path, warmups: dict) -> None:
     rows, fig = [], {}
     for kind in KINDS:
         for cond in KIND_CONDITIONS[kind]:
@@ -373,8 +376,10 @@ def report(streams: dict, bursts: dict, reps: int, per_rep: int, load: list[floa
             "- slowest first token of the 8 at once, defaults vs `contrast: 0`: " + ", ".join(
                 f"{k} {fig[(k, 'defaults')]['max_ttft']:.0f} vs "
                 f"{fig[(k, 'contrast 0')]['max_ttft']:.0f} ms" for k in guided)
-            + f": a guided request takes two batch rows (its own and its guide's) and one of "
-            f"the {settings.WORKER_BATCH_MAX} request slots, so all 8 run at once.")
+            + f": a guided first turn leans with its member's lean (one batch row) or runs a "
+            f"guide row beside it (two), one of the {settings.WORKER_BATCH_MAX} request slots "
+            "either way, so all 8 run at once.")
+        lines.extend(_measured(k, warmups[k]) for k in guided if warmups.get(k))
         lines.extend(_bound(k, fig[(k, "defaults")], fig[(k, "contrast 0")]) for k in guided)
     lines.append("- replies (greedy): " + replies_line(streams, bursts))
     cmd = "`.venv/bin/python bench/bench_guide_cost.py" + (" --quick" if args.quick else "") + (
@@ -409,6 +414,16 @@ def _versus(kind: str, other: str, d: dict, c: dict, goal: str = "") -> str:
             f"batch-1 decode **{d['rate'] / c['rate']:.2f}x**{goal}, 8 one after another "
             f"**{d['seq'] / c['seq']:.2f}x** the time, 8 at once **{d['conc'] / c['conc']:.2f}x**; "
             f"at once / one after another {d['ratio']:.2f}x vs {c['ratio']:.2f}x")
+
+
+def _measured(kind: str, warm: list[dict]) -> str:
+    """What each member's first request (the warm-up, the 8 at once) paid to measure its lean."""
+    guide = [r["guide"] for r in warm]
+    return (f"- {kind}, each member's first request (the warm-up, the 8 at once; it measures "
+            f"the member's lean where first turns lean): guide tokens {_median(guide):.0f} "
+            f"(median), worker-side first token {_median(r['ttft_ms'] for r in warm):.0f} ms "
+            f"(median) / {max(r['ttft_ms'] for r in warm):.0f} ms (slowest); later requests "
+            "lean with it at no guide tokens.")
 
 
 def _bound(kind: str, d: dict, c: dict) -> str:

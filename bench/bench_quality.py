@@ -84,14 +84,18 @@ CONDS: dict[str, dict] = {
     "- anchor": {"anchor": False, "anchor_many": False},
     # the guide leaving after k decoding steps, its mean contrast kept as a lean (``lean.py``;
     # the platform's: 4), or guiding the whole reply (0: ``LEAN_AFTER = None``)
-    **{f"lean {k}": {"lean": k} for k in (1, 2, 8, 16)},
-    "whole guide": {"lean": 0},
+    **{f"lean {k}": {"lean": k, "memory_lean": False} for k in (1, 2, 8, 16)},
+    "whole guide": {"lean": 0, "memory_lean": False},
+    # a one-memory first turn guided by a guide row leaving after 4 steps (``lean.py``), not by
+    # the member's lean measured once on a probe (``probe.py``, the platform's)
+    "- memory lean": {"memory_lean": False},
     # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
     "alpha 1.5": {"alpha": 1.5},
     "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
-SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean")
+SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean",
+            "memory_lean")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -106,7 +110,8 @@ PROFILES: dict[str, dict] = {
     # mechanism on and off where defaults are decided (depths 0 and 8), every 3rd case
     # (``"every"``) at the other depths and with 20 memories
     "full": {"every": 1, "cells": {
-        (0, 1): ["no memory", "system message", "platform", "- guidance", "- constraints"],
+        (0, 1): ["no memory", "system message", "platform", "- guidance", "- constraints",
+                 "- memory lean"],
         (8, 1): ["system message", "platform", "- reminder", "- constraints", "- anchor"],
         (4, 1): {"conds": ["system message", "platform"], "every": 3},
         (16, 1): {"conds": ["system message", "platform"], "every": 3},
@@ -138,7 +143,8 @@ def worker_executor(adapter, batch: int, pace: float | None = 0.0):
         conversation_prefill_opening=s.KV_CONVERSATION_PREFILL_OPENING,
         memory_segment_tokens=s.MEMORY_SEGMENT_TOKENS,
         memory_recall_top_k=s.MEMORY_RECALL_TOP_K,
-        memory_recall_min_similarity=s.MEMORY_RECALL_MIN_SIMILARITY), s.CHAT_HISTORY_TOKEN_BUDGET
+        memory_recall_min_similarity=s.MEMORY_RECALL_MIN_SIMILARITY,
+        memory_lean=s.GUIDANCE_MEMORY_LEAN), s.CHAT_HISTORY_TOKEN_BUDGET
 
 
 def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int):
@@ -194,7 +200,8 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     from injection.prompting import reminder
 
     sw, (top, options, anchors, leans) = dict(phase), defaults
-    lean.LEAN_AFTER = sw.get("lean", leans) or None
+    lean.LEAN_AFTER = sw.get("lean", leans[0]) or None
+    ex.planner.memory_lean = sw.get("memory_lean", leans[1])
     plan.ONE_ANCHORED_DEEP = sw.get("anchor", anchors[0])
     plan.MANY_ANCHORED = sw.get("anchor_many", anchors[1])
     reminder.RELEVANT_TOP = sw.get("recall_top", top)
@@ -208,7 +215,7 @@ def _defaults(ex) -> tuple:
     from injection.prompting import reminder
 
     return (reminder.RELEVANT_TOP, ex.memories.options,
-            (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED), lean.LEAN_AFTER)
+            (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED), (lean.LEAN_AFTER, ex.planner.memory_lean))
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
@@ -245,7 +252,8 @@ def _derivable(job: tuple, jobs: list[tuple]) -> bool:
     is not applied to that member), the reply without them (or with a guide leaving early)
     is the platform's, token for token (greedy; tests/injection test the switches), so it is
     copied instead of generated again (``_derive``)."""
-    return ((job[3] in ("- guidance", "- anchor", "whole guide") or job[3].startswith("lean "))
+    return ((job[3] in ("- guidance", "- anchor", "whole guide", "- memory lean")
+             or job[3].startswith("lean "))
             and (*job[:3], "platform") in jobs)
 
 
@@ -254,7 +262,8 @@ def _derive(late: list[tuple], done: dict) -> set[str]:
     out = set()
     for job in late:
         twin = done.get(_key((*job[:3], "platform")))
-        if twin is not None and twin["guide"] == 0 and _key(job) not in done:
+        if (twin is not None and twin["guide"] == 0 and not twin.get("contrast")
+                and _key(job) not in done):
             done[_key(job)] = {**twin, "derived": True}
             out.add(_key(job))
     return out
@@ -269,7 +278,8 @@ def _run(ex, budget: int, todo: list[tuple], workers: int, partial: str, done: d
         res = ex.execute(request(i, CASES[i], d, n, CONDS[name], budget))
         return _key(job), {"text": res.text, "prompt": res.prompt_tokens,
                            "completion": res.completion_tokens, "ttft_ms": res.ttft_ms,
-                           "guide": res.guide_prefill_tokens + res.guide_decode_tokens}
+                           "guide": res.guide_prefill_tokens + res.guide_decode_tokens,
+                           "contrast": res.contrast_effective, "lean": res.extra.get("lean", "")}
 
     for phase in sorted({_phase(j) for j in todo}):  # the switches' phases (``_phase``)
         batch = [j for j in todo if _phase(j) == phase]

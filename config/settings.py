@@ -178,12 +178,12 @@ KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
 # A tenant's links in the cache Redis; K/V queued for L2 writes (OPERATIONS, "Link budget")
 KV_L2_LINK_TENANT_BYTES = env_int("KV_L2_LINK_TENANT_BYTES", 512 * 1024**2)
 KV_L2_WRITER_MAX_BYTES = env_int("KV_L2_WRITER_MAX_BYTES", 512 * 1024**2)
-# Memories (injection.memory): pinned, then the others in order, fill a cached segment of
-# this many tokens; the rest are re-stated before a message by the reminder's pick, or (it off)
-# up to TOP_K with a cosine >= MIN_SIMILARITY to that message (docs/API.md, Memories).
+# Memories (injection.memory, docs/API.md): pinned, then the others, fill a segment of this many
+# tokens; the rest re-stated by the reminder's pick or (off) TOP_K of cosine >= MIN_SIMILARITY.
 MEMORY_SEGMENT_TOKENS = env_int("MEMORY_SEGMENT_TOKENS", 256)
 MEMORY_RECALL_TOP_K = env_int("MEMORY_RECALL_TOP_K", 3)
 MEMORY_RECALL_MIN_SIMILARITY = env_float("MEMORY_RECALL_MIN_SIMILARITY", 0.1)
+GUIDANCE_MEMORY_LEAN = env_bool("GUIDANCE_MEMORY_LEAN", True)  # guidance/probe.py; 0: guide rows
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
 # A member's memories (issue 22): characters per memory (the preference's limit: the

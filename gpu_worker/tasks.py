@@ -95,6 +95,7 @@ def warm_member(self, member_id: int) -> dict[str, Any]:
             tier = host.get_executor().warm(
                 str(member.tenant_id), str(member.pk), pref.text if pref else "",
                 member.tenant.instructions, memories=memories,
+                contrast=getattr(member.tenant, "memory_contrast", None),
             )
             tier = tier.value
     worker = worker_id(self)

@@ -73,7 +73,7 @@ def build_executor(
     conversation_prefill_opening: bool | None = None,
     tenant_protect_idle_seconds: float = 600.0, pinned_pool_max_bytes: int | None = None,
     memory_segment_tokens: int = 256, memory_recall_top_k: int = 3,
-    memory_recall_min_similarity: float = 0.1,
+    memory_recall_min_similarity: float = 0.1, memory_lean: bool = True,
 ) -> InjectionExecutor:
     """An executor with a TenantLRU L1 and, given a Redis client, an HMAC-signed L2.
 
@@ -89,7 +89,8 @@ def build_executor(
     tenant has members in L1 or used it within ``tenant_protect_idle_seconds``. Host copies
     reuse a pool of pinned buffers of ``pinned_pool_max_bytes`` (None: L1's bound and a
     quarter; ``injection.hostmem``). ``memory_*``: the member segment's budget and recall
-    (``injection.memory``). Models with layers other than full or sliding-window attention
+    (``injection.memory``). ``memory_lean``: a one-memory first turn leans with the member's
+    lean measured once (``injection.engine.guidance.probe``; False: a guide row). Models with layers other than full or sliding-window attention
     never batch.
     """
     from injection.engine.executor import InjectionExecutor
@@ -113,7 +114,7 @@ def build_executor(
         adapter, l1=l1, l2=l2, alpha_cap=alpha_cap, metrics=metrics, engine=engine,
         conversation_max_bytes=conversation_max_bytes, conversation_l1=conv_l1,
         memory=RecallOptions(memory_segment_tokens, memory_recall_top_k,
-                             memory_recall_min_similarity))
+                             memory_recall_min_similarity), memory_lean=memory_lean)
     if conversation_prefill_opening is not None:
         executor.turns.prefill_opening = conversation_prefill_opening
     return executor

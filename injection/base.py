@@ -92,6 +92,9 @@ class GenerationOutput(NamedTuple):
     # its prefix K/V, which came from a cache) and the row's tokens it was fed in decoding
     guide_prefill_tokens: int = 0
     guide_decode_tokens: int = 0
+    # a probe row (engine/guidance/probe.py): its first token's ``[V]`` log-probability
+    # difference to its guide's and the mean of its decoding steps'
+    leans: Any = None
 
 
 @dataclass(frozen=True)

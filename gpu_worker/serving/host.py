@@ -139,6 +139,7 @@ def _build_executor():
         memory_segment_tokens=settings.MEMORY_SEGMENT_TOKENS,
         memory_recall_top_k=settings.MEMORY_RECALL_TOP_K,
         memory_recall_min_similarity=settings.MEMORY_RECALL_MIN_SIMILARITY,
+        memory_lean=settings.GUIDANCE_MEMORY_LEAN,
         conversation_member_max_bytes=(None if settings.KV_CONVERSATION_MEMBER_MAX_BYTES < 0
                                        else settings.KV_CONVERSATION_MEMBER_MAX_BYTES),
     )

@@ -1,14 +1,12 @@
 """BatchEngine: continuous (iteration-level) batching over the model's forward pass.
 
-Callers on any thread submit rows and block; one scheduler thread owns the model. Each
-iteration admits waiting rows (each prefilled alone on its own injected K/V, then merged
-into the left-padded batch cache, ``batchcache``), runs one decoding step for every row,
-and lets finished rows leave. A row's greedy output equals the row run alone. Per row:
-sampling, seed, stop strings, streaming, cancellation, max tokens (``RowJob``). Admission
-is bounded by ``max_batch`` requests (a guide row is none) and a K/V budget over all rows.
-Failures stay contained (``faults``); a watchdog (``watchdog``) reads the scheduler's
-heartbeat. Forwards of no row (segments, embeddings, guide heads, anchors) run here too
-(``forwards``); transformers' continuous batching takes no per-request K/V.
+Callers on any thread submit rows and wait; one scheduler thread owns the model. Each
+iteration admits waiting rows (prefilled on their own injected K/V, merged into the left-padded
+batch cache, ``batchcache``), runs one decoding step for every row and lets finished rows
+leave; a row's greedy output equals the row run alone. Per row: sampling, seed, stop strings,
+streaming, cancellation, max tokens (``RowJob``). Admission: ``max_batch`` requests (a guide
+row is none) within a K/V budget. Failures stay contained (``faults``), a watchdog reads the
+heartbeat; forwards of no row (segments, embeddings, guide heads, anchors) run here too.
 """
 
 from __future__ import annotations
@@ -107,14 +105,17 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         prompt_ids = self.adapter.renderer.encode(prompt, first=injected is None)
         return self.run(injected, alpha, prompt_ids, max_new_tokens, **sampling)
 
-    def run(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
-            max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
-            capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
-            guide: contrast.Guide | None = None, first_scores: torch.Tensor | None = None,
-            **sampling: Any) -> GenerationOutput:
-        """Generate after ``prefix`` K/V (values scaled by ``alpha``) and ``new_ids``; ``capture``
-        gets the K/V of the first ``capture_tokens`` of ``new_ids`` once prefilled (``faults``);
-        ``guide``: contrasted (``contrast.py``); ``first_scores``: the first token's (anchor)."""
+    def run(self, *args: Any, **kwargs: Any) -> GenerationOutput:
+        return self.start(*args, **kwargs).wait()  # ``start`` a row, wait for its output
+
+    def start(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
+              max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
+              capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
+              guide: contrast.Guide | None = None, first_scores: torch.Tensor | None = None,
+              lean: Any = None, probe: bool = False, **sampling: Any) -> RowJob:
+        """Queue a row after ``prefix`` K/V (scaled by ``alpha``) and ``new_ids`` (``wait()``:
+        its output); ``capture``: the K/V of its first ``capture_tokens`` once prefilled
+        (``faults``); ``guide``/``lean``/``probe``: ``contrast.attach``; ``first_scores``: an anchor's."""
         if not new_ids:
             raise InvalidRequest("prompt is empty")
         if prefix is not None:
@@ -122,12 +123,12 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
                      int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv, capture=capture,
-                     capture_tokens=int(capture_tokens), first_scores=first_scores)
+                     capture_tokens=int(capture_tokens), first_scores=first_scores, probe=probe)
         job.token_map, job.phrases = bans.prepare(
             self.adapter.tokenizer, sampling.get("constraints", ()), self._eos)
-        contrast.attach(job, guide, self.max_batch)
+        contrast.attach(job, guide, self.max_batch, lean)
         self.adapter._check_length(len(job.input_ids) + job.max_new_tokens)
-        return self.submit(job).wait()
+        return self.submit(job)
 
     def submit(self, job: RowJob) -> RowJob:
         self._enqueue(self._waiting, job)
@@ -243,8 +244,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         if guided is not None:  # the guide right after its row
             self._batch.add(guided[0])
             self._rows.append(job.guide)
-            logits = contrast.combine(bans.row(job, logits), guided[1],
-                                      job.guide_strength)  # (folding again later: a no-op)
+            logits = contrast.first_token(job, bans.row(job, logits), guided[1])  # (folded: no-op)
         self.counters["rows"] += 1
         self.counters["peak_batch"] = max(self.counters["peak_batch"], len(self._rows))
         return None if resume else anchor.first(job, logits)

@@ -8,6 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from injection.base import GenerationOutput
 from injection.engine.sampling import RowSampler
 from injection.engine.stopping import GenerationWatch, admitted
@@ -50,6 +52,12 @@ class RowJob:
     lean_steps: int = 0
     guide_fed: int | None = None
     guide_left: RowJob | None = None
+    # a member's lean measured once (``guidance/probe.py``): ``probe`` rows measure it (their
+    # first token's ``[V]`` difference in ``first_lean``), ``preset`` rows choose with it
+    # (its ``first``/``rest``, times ``guide_strength``) and run no guide
+    probe: bool = False
+    first_lean: Any = None
+    preset: Any = None
     first_scores: Any = None  # ``[V]`` first-token scores of its anchor (``guidance/anchor.py``)
     # decoding constraints (``engine/decoding/bans.py``, built by ``bans.prepare`` when submitted)
     token_map: Any = None
@@ -85,6 +93,10 @@ class RowJob:
         if self.guide_left is not None:
             self.guide, self.guide_left = self.guide_left, None
         self.lean, self.lean_steps, self.guide_fed = None, 0, None
+        self.first_lean = None
+        if self.preset is not None:  # leaning from the first token (``lean.advance``)
+            self.lean = self.preset.first.to(device, torch.float32) * self.guide_strength
+            self.guide_fed = 0
         self.watch = GenerationWatch(tokenizer, 0, **self.watch_opts)
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,

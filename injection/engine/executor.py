@@ -28,6 +28,7 @@ from injection.base import (
 )
 from injection.engine.guidance.anchor import build_anchor, scores
 from injection.engine.guidance.plan import build_guide
+from injection.engine.guidance.probe import MemoryLeans
 from injection.engine.oom import on_cuda, with_oom_retry
 from injection.engine.planning.plan import TurnPlan
 from injection.engine.planning.planner import TurnPlanner, layout
@@ -66,6 +67,8 @@ class InjectionExecutor:
             to this size in L1 for its next turn (0: no conversation reuse).
         one_pass: with an engine, a missing member segment is prefilled by the request
             itself before its prompt (alpha 1); False computes it apart.
+        memory_lean: a one-memory first turn leans with the member's lean, measured once on
+            probe questions and cached (``engine/guidance/probe.py``); False: a guide row.
         guide_keeps_instructions: the one-memory contrast guide keeps the tenant's
             instructions (``engine/guidance/plan.py``; off: measured, they keep precedence).
     """
@@ -83,7 +86,7 @@ class InjectionExecutor:
         conversation_max_bytes: int = 0,
         conversation_l1: KVStore | None = None,
         memory: RecallOptions | None = None, one_pass: bool = True,
-        guide_keeps_instructions: bool = False,
+        guide_keeps_instructions: bool = False, memory_lean: bool = True,
     ) -> None:
         if not 0.0 <= min_alpha < alpha_cap:
             raise ValueError("need 0 <= min_alpha < alpha_cap")
@@ -101,10 +104,12 @@ class InjectionExecutor:
             max_bytes=conversation_max_bytes if engine is not None else 0)
         self.turns = TurnGenerator(adapter, engine, self.conversations)
         self.memories = MemoryPlanner(adapter, memory, self.metrics, forward)  # + recall
+        self.leans = MemoryLeans(adapter, engine, self.kv_source, self.chain)
         self.planner = TurnPlanner(adapter, self.memories, self.turns, alpha_cap=alpha_cap,
                                    min_alpha=min_alpha, batching=engine is not None,
                                    one_pass=one_pass,
-                                   guide_keeps_instructions=guide_keeps_instructions)
+                                   guide_keeps_instructions=guide_keeps_instructions,
+                                   memory_lean=memory_lean)
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -125,8 +130,10 @@ class InjectionExecutor:
         return min(float(alpha), self.alpha_cap)
 
     def warm(self, tenant: str, user: str, preference_text: str, instructions: str = "",
-             memories: tuple = ()) -> Tier:
-        """Ensure the user's system-turn K/V (or memory segment) is cached; returns its tier."""
+             memories: tuple = (), contrast: float | None = None) -> Tier:
+        """Ensure the user's system-turn K/V (or memory segment) is cached, and the member's
+        lean where their first turns lean (``guidance/probe.py``; ``contrast``: the tenant's
+        strength, else the model's default); returns the segment's tier."""
         if not tenant or not user_or_none(user):
             raise InvalidRequest("warm needs a tenant and a user")
         hello = [{"role": "user", "content": "Hello"}]  # the segment does not depend on it
@@ -142,6 +149,11 @@ class InjectionExecutor:
             return Tier.NONE  # instructions alone are injected only as a shared segment
         chain = self._with_oom_retry(
             lambda: self.chain.get(tenant, user, parts.segment, split, 1.0))
+        plan = self.planner.plan(ExecutionRequest(
+            tenant, user, hello, preference_text, instructions, memories=memories,
+            contrast=contrast, reuse_conversation=False))
+        if plan.lean is not None and plan.segment == parts.segment:
+            self.leans.get(plan.lean, tenant, user, chain.kv)
         return chain.tier
 
     def invalidate(self, tenant: str, user: str | None = None) -> dict[str, Any]:
@@ -216,13 +228,19 @@ class InjectionExecutor:
                             plan.link.done)
         anchored = build_anchor(plan.anchor, self.chain, req.tenant, chain.kv)
         first, anchor_tokens = scores(self.engine, anchored)
+        t1 = time.perf_counter()
+        lean, lean_from, probe_tokens = self.leans.get(plan.lean, req.tenant, req.user, chain.kv)
+        fetch_ms += (time.perf_counter() - t1) * 1000.0  # a probe: before the first token
         out = self.turns.run(plan, prefix, lead=chain.lead, capture=chain.capture, guide=guide,
-                             first=first)
+                             first=first, lean=(lean, plan.lean.strength) if lean else None)
         reply = self._reply(plan, req, out, chain.num_tokens, planning_ms, fetch_ms, t0)
         self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
+        if anchored is not None and first is not None:
+            guided = (anchored.strength, anchor_tokens, 0)
+        else:
+            guided = (plan.lean.strength, *probe_tokens) if lean is not None else None
         return injected_result(plan, reply, chain, guide, self.adapter, self.engine,
-                               anchored=(anchored.strength, anchor_tokens) if first is not None
-                               else None)
+                               anchored=guided, lean=lean_from)
 
     def _reply(self, plan: TurnPlan, req: ExecutionRequest, out: Any, head: int,
                planning_ms: float, fetch_ms: float, t0: float) -> Reply:

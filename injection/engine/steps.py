@@ -16,6 +16,7 @@ from injection.base import GenerationOutput
 from injection.devices import KVTimer
 from injection.engine.batchcache import BatchCache, SlabLayer
 from injection.engine.batchrow import RowJob
+from injection.engine.guidance import lean
 from injection.kvcache.packed import PackedKV
 
 
@@ -133,7 +134,7 @@ def row_output(job: RowJob, reason: str, seq: PackedKV | None) -> GenerationOutp
         kv_bytes_gpu=job.kv_bytes_gpu, finish_reason=reason,
         first_token_ms=(first - job.started) * 1000.0 if first is not None else 0.0,
         sequence_kv=seq, guide_prefill_tokens=job.guide_prefilled,
-        guide_decode_tokens=_guide_steps(job),
+        guide_decode_tokens=_guide_steps(job), leans=lean.measured(job),
     )
 
 

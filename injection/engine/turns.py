@@ -89,12 +89,13 @@ class TurnGenerator:
         return LinkPlan(key, prompt, prompt_ids, cached, admitted)
 
     def run(self, plan: TurnPlan, prefix: PackedKV | None, lead: tuple[int, ...] = (),
-            capture: Any = None, guide: Any = None, first: Any = None) -> Any:
+            capture: Any = None, guide: Any = None, first: Any = None, lean: Any = None) -> Any:
         """Generate after ``prefix`` (the injected chain, with the conversation's link
         joined on a hit; values already scaled) at alpha 1. ``lead``: a deferred segment's
         ids, prefilled before the prompt, their K/V handed to ``capture`` (engine only);
         ``guide``: contrastive guidance (``contrast.Guide``, engine only); ``first``: the
-        first token's scores (``anchor.py``, engine only)."""
+        first token's scores (``anchor.py``, engine only); ``lean``: the member's lean and
+        its strength (``probe.py``, engine only)."""
         link = plan.link
         if self.engine is None:
             assert not lead, "a deferred segment needs the batch engine"
@@ -106,7 +107,7 @@ class TurnGenerator:
                                plan.max_new_tokens, keep_kv=link.admitted,
                                prompt_ids=link.prompt_ids,
                                capture=capture if lead else None, capture_tokens=len(lead),
-                               guide=guide, first_scores=first, **plan.sampling)
+                               guide=guide, first_scores=first, lean=lean, **plan.sampling)
 
     def keep(self, plan: TurnPlan, req: ExecutionRequest, reply: str, out: Any,
              head: int) -> None:

@@ -26,7 +26,7 @@ from injection.kvcache.kvsource import PreferenceKVSource, content_hash, user_or
 from injection.kvcache.packed import PackedKV
 from injection.kvcache.pieces import KVPieces, Piece
 
-__all__ = ["KINDS", "TENANT_USER", "ChainKV", "SegmentChain", "kind_of", "kind_stats",
+__all__ = ["KINDS", "LEAN_PREFIX", "TENANT_USER", "ChainKV", "SegmentChain", "kind_of", "kind_stats",
            "segment_split", "tenant_key"]
 
 TENANT_USER = "~tenant"  # member ids are never this: the tenant segment's slot
@@ -52,12 +52,16 @@ class ChainKV(NamedTuple):
         return (self.kv.num_tokens if self.kv is not None else 0) + len(self.lead)
 
 
-KINDS = ("tenant", "member", "conversation")
+KINDS = ("tenant", "member", "lean", "conversation")
+LEAN_PREFIX = "lean-"  # a member's lean (engine/guidance/probe.py): its content hash so marked
 
 
 def kind_of(key: CacheKey) -> str:
-    """A segment entry's kind by its key (conversation links live in their own L1)."""
-    return "tenant" if key.user == TENANT_USER else "member"
+    """A segment entry's kind by its key (conversation links live in their own L1; a
+    member's lean lives beside its segments)."""
+    if key.user == TENANT_USER:
+        return "tenant"
+    return "lean" if key.content_hash.startswith(LEAN_PREFIX) else "member"
 
 
 def kind_stats(counters: dict[str, int], l1: Any, conv_l1: Any) -> dict[str, dict[str, int]]:

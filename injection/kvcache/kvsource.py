@@ -96,6 +96,13 @@ class PreferenceKVSource:
             self._put(self.l1, "l1", key, kv)
             self._put(self.l2, "l2", key, kv)
 
+    def keep(self, key: CacheKey, kv: PackedKV) -> None:
+        """An entry computed by the caller itself (a member's lean, ``guidance/probe.py``):
+        stored in L1 and L2."""
+        assert kv.keys.is_cpu and kv.values.is_cpu, "cached entries must live on CPU"
+        self._put(self.l1, "l1", key, kv)
+        self._put(self.l2, "l2", key, kv)
+
     def compute(self, text: str | Callable[[], PackedKV], kind: str = "member") -> PackedKV:
         """``text``'s K/V (or ``text()``'s), computed through ``forward`` as ``kind``."""
         t0 = time.perf_counter()

@@ -84,7 +84,7 @@ def test_stats_reports_tiers_per_tenant_from_every_live_worker(pair, shop):
     assert sum(rows[w.hostname]["l1"]["entries"] for w in pair) == 2
     # per kind (worker-wide): no instructions, so no tenant segment; the chat hit alice's
     kinds = report["kinds"]
-    assert set(kinds) == {"tenant", "member", "conversation"}
+    assert set(kinds) == {"tenant", "member", "lean", "conversation"}
     assert kinds["member"]["entries"] >= 2 and kinds["member"]["l1_hits"] >= 1
     assert kinds["conversation"]["entries"] == 0 and kinds["member"]["bytes"] > 0
     assert (kinds["tenant"]["l2_entries"], kinds["member"]["l2_entries"]) == (0, 2)

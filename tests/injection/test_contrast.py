@@ -287,8 +287,11 @@ def test_an_oom_puts_the_guided_row_back_with_its_guide(adapter):
 
 
 def _executor(adapter, **kw) -> InjectionExecutor:
+    """One-memory first turns guided by a guide row, not the member's lean (``probe.py``,
+    the default: tests/injection/test_probe.py)."""
     return InjectionExecutor(adapter, l1=TenantLRU(max_bytes=64 * 1024**2), l2=None,
-                             metrics=Metrics(), engine=BatchEngine(adapter, max_batch=4), **kw)
+                             metrics=Metrics(), engine=BatchEngine(adapter, max_batch=4),
+                             memory_lean=False, **kw)
 
 
 def _history(n: int) -> list[dict[str, str]]:

@@ -1,11 +1,14 @@
 """Contrastive guidance on the prepared default model (SmolLM2-135M-Instruct): on by
-default at its measured strength for standing instructions, each guided reply the formula's step-by-step reference
-computed from the two prompts with the model itself, off where a turn is reminded (which
-is anchored instead: test_anchor_real.py)."""
+default at its measured strength for language instructions, each first turn leaning with the
+member's lean (measured once on probes: the references of test_probe.py) or, with that off,
+guided by a guide row (the formula's step-by-step reference computed from the two prompts
+with the model itself); off where a turn is reminded (which is anchored instead:
+test_anchor_real.py)."""
 
 from __future__ import annotations
 
 import pytest
+import torch
 
 from injection import build_executor, load_adapter
 from injection.base import ExecutionRequest
@@ -14,6 +17,7 @@ from injection.engine.guidance.contrast import resolve
 from injection.metrics import Metrics
 from injection.prompting.reminder import standing
 from tests.injection.test_contrast import reference
+from tests.injection.test_probe import cached_lean, lean_reference, member_lean
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
@@ -33,8 +37,9 @@ def smollm(real_model_path):
 
 def test_the_default_guides_first_turns_as_the_formula_says(smollm):
     """By default only a standing instruction guidance was measured to pay for ("Always
-    answer in French.") is guided, at the measured strength; asked for (a request's or
-    tenant's strength), any memory is."""
+    answer in French.") is guided, at the measured strength, with the member's lean
+    (``probe.py``: measured once on its probes, the reply the lean's reference); asked for
+    (a request's or tenant's strength), any memory is."""
     strength = resolve(smollm, None, ["Always answer in French."])
     assert strength > 0  # measured for this model (docs/BENCHMARKS.md, quality)
     assert all(resolve(smollm, None, [c[0]]) == 0.0 for c in CASES if c[0] not in GUIDED)
@@ -43,17 +48,20 @@ def test_the_default_guides_first_turns_as_the_formula_says(smollm):
     try:
         for pref, question in CASES:
             msgs = [{"role": "user", "content": question}]
-            asked = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24,
-                                                contrast=strength))
+            req = ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24, contrast=strength)
+            asked = ex.execute(req)
             default = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24))
-            ids = [smollm.renderer.encode(smollm.plain_prompt(c, msgs), first=True)
-                   for c in (pref, "")]
-            want = reference(smollm, ids[0], ids[1], 24, strength)
-            assert asked.contrast_effective == strength
+            ids = smollm.renderer.encode(smollm.plain_prompt(pref, msgs), first=True)
+            lean = cached_lean(ex, req)
+            want = lean_reference(smollm, ids, 24, strength, lean)
+            assert asked.contrast_effective == strength and asked.extra["lean"] == "probe"
             assert asked.text.strip() == smollm.tokenizer.decode(
                 want, skip_special_tokens=True).strip()
             if pref in GUIDED:
                 assert (default.contrast_effective, default.text) == (strength, asked.text)
+                assert default.extra["lean"] == "l1" and default.guide_decode_tokens == 0
+                ref = member_lean(smollm, pref, strength)  # each probe alone, step by step
+                assert torch.allclose(lean.rest.float(), ref.rest.float(), atol=2e-2)
             else:  # not guided: the reply without a guide, and no guide row's tokens
                 off = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24,
                                                   contrast=0.0))
@@ -94,14 +102,15 @@ def test_an_instruction_the_decoder_keeps_is_not_guided_unless_its_constraints_a
 
 def test_the_guide_leaves_after_its_first_steps_and_off_it_guides_the_whole_reply(
         smollm, monkeypatch):
-    """A guided first turn's guide decodes ``lean.LEAN_AFTER`` steps, then the row leans
-    (the reference's reply); with ``LEAN_AFTER = None`` the whole reply is guided, token for
-    token the whole-reply formula."""
+    """With the member's lean off (``memory_lean=False``), a guided first turn's guide
+    decodes ``lean.LEAN_AFTER`` steps, then the row leans (the reference's reply); with
+    ``LEAN_AFTER = None`` the whole reply is guided, token for token the whole-reply
+    formula."""
     memory, msgs = "Always answer in French.", [{"role": "user", "content": "What is rain?"}]
     ids = [smollm.renderer.encode(smollm.plain_prompt(c, msgs), first=True)
            for c in (memory, "")]
     default = lean.LEAN_AFTER
-    ex = build_executor(smollm, batch_max=4, metrics=Metrics())
+    ex = build_executor(smollm, batch_max=4, metrics=Metrics(), memory_lean=False)
     try:
         def run():
             return ex.execute(ExecutionRequest("t", "u", msgs, memory, max_new_tokens=32))

@@ -10,6 +10,7 @@ import pytest
 from transformers import AutoTokenizer
 
 from injection.base import ExecutionRequest, PreferenceModel
+from injection.engine.guidance import probe
 from injection.engine.planning.planner import TurnPlanner
 from injection.engine.turns import TurnGenerator
 from injection.kvcache.conversation import ConversationStore
@@ -109,20 +110,50 @@ def test_one_pass_defers_a_missing_member_segment_only_unscaled(text):
         ExecutionRequest("t", "u", ASK, PREF, contrast=0.0)).defer
 
 
+@pytest.mark.parametrize("memory_lean", [False, True])
 @pytest.mark.parametrize("keeps", [False, True])
-def test_the_guide_is_the_turn_with_nothing_injected_or_the_instructions_kept(text, keeps):
-    plan = planner(text, batching=True, guide_keeps_instructions=keeps).plan(
+def test_the_guide_is_the_turn_with_nothing_injected_or_the_instructions_kept(
+        text, keeps, memory_lean):
+    """Off, the turn's guide row; on (the default), the member's lean instead: its probes,
+    each after the member's segment, and their guides built as the turn's would be."""
+    plan = planner(text, batching=True, guide_keeps_instructions=keeps,
+                   memory_lean=memory_lean).plan(
         ExecutionRequest("t", "u", ASK, PREF, RULES, contrast=1.0))
-    guide, encode = plan.guide, text.renderer.encode
-    assert guide.strength == 1.0
-    want = text.plain_prompt(RULES if keeps else "", ASK)
-    if keeps:  # after the tenant's shared segment, cached once per tenant
-        assert guide.head == "tenant" and guide.segment == text.split_prompt(RULES, ASK).segment
-        assert [*guide.split.tenant_ids, *guide.split.member_ids, *guide.ids] == encode(
-            want, first=True)
-    else:  # the template's own system turn (or none), then the same messages
-        assert guide.head in ("shared", "none")
-        assert [*guide.head_ids, *guide.ids] == encode(want, first=True)
+    encode = text.renderer.encode
+    if memory_lean:
+        assert plan.guide is None and plan.lean.strength == 1.0 and not plan.defer
+        asks = [[{"role": "user", "content": q}] for q in probe.PROBES]
+        assert list(plan.lean.ids) == [tuple(encode(text.split_prompt(
+            plan.context, a).prompt, first=False)) for a in asks]
+        pairs = list(zip(plan.lean.guides, asks, strict=True))
+    else:
+        assert plan.lean is None
+        pairs = [(plan.guide, ASK)]
+    for guide, ask in pairs:
+        assert guide.strength == 1.0
+        want = text.plain_prompt(RULES if keeps else "", ask)
+        if keeps:  # after the tenant's shared segment, cached once per tenant
+            assert guide.head == "tenant"
+            assert guide.segment == text.split_prompt(RULES, ask).segment
+            assert [*guide.split.tenant_ids, *guide.split.member_ids, *guide.ids] == encode(
+                want, first=True)
+        else:  # the template's own system turn (or none), then the same messages
+            assert guide.head in ("shared", "none")
+            assert [*guide.head_ids, *guide.ids] == encode(want, first=True)
+
+
+def test_a_lean_is_keyed_by_everything_it_depends_on(text):
+    """The lean's digest moves with the memory, the instructions, the strength and the
+    member's alpha, never with the question asked."""
+    def digest(pref=PREF, rules=RULES, ask=ASK, **kw):
+        return planner(text, batching=True).plan(
+            ExecutionRequest("t", "u", ask, pref, rules, contrast=kw.pop("contrast", 1.0),
+                             **kw)).lean.digest
+
+    base = digest()
+    assert digest(ask=[{"role": "user", "content": "Something else?"}]) == base
+    assert len({base, digest(pref=PREF + " Really."), digest(rules=RULES + " Be kind."),
+                digest(contrast=0.5), digest(alpha=0.8)}) == 5
 
 
 def test_the_history_that_fits_is_planned_and_the_last_message_kept(text):

@@ -11,7 +11,7 @@ So a reminded turn of a member whom guidance would serve at depth 0 (one memory,
 standing instruction the decoding constraints do not keep: ``contrast.resolve``) gets an
 *anchor*: the turn's last message alone after the member's segment (the cached system
 turn, as in a first turn), contrasted as a first turn is against the same message with
-nothing injected (``plan._unreminded``). A member with several memories, past the first
+nothing injected (``plan.unreminded``). A member with several memories, past the first
 turns their guide serves (``plan.MANY_GUIDED_BEFORE``, no tenant instructions): the last
 message alone with its reminder against without it, both after the turn's segment, as
 their guide contrasts at depth 0. Both are prefilled in one forward of their own

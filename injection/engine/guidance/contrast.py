@@ -40,7 +40,7 @@ from injection.prompting.readers import names_language
 from injection.prompting.reminder import standing
 
 __all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
-           "combine", "count_pair", "guide_job", "mirror", "prefill", "prefill_guide",
+           "combine", "count_pair", "first_token", "guide_job", "mirror", "prefill", "prefill_guide",
            "resolve", "shares_forward", "split_rows", "with_guides"]
 
 PLAUSIBLE = 0.1  # a token below this share of the row's best probability is never picked
@@ -105,9 +105,13 @@ def _measured(memory: str) -> bool:
     return names_language(memory) or bool(detect([memory]))
 
 
-def attach(job: RowJob, guide: Guide | None, max_batch: int) -> None:
-    """Give ``job`` its guide row (none at strength 0, or without room for two rows)."""
-    if guide is not None and guide.strength > 0 and max_batch >= 2:
+def attach(job: RowJob, guide: Guide | None, max_batch: int, lean: Any = None) -> None:
+    """Give ``job`` its guide row (none at strength 0, or without room for two rows), or the
+    member's lean and its strength (``probe.py``: chosen with from the first token, no guide;
+    a ``probe`` row measures its guide's)."""
+    if lean is not None:
+        job.preset, job.guide_strength = lean[0], float(lean[1])
+    elif guide is not None and guide.strength > 0 and max_batch >= 2:
         job.guide, job.guide_strength = guide_job(job, guide), guide.strength
 
 
@@ -169,9 +173,18 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
 
 
 def mirror(job: RowJob, token: int) -> None:
-    """The guide goes on with the row's token (it leaves the batch with its row)."""
+    """The guide goes on with the row's token (it leaves the batch with its row); a preset
+    lean moves on past the first token (``lean.advance``)."""
     if job.guide is not None:
         job.guide.gen.append(token)
+    lean.advance(job)
+
+
+def first_token(job: RowJob, main: torch.Tensor, guide: torch.Tensor) -> torch.Tensor:
+    """A guided row's first-token scores (``combine``; a probe keeps the difference:
+    ``lean.first``)."""
+    lean.first(job, main, guide)
+    return combine(main, guide, job.guide_strength)
 
 
 def with_guides(rows: list[Any]) -> list[Any]:

@@ -49,7 +49,8 @@ from injection.kvcache.chain import segment_split
 from injection.prompting.reminder import turns_before
 from injection.prompting.template import compose_context
 
-__all__ = ["build_guide", "guide_figures", "plan_anchor", "plan_guide", "turn_strength"]
+__all__ = ["build_guide", "guide_figures", "plan_anchor", "plan_guide", "turn_strength",
+           "unreminded"]
 
 # A member with several memories: a turn with fewer exchanges before it than this is
 # guided against the same turn without its reminder (0: never). Measured on the memory
@@ -90,7 +91,7 @@ def plan_guide(adapter: Any, req: ExecutionRequest, messages: list[dict[str, str
             req.messages[-1])], prompt_ids, done) if use else None
     if mem.many:
         return None
-    return _unreminded(adapter, strength, req, messages,
+    return unreminded(adapter, strength, req, messages,
                        compose_context(req.instructions if keep_instructions else "", ""))
 
 
@@ -116,7 +117,7 @@ def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, st
     parts = adapter.split_prompt(context, alone)
     if parts.segment != segment:
         return None
-    negative = _unreminded(adapter, strength, req, alone, compose_context(
+    negative = unreminded(adapter, strength, req, alone, compose_context(
         req.instructions if keep_instructions else "", ""))
     return AnchorPlan(strength, tuple(adapter.renderer.encode(parts.prompt, first=False)),
                       negative)
@@ -143,7 +144,7 @@ def _anchor_many(adapter: Any, strength: float, context: str, segment: str,
                       GuidePlan(strength, "segment", tuple(encode(neg.prompt, first=False))))
 
 
-def _unreminded(adapter: Any, strength: float, req: ExecutionRequest,
+def unreminded(adapter: Any, strength: float, req: ExecutionRequest,
                 messages: list[dict[str, str]], context: str) -> GuidePlan:
     """One memory: the same messages after ``context`` ('' : nothing injected)."""
     encode = adapter.renderer.encode
@@ -193,15 +194,16 @@ def build_guide(plan: GuidePlan | None, chain: Any, tenant: str, prefix: Any,
 
 
 def guide_figures(guide: Guide | None, out: Any,
-                  anchored: tuple[float, int] | None = None) -> dict[str, Any]:
+                  anchored: tuple[float, int, int] | None = None) -> dict[str, Any]:
     """The result's guidance figures: the strength applied and the guide row's tokens as
     the engine ran them (``out``: the ``GenerationOutput``; 0 where no guide row ran);
-    ``anchored``: an anchor's strength and prefilled tokens (``anchor.py``), counted as
-    the guide's."""
-    strength, tokens = anchored or (guide.strength if guide else 0.0, 0)
+    ``anchored``: an anchor's strength and prefilled tokens (``anchor.py``), or a member's
+    lean's and the tokens its probe prefilled and decoded for this turn (``probe.py``; 0 and
+    0 once cached), counted as the guide's."""
+    strength, prefilled, decoded = anchored or (guide.strength if guide else 0.0, 0, 0)
     return {"contrast_effective": strength,
-            "guide_prefill_tokens": int(getattr(out, "guide_prefill_tokens", 0)) + tokens,
-            "guide_decode_tokens": int(getattr(out, "guide_decode_tokens", 0))}
+            "guide_prefill_tokens": int(getattr(out, "guide_prefill_tokens", 0)) + prefilled,
+            "guide_decode_tokens": int(getattr(out, "guide_decode_tokens", 0)) + decoded}
 
 
 def _head(renderer: Any, prompt: str) -> str:

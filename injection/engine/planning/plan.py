@@ -4,7 +4,8 @@
 K/V comes from (the tenant/member chain ``split``, the member's ``memory`` plan), the
 rendered prompt, the reminder and the fitted messages, the conversation's link
 (``LinkPlan``), whether a missing member segment is prefilled by the turn itself
-(``defer``) and the contrastive guide to build (``GuidePlan``). Only the
+(``defer``) and the contrastive guide to build (``GuidePlan``) or the member's lean to
+fetch or measure (``LeanPlan``). Only the
 run step touches K/V: it fetches or computes the segments, builds the guide's K/V head,
 generates and keeps the turn's link (``engine/executor.py``).
 """
@@ -16,7 +17,7 @@ from typing import Any, NamedTuple
 from injection.base import CacheKey, SegmentSplit
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["AnchorPlan", "GuidePlan", "LinkPlan", "TurnPlan"]
+__all__ = ["AnchorPlan", "GuidePlan", "LeanPlan", "LinkPlan", "TurnPlan"]
 
 Message = dict[str, str]
 
@@ -67,6 +68,18 @@ class AnchorPlan(NamedTuple):
     guide: GuidePlan
 
 
+class LeanPlan(NamedTuple):
+    """A first turn's lean, measured once per member on probe questions
+    (``engine/guidance/probe.py``): ``ids``, each probe after the member's segment, guided
+    against its ``guides`` (the probe with nothing injected) at ``strength``; ``digest``:
+    what the lean depends on (its cache key's content hash)."""
+
+    strength: float
+    ids: tuple[tuple[int, ...], ...]
+    guides: tuple[GuidePlan, ...]
+    digest: str
+
+
 class TurnPlan(NamedTuple):
     """What one turn does (``planner.TurnPlanner.plan``)."""
 
@@ -91,6 +104,7 @@ class TurnPlan(NamedTuple):
     sampling: dict[str, Any]  # temperature, top_p, seed, stop, ... (``request_checks``)
     max_new_tokens: int
     anchor: AnchorPlan | None = None  # the first token as a first turn picks it (None: none)
+    lean: LeanPlan | None = None  # the member's lean instead of a guide row (None: none)
 
     @property
     def injected(self) -> bool:

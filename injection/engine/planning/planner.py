@@ -17,7 +17,9 @@ and what the steps before it decided:
    turn itself (``defer``) and whether a reminded turn's guide continues the row's prefix;
 5. the guide (``engine/guidance/plan.py``): which variant and its input ids. Its K/V head
    (the tenant's segment, the template's system turn, or the row's own prefix) is built
-   in the run step (``build_guide``), as are the segments (``SegmentChain.get``).
+   in the run step (``build_guide``), as are the segments (``SegmentChain.get``). A
+   one-memory first turn's guide becomes the member's lean (``guidance/probe.py``: a
+   ``LeanPlan``, its probe's input), fetched or measured in the run step.
 
 Only the model's text side is used: its template and tokenizer (``split_prompt``,
 ``plain_prompt``, ``prompt_tokens``, ``count_tokens``, ``renderer``). Two steps may run
@@ -33,6 +35,7 @@ from typing import Any, NamedTuple
 
 from injection.base import ExecutionRequest, SegmentSplit
 from injection.engine.guidance.plan import plan_anchor, plan_guide, turn_strength
+from injection.engine.guidance.probe import plan_lean
 from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
@@ -113,15 +116,17 @@ class TurnPlanner:
         one_pass: a missing member segment is prefilled by the turn itself.
         guide_keeps_instructions: the one-memory guide keeps the tenant's instructions
             (``guidance/plan.py``; measured by bench/bench_tenant_precedence.py).
+        memory_lean: a one-memory first turn leans with the member's lean measured once
+            (``guidance/probe.py``) instead of running a guide row.
     """
 
     def __init__(self, adapter: Any, memories: Any, turns: Any, *, alpha_cap: float,
                  min_alpha: float, batching: bool, one_pass: bool,
-                 guide_keeps_instructions: bool = False) -> None:
+                 guide_keeps_instructions: bool = False, memory_lean: bool = True) -> None:
         self.adapter, self.memories, self.turns = adapter, memories, turns
         self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
         self.batching, self.one_pass = batching, one_pass and batching
-        self.guide_keeps_instructions = guide_keeps_instructions
+        self.guide_keeps_instructions, self.memory_lean = guide_keeps_instructions, memory_lean
 
     def plan(self, req: ExecutionRequest) -> TurnPlan:
         system = self.system_turn(req)
@@ -176,10 +181,15 @@ class TurnPlanner:
                            prompt_ids=link.prompt_ids, done=link.done, **common)
         anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
                              segment=parts.segment, **common)
+        lean = plan_lean(self.adapter, req, guide, on=self.memory_lean, context=system.context,
+                         segment=parts.segment, member_alpha=member_alpha,
+                         keep_instructions=self.guide_keeps_instructions)
         # one-pass miss: a missing member segment is computed in this turn's own prefill
-        # (not for an anchored turn: its anchor's two prompts start from the segment too)
-        defer = self.one_pass and link.cached is None and member_alpha == 1.0 and not anchor
+        # (not for an anchored or leaning turn: its anchor's two prompts, or its lean's
+        # probe, start from the segment too)
+        defer = (self.one_pass and link.cached is None and member_alpha == 1.0
+                 and not anchor and not lean)
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
-                        system.reminder, tuple(messages), parts.prompt, link, defer, guide,
-                        sampling, req.max_new_tokens, anchor)
+                        system.reminder, tuple(messages), parts.prompt, link, defer,
+                        None if lean else guide, sampling, req.max_new_tokens, anchor, lean)

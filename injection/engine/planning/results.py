@@ -39,9 +39,11 @@ def plain_result(plan: TurnPlan, reply: Reply, fingerprint: str) -> ExecutionRes
 
 
 def injected_result(plan: TurnPlan, reply: Reply, chain: Any, guide: Any, model: Any,
-                    engine: Any, anchored: tuple[float, int] | None = None) -> ExecutionResult:
+                    engine: Any, anchored: tuple[float, int] | None = None,
+                    lean: str = "") -> ExecutionResult:
     """The injected ``chain`` (``ChainKV``) before the prompt, with ``guide`` or none;
-    ``anchored``: the anchor's strength and prefilled tokens (``guidance/anchor.py``)."""
+    ``anchored``: the anchor's (or the member's lean's) strength and prefilled tokens
+    (``guidance/anchor.py``, ``guidance/probe.py``); ``lean``: where the lean came from."""
     out, head, reused = reply.out, chain.num_tokens, plan.link.done
     prompt_tokens = head + len(out.prompt_token_ids)
     layers = chain.kv.num_layers if chain.kv is not None else int(
@@ -61,5 +63,5 @@ def injected_result(plan: TurnPlan, reply: Reply, chain: Any, guide: Any, model:
         **guide_figures(guide, out, anchored),
         constraints=list(plan.sampling.get("constraints", ())),
         extra={"segments": chain.tiers, "preference_applied": plan.personal,
-               **plan.memory.extra()},
+               **({"lean": lean} if lean else {}), **plan.memory.extra()},
     )

@@ -160,8 +160,7 @@ class GroupPrefill:
         if not any(job.guide is not None for job in joined):
             return joined, anchor.firsts(joined, logits[[at[id(job)] for job in joined]])
         return joined, anchor.firsts(joined, torch.stack([
-            contrast.combine(bans.row(j, logits[at[id(j)]]), logits[at[id(j.guide)]],
-                             j.guide_strength)
+            contrast.first_token(j, bans.row(j, logits[at[id(j)]]), logits[at[id(j.guide)]])
             if j.guide is not None else logits[at[id(j)]].float() for j in joined]))
 
     def _join_guide(self, job: RowJob, past: Any) -> None:
