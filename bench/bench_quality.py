@@ -10,7 +10,9 @@ preferences, facts about the member; a fixed tuning/validation split), each aske
 * ``platform``: the memories stored and injected, every mechanism at its default;
 * ``- guidance`` (contrast 0), ``+ guidance`` (contrast 1), ``- reminder``, ``- both``,
   ``guidance only`` (no reminder, contrast 1), ``- recall pick`` (the reminder re-states
-  the first memories, not those relevant to the message).
+  the first memories, not those relevant to the message), ``- memory lean`` (a one-memory
+  first turn guided by a guide row leaving after 4 steps, not the member's lean measured
+  once: ``guidance/probe.py``).
 
 Requests go through the worker's executor (``injection.build_executor`` with the worker's
 settings: batch engine, one-pass segments, conversation reuse, memory recall) exactly as

@@ -167,3 +167,17 @@ def test_the_history_that_fits_is_planned_and_the_last_message_kept(text):
         ExecutionRequest("t", "u", msgs, PREF, max_new_tokens=16))
     assert 1 < len(plan.messages) < len(msgs) and plan.messages[-1] == ASK[0]
     assert len(text.renderer.encode(plan.segment + plan.prompt, first=True)) + 16 <= room
+
+
+def test_a_lean_plan_is_kept_per_system_turn_whatever_is_asked(text):
+    """The probes do not depend on the question: a member's next turn reuses its lean plan
+    (no probe rendered again); another tenant's turn of the same text gets its own."""
+    p = planner(text, batching=True)
+
+    def lean(ask=ASK, tenant="t"):
+        return p.plan(ExecutionRequest(tenant, "u", ask, PREF, RULES, contrast=1.0)).lean
+
+    first = lean()
+    assert lean([{"role": "user", "content": "Something else?"}]) is first
+    other = lean(tenant="t2")
+    assert other is not first and other.digest == first.digest  # keyed per tenant by its key

@@ -35,7 +35,7 @@ from typing import Any, NamedTuple
 
 from injection.base import ExecutionRequest, SegmentSplit
 from injection.engine.guidance.plan import plan_anchor, plan_guide, turn_strength
-from injection.engine.guidance.probe import plan_lean
+from injection.engine.guidance.probe import LeanPlans
 from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
@@ -127,6 +127,7 @@ class TurnPlanner:
         self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
         self.batching, self.one_pass = batching, one_pass and batching
         self.guide_keeps_instructions, self.memory_lean = guide_keeps_instructions, memory_lean
+        self.leans = LeanPlans(adapter)  # a member's lean plan, per system turn
 
     def plan(self, req: ExecutionRequest) -> TurnPlan:
         system = self.system_turn(req)
@@ -181,9 +182,9 @@ class TurnPlanner:
                            prompt_ids=link.prompt_ids, done=link.done, **common)
         anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
                              segment=parts.segment, **common)
-        lean = plan_lean(self.adapter, req, guide, on=self.memory_lean, context=system.context,
-                         segment=parts.segment, member_alpha=member_alpha,
-                         keep_instructions=self.guide_keeps_instructions)
+        lean = self.leans.plan(req, guide, on=self.memory_lean, context=system.context,
+                               segment=parts.segment, member_alpha=member_alpha,
+                               keep_instructions=self.guide_keeps_instructions)
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         # (not for an anchored or leaning turn: its anchor's two prompts, or its lean's
         # probe, start from the segment too)
