@@ -369,7 +369,9 @@ PREFERENCES: list[tuple] = [
         "What can I bring to a kids' party?", "What should I have after dinner?",
         "Give me an idea for a birthday breakfast."]),
     ("metric", "validation", "I use metric units only: metres, kilometres and kilograms.",
-     ("regex", r"\b(?:k?m|kilomet|met(?:re|er)|kg|kilogram|centimet|cm)\b",
+     # (plurals: "324 metres" failed the first runs' pattern, which wanted "metre" alone;
+     # found on validation replies 2026-12-01)
+     ("regex", r"\b(?:k?m|(?:kilo|centi)?met(?:re|er)s?|kg|kilograms?|cm)\b",
       r"\b(?:miles?|feet|foot|pounds?|lbs?|inch(?:es)?|yards?)\b"), [
          "How tall is the Eiffel Tower?", "How far is a marathon?",
          "How heavy is an adult elephant?", "How long is a football pitch?",
