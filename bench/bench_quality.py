@@ -91,13 +91,15 @@ CONDS: dict[str, dict] = {
     # a one-memory first turn guided by a guide row leaving after 4 steps (``lean.py``), not by
     # the member's lean measured once on a probe (``probe.py``, the platform's)
     "- memory lean": {"memory_lean": False},
+    # an anchored (deep) turn without the member's lean after its first token (``probe.DEEP``)
+    "- deep lean": {"deep_lean": False},
     # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
     "alpha 1.5": {"alpha": 1.5},
     "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean",
-            "memory_lean")
+            "memory_lean", "deep_lean")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -114,7 +116,8 @@ PROFILES: dict[str, dict] = {
     "full": {"every": 1, "cells": {
         (0, 1): ["no memory", "system message", "platform", "- guidance", "- constraints",
                  "- memory lean"],
-        (8, 1): ["system message", "platform", "- reminder", "- constraints", "- anchor"],
+        (8, 1): ["system message", "platform", "- reminder", "- constraints", "- anchor",
+                 "- deep lean"],
         (4, 1): {"conds": ["system message", "platform"], "every": 3},
         (16, 1): {"conds": ["system message", "platform"], "every": 3},
         (0, 20): {"conds": ["platform", "- guidance"], "every": 3},
@@ -198,12 +201,13 @@ def _phase(job: tuple) -> tuple:
 def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     """The phase's switches set on the modules and the executor's memory planner;
     ``defaults`` (``_defaults``) where the phase does not set them."""
-    from injection.engine.guidance import lean, plan
+    from injection.engine.guidance import lean, plan, probe
     from injection.prompting import reminder
 
     sw, (top, options, anchors, leans) = dict(phase), defaults
     lean.LEAN_AFTER = sw.get("lean", leans[0]) or None
     ex.planner.memory_lean = sw.get("memory_lean", leans[1])
+    probe.DEEP = sw.get("deep_lean", leans[2])
     plan.ONE_ANCHORED_DEEP = sw.get("anchor", anchors[0])
     plan.MANY_ANCHORED = sw.get("anchor_many", anchors[1])
     reminder.RELEVANT_TOP = sw.get("recall_top", top)
@@ -213,11 +217,12 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
 
 
 def _defaults(ex) -> tuple:
-    from injection.engine.guidance import lean, plan
+    from injection.engine.guidance import lean, plan, probe
     from injection.prompting import reminder
 
     return (reminder.RELEVANT_TOP, ex.memories.options,
-            (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED), (lean.LEAN_AFTER, ex.planner.memory_lean))
+            (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED),
+            (lean.LEAN_AFTER, ex.planner.memory_lean, probe.DEEP))
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
@@ -254,7 +259,7 @@ def _derivable(job: tuple, jobs: list[tuple]) -> bool:
     is not applied to that member), the reply without them (or with a guide leaving early)
     is the platform's, token for token (greedy; tests/injection test the switches), so it is
     copied instead of generated again (``_derive``)."""
-    return ((job[3] in ("- guidance", "- anchor", "whole guide", "- memory lean")
+    return ((job[3] in ("- guidance", "- anchor", "whole guide", "- memory lean", "- deep lean")
              or job[3].startswith("lean "))
             and (*job[:3], "platform") in jobs)
 

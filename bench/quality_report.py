@@ -17,7 +17,8 @@ FAMILIES = ("standing", "preference", "fact")
 # the variant's missing mechanism adds
 VERSUS = ("system message", "no memory", "- guidance", "+ guidance", "- reminder", "- both",
           "guidance only", "- recall pick", "- constraints", "- anchor", "whole guide",
-          "lean 1", "lean 2", "lean 8", "lean 16", "- memory lean")
+          "lean 1", "lean 2", "lean 8", "lean 16", "- memory lean",
+          "- deep lean")
 
 
 def _cell_rows(scored, split, d, n):

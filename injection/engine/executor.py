@@ -229,16 +229,19 @@ class InjectionExecutor:
         anchored = build_anchor(plan.anchor, self.chain, req.tenant, chain.kv)
         first, anchor_tokens = scores(self.engine, anchored)
         t1 = time.perf_counter()
-        lean, lean_from, probe_tokens = self.leans.get(plan.lean, req.tenant, req.user, chain.kv)
+        lean, lean_from, (probed, probe_steps) = self.leans.get(plan.lean, req.tenant, req.user,
+                                                                chain.kv)
         fetch_ms += (time.perf_counter() - t1) * 1000.0  # a probe: before the first token
+        if lean is not None and anchored is not None:  # its first token: the anchor's
+            lean = lean.after_first() if first is not None else None
         out = self.turns.run(plan, prefix, lead=chain.lead, capture=chain.capture, guide=guide,
                              first=first, lean=(lean, plan.lean.strength) if lean else None)
         reply = self._reply(plan, req, out, chain.num_tokens, planning_ms, fetch_ms, t0)
         self.metrics.observe_ms(f"fetch_{chain.tier.value}", fetch_ms)
         if anchored is not None and first is not None:
-            guided = (anchored.strength, anchor_tokens, 0)
+            guided = (anchored.strength, anchor_tokens + probed, probe_steps)
         else:
-            guided = (plan.lean.strength, *probe_tokens) if lean is not None else None
+            guided = (plan.lean.strength, probed, probe_steps) if lean is not None else None
         return injected_result(plan, reply, chain, guide, self.adapter, self.engine,
                                anchored=guided, lean=lean_from)
 

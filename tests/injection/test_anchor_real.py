@@ -1,8 +1,9 @@
 """A deep turn's anchor on the prepared default model (SmolLM2-135M-Instruct): a member
 whose standing instruction guidance serves, deep in a conversation, gets the first token
 the turn's last message alone would get, guided (the formula computed here from the two
-prompts with the model itself), then the row's own greedy reply; off, the reply without
-it token for token; planned only where it applies; a failing anchor degrades."""
+prompts with the model itself), then the row's reply leaning with the member's lean (or,
+that off, its own greedy reply); off, the reply without it token for token; planned only
+where it applies; a failing anchor degrades."""
 
 from __future__ import annotations
 
@@ -11,10 +12,11 @@ import torch
 
 from injection import build_executor, load_adapter
 from injection.base import ExecutionRequest, MemoryItem
-from injection.engine.guidance import anchor
+from injection.engine.guidance import anchor, probe
 from injection.engine.guidance import plan as guide_plan
-from injection.engine.guidance.contrast import combine, resolve
+from injection.engine.guidance.contrast import PLAUSIBLE, combine, resolve
 from injection.metrics import Metrics
+from tests.injection.test_probe import cached_lean
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 
@@ -59,16 +61,19 @@ def _first_token(smollm, memory: str, strength: float) -> int:
     return int(combine(logits[0], logits[1], strength).argmax())
 
 
-def _continued(ex, smollm, req, token: int) -> list[int]:
+def _continued(ex, smollm, req, token: int, lean=None, strength: float = 0.0) -> list[int]:
     """The deep turn's greedy reply from ``token`` on: its whole prompt (system turn and
-    reminded history, as planned) then ``token``, one token at a time."""
+    reminded history, as planned) then ``token``, one token at a time; with the member's
+    ``lean`` (``probe.py``), each token from ``log p + strength x lean.rest`` over the
+    plausible ones."""
     plan = ex.planner.plan(req)
     ids = [*smollm.renderer.encode(plan.segment, first=True),
            *smollm.renderer.encode(plan.prompt, first=False), token]
     out = [token]
     with torch.inference_mode():
         for _ in range(N - 1):
-            nxt = int(smollm.model(input_ids=torch.tensor([ids])).logits[0, -1].argmax())
+            logits = smollm.model(input_ids=torch.tensor([ids])).logits[0, -1]
+            nxt = int(logits.argmax()) if lean is None else _leaned(logits, lean, strength)
             if nxt in smollm._eos_ids():
                 break
             out.append(nxt)
@@ -76,22 +81,43 @@ def _continued(ex, smollm, req, token: int) -> list[int]:
     return out
 
 
-def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_as_the_row(ex, smollm):
+def _leaned(logits, lean, strength: float) -> int:
+    lp = torch.log_softmax(logits.float(), -1)
+    scores = lp + lean.rest.float() * strength
+    return int(scores.masked_fill(lp < lp.max() + torch.log(torch.tensor(PLAUSIBLE)),
+                                  float("-inf")).argmax())
+
+
+def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_leaning(ex, smollm):
+    """The anchor picks the first token; the reply goes on with the member's lean (measured
+    by the member's first such turn, ``probe.py``), as its first turns do."""
     strength = resolve(smollm, None, [FRENCH])
     assert strength > 0
     first = _ask(ex)  # the member's segment computed first (no one pass: the anchor needs it)
     res = _ask(ex)  # ... then cached
     assert res.text == first.text and res.tier.value != "compute"
-    assert first.guide_prefill_tokens == res.guide_prefill_tokens
+    assert (first.extra["lean"], res.extra["lean"]) == ("probe", "l1")
     req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
     plan = ex.planner.plan(req)
     assert plan.guide is None and plan.anchor is not None  # reminded: no guide row
-    want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, strength))
+    assert plan.lean is not None
+    want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, strength),
+                      cached_lean(ex, req), strength)
     assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
     assert res.contrast_effective == strength and res.guide_decode_tokens == 0
     assert res.guide_prefill_tokens == len(plan.anchor.ids) + len(plan.anchor.guide.ids)
     unguided = _ask(ex, contrast=0.0)
     assert unguided.text != res.text and unguided.guide_prefill_tokens == 0
+
+
+def test_without_the_lean_a_deep_turn_goes_on_as_the_row(ex, smollm, monkeypatch):
+    monkeypatch.setattr(probe, "DEEP", False)
+    strength = resolve(smollm, None, [FRENCH])
+    res = _ask(ex)
+    req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
+    assert ex.planner.plan(req).lean is None and "lean" not in res.extra
+    want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, strength))
+    assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
 
 
 def test_anchoring_off_is_the_reply_without_it_token_for_token(ex, monkeypatch):

@@ -284,20 +284,32 @@ def test_a_failed_probe_leaves_the_turn_without_a_lean(adapter):
     assert later.extra["lean"] == "probe"
 
 
-def test_a_reminded_turn_is_anchored_and_without_its_reminder_it_leans(adapter):
+def test_a_reminded_turn_is_anchored_then_leans_with_its_first_turns_lean(adapter, monkeypatch):
+    """A deep (reminded) turn's first token is its anchor's (anchor.py), the rest lean with
+    the lean the member's first turn measured (the same key: no probe again), no guide row;
+    without the deep lean (``probe.DEEP``) it starts with the same token and goes on as the
+    row. Without its reminder a deep turn leans as a first turn does."""
+    deep_req = ExecutionRequest("t1", "u1", _history(3), MEMORY, max_new_tokens=12,
+                                contrast=1.0)
     ex = _executor(adapter)
     try:
-        deep = ex.execute(ExecutionRequest("t1", "u1", _history(3), MEMORY, max_new_tokens=4,
-                                           contrast=1.0))
+        first = _ask(ex)
+        deep = ex.execute(deep_req)
+        plans = [ex.planner.plan(r) for r in (deep_req, ExecutionRequest(
+            "t1", "u1", QUESTION, MEMORY, contrast=1.0))]
+        monkeypatch.setattr(probe, "DEEP", False)
+        plain = ex.execute(deep_req)
         unreminded = ex.execute(ExecutionRequest("t1", "u1", _history(3), MEMORY,
                                                  max_new_tokens=4, contrast=1.0,
                                                  reminder=False))
     finally:
         ex.close()
-    # the reminded turn's first token is anchored (anchor.py): no lean, no guide row
-    assert "lean" not in deep.extra and deep.contrast_effective == 1.0
-    assert deep.guide_prefill_tokens > 0 and deep.guide_decode_tokens == 0
-    assert unreminded.extra["lean"] == "probe" and unreminded.contrast_effective == 1.0
+    assert first.extra["lean"] == "probe" and deep.extra["lean"] == "l1"
+    assert plans[0].anchor is not None and plans[0].lean.digest == plans[1].lean.digest
+    assert deep.contrast_effective == 1.0 and deep.guide_decode_tokens == 0
+    assert deep.guide_prefill_tokens == len(plans[0].anchor.ids) + len(plans[0].anchor.guide.ids)
+    assert "lean" not in plain.extra and plain.guide_prefill_tokens == deep.guide_prefill_tokens
+    assert unreminded.extra["lean"] == "l1" and unreminded.contrast_effective == 1.0
 
 
 def test_warming_a_member_measures_their_lean_too(adapter):

@@ -58,7 +58,11 @@ PROBES: tuple[str, ...] = (
     "How does a computer store information?",
 )
 PROBE_STEPS = 4  # the probe's guided decoding steps after its first token
-_VERSION = "memory-lean-1"  # part of every key: a change of the recipe misses old leans
+# An anchored turn (a deep one: ``anchor.py``) leans too, after the first token its anchor
+# chose, with the same lean (False: only first turns lean)
+DEEP = True
+_VERSION = "memory-lean-1"
+_HEADS = ("none", "shared", "tenant")  # a one-memory guide's (not "row", "segment")  # part of every key: a change of the recipe misses old leans
 
 
 class MemoryLean(NamedTuple):
@@ -71,6 +75,10 @@ class MemoryLean(NamedTuple):
     def nbytes(self) -> int:
         return self.first.nbytes + self.rest.nbytes
 
+    def after_first(self) -> MemoryLean:
+        """The lean of a turn whose first token is chosen otherwise (its anchor's)."""
+        return MemoryLean(torch.zeros_like(self.first), self.rest)
+
 
 def plan_lean(adapter: Any, req: ExecutionRequest, guide: GuidePlan | None, *, on: bool,
               context: str, segment: str, member_alpha: float, keep_instructions: bool = False
@@ -78,7 +86,7 @@ def plan_lean(adapter: Any, req: ExecutionRequest, guide: GuidePlan | None, *, o
     """The turn's lean instead of its ``guide`` (a one-memory first turn's: heads
     ``none``/``shared``/``tenant``), or None: off (``on``), no such guide, or a probe renders
     a different segment."""
-    if not on or guide is None or guide.head == "row" or not PROBES:
+    if not on or guide is None or guide.head not in _HEADS or not PROBES:
         return None
     negative_context = compose_context(req.instructions if keep_instructions else "", "")
     ids, guides = [], []
@@ -108,7 +116,7 @@ class LeanPlans:
     def plan(self, req: ExecutionRequest, guide: GuidePlan | None, *, on: bool, context: str,
              segment: str, member_alpha: float, keep_instructions: bool = False
              ) -> LeanPlan | None:
-        if not on or guide is None or guide.head == "row":
+        if not on or guide is None or guide.head not in _HEADS:
             return None
         key = (req.tenant, context, segment, req.instructions, keep_instructions,
                guide.strength, member_alpha, guide.head)
@@ -155,12 +163,13 @@ class MemoryLeans:
         self.adapter, self.engine, self.kv_source, self.chain = adapter, engine, kv_source, chain
 
     def get(self, plan: LeanPlan | None, tenant: str, user: str | None,
-            head: PackedKV | None) -> tuple[MemoryLean | None, str, int]:
+            head: PackedKV | None) -> tuple[MemoryLean | None, str, tuple[int, int]]:
         """``(lean, where, probe_tokens)``: where it came from (``l1``, ``l2``, ``probe``,
-        ``shared``: another turn's probe of the same key; ``""`` when none) and the forward tokens a probe ran for this turn. ``head``: the
-        turn's injected segments (the probe's prefix)."""
+        ``shared``: another turn's probe of the same key; ``""`` when none) and the forward
+        tokens a probe ran for this turn (``probe``: prefilled, decoded). ``head``: the turn's
+        injected segments (the probe's prefix)."""
         if plan is None or self.engine is None:
-            return None, "", 0
+            return None, "", (0, 0)
         user = user_or_none(user)
         if user is None:  # no identity: measured for this turn, never cached
             lean, tokens = self.probe(plan, tenant, head)

@@ -34,6 +34,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from injection.base import ExecutionRequest, SegmentSplit
+from injection.engine.guidance import probe
 from injection.engine.guidance.plan import plan_anchor, plan_guide, turn_strength
 from injection.engine.guidance.probe import LeanPlans
 from injection.engine.planning.plan import TurnPlan
@@ -182,9 +183,10 @@ class TurnPlanner:
                            prompt_ids=link.prompt_ids, done=link.done, **common)
         anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
                              segment=parts.segment, **common)
-        lean = self.leans.plan(req, guide, on=self.memory_lean, context=system.context,
-                               segment=parts.segment, member_alpha=member_alpha,
-                               keep_instructions=self.guide_keeps_instructions)
+        lean = self.leans.plan(  # a first turn's, instead of its guide; an anchored one's too
+            req, guide or (anchor.guide if anchor and probe.DEEP else None),
+            on=self.memory_lean, context=system.context, segment=parts.segment,
+            member_alpha=member_alpha, keep_instructions=self.guide_keeps_instructions)
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         # (not for an anchored or leaning turn: its anchor's two prompts, or its lean's
         # probe, start from the segment too)
