@@ -1,23 +1,27 @@
-"""A member's lean, measured once on a probe question and cached: guidance with no guide row.
+"""A member's lean, measured once on probe questions and cached: guidance with no guide row.
 
 The lean (``lean.py``) is what a guide's first decoding steps found the member's memory
 to change, ``log p(x | memory, ...) - log p(x | ...)`` per vocabulary token. What a language
 instruction changes is much the same whatever the member asks, so here it is measured once
-per memory: the member's segment and ``PROBE`` (one fixed question), guided against the same
-question with nothing injected (the one-memory guide's input: ``plan.unreminded``) for
-``PROBE_STEPS`` decoding steps, in a batch row of its own (``probe`` rows). Its first
-token's difference and the mean of its steps' are the member's ``MemoryLean``, cached with
-the member's segments (L1, then L2: a one-token ``PackedKV``, ``pack``) under a key of
-everything it depends on (``LeanPlan.digest``). Every first turn of the member then
-chooses its first token from ``log p + s x first`` and the rest from ``log p + s x rest``
-(over the same plausible tokens as a guide's), one row for the whole reply: no guide's
-prefill, no guide's steps, no second batch row, once the lean is cached.
+per memory: the member's segment and each of ``PROBES`` (8 fixed questions), guided against
+the same question with nothing injected (the one-memory guide's input: ``plan.unreminded``)
+for ``PROBE_STEPS`` decoding steps, all in the batch together (``probe`` rows). The first
+token's difference and the mean of the steps', averaged over the probes, are the member's
+``MemoryLean``, cached with the member's segments (L1, then L2: a one-token ``PackedKV``,
+``pack``) under a key of everything it depends on (``LeanPlan.digest``). Every first turn of
+the member then chooses its first token from ``log p + s x first`` and the rest from
+``log p + s x rest`` (over the same plausible tokens as a guide's), one row for the whole
+reply: no guide's prefill, no guide's steps, no second batch row, once the lean is cached.
+A deep turn, whose first token its anchor chooses (``anchor.py``), leans after it (``DEEP``).
 
 Chosen on bench_quality's tuning cases (the 35 language instructions guidance serves by
 default, depth 0; docs/BENCHMARKS.md, quality): the guide leaving after 4 steps 30/35, no
-guide 21, the whole-reply guide 31; a probe lean of one question, its first token's
-difference kept apart, 29-32 by question ("Tell me a little about yourself." 32), the mean
-alone for every token 26-29, averaged over three questions 30, strength 2 28.
+guide 21, the whole-reply guide 31; one probe question 29-32 by question, its first token's
+difference kept apart (the mean alone for every token: 26-29), three averaged 30, eight 29.
+The best single one ("Tell me a little about yourself.", 32) lost on 56 validation languages
+(30 vs the guide row's 35: its lean spoke of itself, looping on "eu eu eu"); those 56 then
+chose eight questions about no one (37), and 42 fresh validation cases confirmed them: 28/42
+against the guide row's 26 and no guide's 19 (+11/-2, p=0.022).
 
 A failed probe (its forward's own error) leaves the turn without a lean, as a failed anchor
 leaves it unanchored. Off (``InjectionExecutor(memory_lean=False)``, the worker's
