@@ -199,6 +199,27 @@ def test_the_executor_measures_a_members_lean_once_and_every_first_turn_leans_wi
     assert (again.guide_prefill_tokens, again.guide_decode_tokens) == (0, 0)
 
 
+def test_one_lean_a_member_serves_every_strength_it_is_applied_at(adapter):
+    """The probes are guided at ``PROBE_STRENGTH`` whatever the turn's: a turn at another
+    strength (a client's ``contrast``, a tenant's new ``memory_contrast``) measures nothing
+    again and leans with the same lean at its own strength."""
+    ex = _executor(adapter)
+    try:
+        strong = _ask(ex, contrast=2.0)
+        steps = ex.metrics.get("lean_probes")
+        usual = _ask(ex, contrast=1.0)
+        lean = cached_lean(ex, ExecutionRequest("t1", "u1", QUESTION, MEMORY, contrast=2.0))
+    finally:
+        ex.close()
+    assert [strong.extra["lean"], usual.extra["lean"]] == ["probe", "l1"]
+    assert steps == ex.metrics.get("lean_probes") == len(probe.PROBES)
+    want_lean = member_lean(adapter, MEMORY, probe.PROBE_STRENGTH)
+    assert torch.allclose(lean.rest.float(), want_lean.rest.float(), atol=2e-2)
+    for res, s in ((strong, 2.0), (usual, 1.0)):
+        want = lean_reference(adapter, _ids(adapter, MEMORY, QUESTION), 12, s, lean)
+        assert res.text.strip() == client_text(adapter, want) and res.contrast_effective == s
+
+
 def test_a_lean_is_the_members_own_tenant_and_memory_and_goes_with_them(adapter):
     """Keyed per tenant, member and content: another tenant or member measures its own, an
     edited memory another; invalidating the member (or the tenant) drops it."""

@@ -48,8 +48,8 @@ from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
 from injection.prompting.template import compose_context
 
-__all__ = ["LEAN_PREFIX", "PROBES", "PROBE_STEPS", "LeanPlans", "MemoryLean", "MemoryLeans",
-           "is_lean_key", "lean_key", "pack", "plan_lean", "unpack"]
+__all__ = ["LEAN_PREFIX", "PROBES", "PROBE_STEPS", "PROBE_STRENGTH", "LeanPlans", "MemoryLean",
+           "MemoryLeans", "is_lean_key", "lean_key", "pack", "plan_lean", "unpack"]
 
 log = logging.getLogger("injection.engine.batch")
 
@@ -65,8 +65,12 @@ PROBE_STEPS = 4  # the probe's guided decoding steps after its first token
 # An anchored turn (a deep one: ``anchor.py``) leans too, after the first token its anchor
 # chose, with the same lean (False: only first turns lean)
 DEEP = True
-_VERSION = "memory-lean-1"
-_HEADS = ("none", "shared", "tenant")  # a one-memory guide's (not "row", "segment")  # part of every key: a change of the recipe misses old leans
+# The strength the probes are guided with, whatever the turn's: one lean a member, applied at
+# the turn's strength (a tenant's new ``memory_contrast`` or a client's ``contrast`` measures
+# nothing again); SmolLM2's default strength, where the lean was chosen
+PROBE_STRENGTH = 1.0
+_VERSION = "memory-lean-1"  # part of every key: a change of the recipe misses old leans
+_HEADS = ("none", "shared", "tenant")  # a one-memory guide's (not "row", "segment")
 
 
 class MemoryLean(NamedTuple):
@@ -100,9 +104,9 @@ def plan_lean(adapter: Any, req: ExecutionRequest, guide: GuidePlan | None, *, o
         if parts.segment != segment:
             return None
         ids.append(tuple(adapter.renderer.encode(parts.prompt, first=False)))
-        guides.append(unreminded(adapter, guide.strength, req, probe, negative_context))
+        guides.append(unreminded(adapter, PROBE_STRENGTH, req, probe, negative_context))
     digest = _sha(_VERSION, repr(PROBES), str(PROBE_STEPS), repr(contrast.PLAUSIBLE),
-                  repr(guide.strength), repr(member_alpha), segment, repr(ids),
+                  repr(PROBE_STRENGTH), repr(member_alpha), segment, repr(ids),
                   repr(tuple(guides)))
     return LeanPlan(guide.strength, tuple(ids), tuple(guides), digest)
 
