@@ -1,7 +1,7 @@
 """Quality: are members' memories followed, better than a system message, and what does
 each mechanism of the platform add?
 
-303 cases of bench/quality_cases.py (standing instructions judged by IFEval's verifiers,
+554 cases of bench/quality_cases.py (standing instructions judged by IFEval's verifiers,
 preferences, facts about the member; a fixed tuning/validation split), each asked after
 0, 4, 8 or 16 unrelated exchanges (pre-written replies), with its memory alone or among
 19 others, greedily, under the conditions of its cell:
@@ -93,6 +93,9 @@ CONDS: dict[str, dict] = {
     "- memory lean": {"memory_lean": False},
     # an anchored (deep) turn without the member's lean after its first token (``probe.DEEP``)
     "- deep lean": {"deep_lean": False},
+    # guidance where it is not the default (preferences, facts): the anchor and deep lean
+    # alone, or the anchor alone
+    "+ guidance - deep lean": {"contrast": GUIDANCE, "deep_lean": False},
     # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
     "alpha 1.5": {"alpha": 1.5},
     "alpha 2": {"alpha": 2.0},

@@ -1,7 +1,8 @@
 """The quality benchmark's cases (bench/bench_quality.py): 153 standing instructions, 75
 preferences, 75 facts about the member, each with an objective check, in a fixed split;
 added since, each set written before it was run: 17 length preferences and 40 validation
-standing instructions of the types guidance runs for and 30 tuning language instructions
+standing instructions of the types guidance runs for, 30 tuning language instructions, 84
+validation language instructions, and 40 validation preferences and 40 validation facts
 (quality_questions.py).
 
 Written for this benchmark: no case is taken from an issue, bench/memory_cases.py or
@@ -28,6 +29,7 @@ from memory_cases import ALCOHOL, GLUTEN, MEATS, SHELLFISH
 from personalisation_cases import avoids, mentions
 from quality_questions import (
     FACTS,
+    FACTS_FRESH,
     GUIDED_MORE,
     GUIDED_QUESTIONS,
     LANGUAGE_FRESH,
@@ -38,6 +40,7 @@ from quality_questions import (
     LANGUAGE_TUNING,
     LENGTH_PREFERENCES,
     PREFERENCES,
+    PREFERENCES_FRESH,
     QUESTIONS,
     STANDING,
 )
@@ -134,9 +137,9 @@ _GROUPS = {"MEATS": MEATS, "SHELLFISH": SHELLFISH, "ALCOHOL": ALCOHOL, "GLUTEN":
            "DRIVING": ("drive", "driving", "car ", "rent a car", "road trip")}
 
 
-def _facts() -> list[Case]:
+def _facts(entries: list[tuple] = FACTS) -> list[Case]:
     out = []
-    for kind, split, memory, question, values in FACTS:
+    for kind, split, memory, question, values in entries:
         for v in values:
             names = v if isinstance(v, tuple) else (v,)
             out.append(Case("fact", kind, split, memory.format(names[0]), question,
@@ -173,7 +176,8 @@ CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
                      *_preferences(LENGTH_PREFERENCES), *_guided_more(),
                      *_language_tuning(),
                      *_languages(LANGUAGE_MORE, LANGUAGE_MORE_QUESTIONS),
-                     *_languages(LANGUAGE_FRESH, LANGUAGE_FRESH_QUESTIONS)]
+                     *_languages(LANGUAGE_FRESH, LANGUAGE_FRESH_QUESTIONS),
+                     *_preferences(PREFERENCES_FRESH), *_facts(FACTS_FRESH)]
 
 
 def family_split(family: str, split: str) -> list[Case]:

@@ -703,3 +703,78 @@ LANGUAGE_FRESH: list[tuple[str, dict]] = [
                 "I'd rather read your replies in Portuguese."]),
     ] for p in phrases),
 ]
+
+# 40 fresh validation preferences and 40 fresh validation facts, written 2026-12-01 before
+# any run, to decide one question: are a one-memory member's deep (anchored) turns guided
+# whatever the memory, not only for a standing instruction? Chosen on tuning (depth 8:
+# preferences +5, 8 won / 3 lost; facts +3, 7/4); on the 82 validation cases before these,
+# +8 (13/5, p=0.096): undecided. Decided here, on these alone: on if the paired gain at depth 8
+# has p < 0.05 (bench_quality.py --cells '8x1=platform,+ guidance').
+PREFERENCES_FRESH: list[tuple] = [
+    ("no pork", "validation", "I don't eat pork for religious reasons.",
+     ("avoid", "pork", "bacon", "prosciutto", "chorizo", "salami", "pancetta", "pepperoni",
+      "sausage", "gammon"), [
+         "What should I put on a homemade pizza?", "Suggest a hearty breakfast for a Sunday.",
+         "What can I grill for friends on Saturday?", "Give me a pasta carbonara idea.",
+         "What sandwich should I pack for a picnic?"]),
+    ("no mushrooms", "validation", "I hate mushrooms.",
+     ("avoid", "mushroom", "truffle", "porcini", "shiitake", "champignon", "chanterelle"), [
+         "What should I put in a risotto?", "Suggest a topping for my burger.",
+         "What vegetables go well in a stir-fry?", "Give me an idea for a savoury pie filling.",
+         "What soup should I make this autumn?"]),
+    ("no eggs", "validation", "I'm allergic to eggs.",
+     ("avoid", "egg", "omelet", "omelette", "mayonnaise", "meringue", "frittata", "quiche"), [
+         "What can I have for a quick breakfast?", "Suggest a dessert I can bake this weekend.",
+         "What should I make for brunch with friends?", "Give me an idea for a salad dressing.",
+         "What can I cook with leftover vegetables?"]),
+    ("no tomatoes", "validation", "Tomatoes make me sick, so I never eat them.",
+     ("avoid", "tomato", "ketchup", "marinara", "salsa", "passata", "bruschetta"), [
+         "What sauce should I use for spaghetti?", "Suggest a topping for a homemade flatbread.",
+         "What goes in a good summer salad?", "Give me a recipe for a vegetable soup.",
+         "What should I serve with grilled fish?"]),
+    ("no cheese", "validation", "I can't stand cheese.",
+     ("avoid", "cheese", "cheddar", "parmesan", "mozzarella", "feta", "brie", "gouda",
+      "ricotta", "halloumi"), [
+         "What should I put in a toasted sandwich?",
+         "Suggest a starter for a dinner party with friends.", "What topping goes on nachos?",
+         "Give me an idea for a baked pasta dish.",
+         "What should I serve at a wine tasting evening?"]),
+    ("fahrenheit", "validation", "I think in Fahrenheit, so give me temperatures in °F.",
+     ("regex", r"°\s*F\b|\bfahrenheit\b|\b\d+\s*F\b", r"°\s*C\b|\bcelsius\b|\bcentigrade\b"), [
+         "What temperature should I bake bread at?", "How hot does a sauna get?",
+         "What is the normal human body temperature?", "At what temperature does water boil?",
+         "How cold is it in Antarctica in winter?"]),
+    ("bad knees", "validation", "I have bad knees and can't run or jump.",
+     ("avoid", "run", "jog", "jump", "sprint", "burpee", "skipping"), [
+         "Suggest a workout to get fitter.", "How can I lose weight this summer?",
+         "What sport could I take up with friends?", "Give me a warm-up routine before exercise.",
+         "What should I do to improve my stamina?"]),
+    ("no screens", "validation", "I'm avoiding phones and screens in the evening.",
+     ("avoid", "phone", "screen", "tv", "television", "netflix", "movie", "film", "video",
+      "app", "tablet", "laptop", "computer"), [
+         "What should I do to relax tonight?", "Suggest an evening activity for a rainy day.",
+         "How can I wind down before bed?", "What can I do with my kids after dinner?",
+         "Give me ideas for a quiet evening at home."]),
+]
+FACTS_FRESH: list[tuple] = [
+    ("daughter", "validation", "My daughter is called {}.",
+     "Write a note to put in my daughter's lunchbox.", ["Isla", "Priya", "Sofia", "Hana", "Maeve"]),
+    ("brother", "validation", "My brother's name is {}.",
+     "Write a short birthday message for my brother.",
+     ["Lorenzo", "Kwame", "Anders", "Felix", "Dmitri"]),
+    ("company", "validation", "I work at {}.", "Write a one-line bio for my work profile.",
+     ["Siemens", "Unilever", "Nintendo", "Airbus", "Spotify"]),
+    ("parrot", "validation", "I have a parrot called {}.", "Write a short poem about my parrot.",
+     ["Kiwi", "Sunny", "Mango", "Rio", "Bingo"]),
+    ("bakery", "validation", "I own a bakery called {}.", "Write a slogan for my bakery.",
+     ["Crumbs", "Kneadful", "Breadsmith", "Sweetloaf", "Flourish"]),
+    ("boat", "validation", "My boat is named {}.",
+     "Write a short message inviting friends to go sailing on my boat.",
+     ["Seraphina", "Wanderer", "Kestrel", "Odyssey", ("Blue Heron", "Heron")]),
+    ("grandmother", "validation", "My grandmother is called {}.",
+     "Help me write a get-well card for my grandmother.",
+     ["Edith", "Rosa", "Mariko", "Ingrid", "Beatrice"]),
+    ("horse", "validation", "My horse is called {}.",
+     "Write a caption for a photo of me riding my horse.",
+     ["Thunder", "Maple", "Apollo", "Duchess", "Clover"]),
+]
