@@ -181,9 +181,10 @@ def adheres(case: Case, reply: str) -> bool:
 
 
 def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "",
-             kinds: tuple[str, ...] = ()) -> list[tuple]:
-    """(case index, depth, memories, condition) in the profile, ``recall pick`` last."""
-    picked = [i for i, c in enumerate(CASES) if split in ("both", c.split)
+             kinds: tuple[str, ...] = (), first: int = 0) -> list[tuple]:
+    """(case index, depth, memories, condition) in the profile, ``recall pick`` last;
+    ``first``: only the cases from that index on (a set added last)."""
+    picked = [i for i, c in enumerate(CASES) if split in ("both", c.split) and i >= first
               and family in ("", c.family) and (not kinds or c.kind in kinds)]
     picked = picked[:: profile["every"]][: limit or None]
     jobs = []
@@ -346,6 +347,8 @@ def main() -> None:
                     metavar="FILE:FROM=TO", help="pair with condition FROM of another run's "
                     "partial FILE (another commit's), named TO in --cells")
     ap.add_argument("--limit", type=int, default=0, help="first N cases of each cell (0: all)")
+    ap.add_argument("--first", type=int, default=0, help="only the cases from index N on "
+                    "(a set added last, e.g. 554: LANGUAGE_BARE)")
     args = ap.parse_args()
     import torch
 
@@ -367,7 +370,7 @@ def main() -> None:
                             for cell in args.cells.split(";")}
     profile["every"] = args.every or profile["every"]
     jobs = jobs_for(profile, args.split, args.limit, args.family,
-                    tuple(k for k in args.kinds.split(",") if k))
+                    tuple(k for k in args.kinds.split(",") if k), args.first)
     print(f"{len(jobs)} replies, profile {args.profile}, split {args.split}", flush=True)
     rows = generate(ex, budget, jobs, args.workers, args.partial,
                     {k: v for spec in args.imports for k, v in imported(spec).items()})

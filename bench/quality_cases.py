@@ -2,8 +2,8 @@
 preferences, 75 facts about the member, each with an objective check, in a fixed split;
 added since, each set written before it was run: 17 length preferences and 40 validation
 standing instructions of the types guidance runs for, 30 tuning language instructions, 84
-validation language instructions, and 40 validation preferences and 40 validation facts
-(quality_questions.py).
+validation language instructions, 40 validation preferences and 40 validation facts, and 40
+validation language requests without a verb (quality_questions.py).
 
 Written for this benchmark: no case is taken from an issue, bench/memory_cases.py or
 bench/personalisation_cases.py (their distractor exchanges and filler memories are reused:
@@ -32,6 +32,7 @@ from quality_questions import (
     FACTS_FRESH,
     GUIDED_MORE,
     GUIDED_QUESTIONS,
+    LANGUAGE_BARE,
     LANGUAGE_FRESH,
     LANGUAGE_FRESH_QUESTIONS,
     LANGUAGE_MORE,
@@ -177,7 +178,8 @@ CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
                      *_language_tuning(),
                      *_languages(LANGUAGE_MORE, LANGUAGE_MORE_QUESTIONS),
                      *_languages(LANGUAGE_FRESH, LANGUAGE_FRESH_QUESTIONS),
-                     *_preferences(PREFERENCES_FRESH), *_facts(FACTS_FRESH)]
+                     *_preferences(PREFERENCES_FRESH), *_facts(FACTS_FRESH),
+                     *_languages(LANGUAGE_BARE, LANGUAGE_FRESH_QUESTIONS)]
 
 
 def family_split(family: str, split: str) -> list[Case]:

@@ -778,3 +778,15 @@ FACTS_FRESH: list[tuple] = [
      "Write a caption for a photo of me riding my horse.",
      ["Thunder", "Maple", "Apollo", "Duchess", "Clover"]),
 ]
+
+# 40 validation language requests with no verb ("French please."), written 2026-12-01 before
+# any run: ``reminder.standing`` takes them for no instruction, so they are neither guided
+# nor anchored. Read as one (a trial), guided 5/40 against 1/40 (+4/-0, p=0.12): left so.
+# Asked the fresh questions above.
+LANGUAGE_BARE: list[tuple[str, dict]] = [
+    *((p.format(lang), {"language": code}) for code, lang in [
+        ("fr", "French"), ("es", "Spanish"), ("de", "German"), ("it", "Italian"),
+        ("pt", "Portuguese")]
+      for p in ("{} please.", "In {}, please.", "{} only, thanks.", "{}, please!",
+                "{} please, thank you.", "in {} please", "{} only.", "{}, thanks.")),
+]
