@@ -1,20 +1,20 @@
 """Worker shutdown closes the executor so queued L2 writes land (issue 9, finding 9).
 
-In process: the real executor (demo model, real Redis) queues an L2 write while Redis
-refuses writes (CLIENT PAUSE WRITE); Celery's real ``worker_shutdown`` signal must not
-return before that write has landed. Then a real worker process, stopped with SIGTERM,
+In process: the real executor (demo model, real Redis) queues an L2 write while its writer
+is held on an event; Celery's real ``worker_shutdown`` signal must not return before that
+write has landed. Then a real worker process, stopped with SIGTERM,
 reports its queued writes flushed on the way out."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
-import redis
 from celery.signals import worker_shutdown
 
 from gpu_worker.channels import kvstore
 from gpu_worker.serving import host
-
-PAUSE_MS = 1500
 
 
 def l2_entries(tenant: str) -> int:
@@ -23,23 +23,40 @@ def l2_entries(tenant: str) -> int:
 
 def test_worker_shutdown_signal_waits_for_queued_l2_writes(settings, demo_model_path,
                                                            redis_url):
+    """The L2 writer is held on an event (no Redis pause racing the warm's compute): the
+    shutdown signal, sent while the write is queued, returns only once it has landed."""
     settings.MODEL_PATH, settings.MODEL_DEVICE, settings.MODEL_DTYPE = str(demo_model_path), "", ""
     settings.KV_L2_ENABLED = True
     executor = host.get_executor()  # loads the model; signer and key generation set up
     tenant = "shutdown-flush"
     assert l2_entries(tenant) == 0
-    client = redis.Redis.from_url(settings.KV_CACHE_REDIS_URL)  # the L2 entries' Redis
-    client.execute_command("CLIENT", "PAUSE", PAUSE_MS, "WRITE")  # the L2 writer blocks
+    writer, release = executor.l2._writer, threading.Event()
+    write = writer._fn
+
+    def held(key, value):
+        release.wait(120)
+        return write(key, value)
+
+    writer._fn = held
+    signal = threading.Thread(target=worker_shutdown.send, kwargs={"sender": None})
     try:
         executor.warm(tenant, "u1", "I like long walks on quiet beaches.")
-        assert executor.l2.stats()["inflight"] == 1  # queued, not written
-        worker_shutdown.send(sender=None)  # what Celery sends as the worker exits
+        assert writer.inflight == 1  # queued, not written
+        signal.start()  # what Celery sends as the worker exits
+        while host.current_executor() is not None and signal.is_alive():
+            time.sleep(0.01)  # until the signal has taken the executor to close it
+        assert signal.is_alive() and l2_entries(tenant) == 0  # waiting for the write
+        release.set()
+        signal.join(60)
+        assert not signal.is_alive()
         assert l2_entries(tenant) == 1  # the write landed before the signal returned
         assert host.current_executor() is None
     finally:
-        client.execute_command("CLIENT", "UNPAUSE")
+        release.set()
+        writer._fn = write
+        if signal.is_alive():
+            signal.join(60)
         kvstore.l2_tier().evict(tenant)
-        client.close()
 
 
 @pytest.mark.e2e
