@@ -69,10 +69,13 @@ def fluency(scored, cases, names) -> str:
                      _pct(sum(evades(t) for t in texts), mine),
                      f"{statistics.mean(r[5]['prompt'] for r in mine):.0f}",
                      f"{statistics.mean(r[5]['completion'] for r in mine):.1f}",
-                     f"{statistics.mean(r[5]['guide'] for r in mine):.1f}"])
+                     f"{statistics.mean(r[5]['guide'] for r in mine):.1f}",
+                     str(sum(r[5].get("lean") == "probe" for r in mine))])
+    # a reply that measured its member's lean counts the probes' tokens (once per member: in
+    # this benchmark every case is a new member) in its guide forward tokens
     return table(["condition", "replies", "empty", "repeats", "recites", "non-answers",
                   "prompt tokens (mean)", "reply tokens (mean)",
-                  "guide forward tokens (mean)"], rows)
+                  "guide forward tokens (mean)", "replies measuring a lean"], rows)
 
 
 def _pct(k: int, of: list) -> str:

@@ -36,7 +36,6 @@ from typing import Any, NamedTuple
 from injection.base import ExecutionRequest, SegmentSplit
 from injection.engine.guidance import probe
 from injection.engine.guidance.plan import plan_anchor, plan_guide, turn_strength
-from injection.engine.guidance.probe import LeanPlans
 from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
@@ -128,7 +127,7 @@ class TurnPlanner:
         self.alpha_cap, self.min_alpha = float(alpha_cap), float(min_alpha)
         self.batching, self.one_pass = batching, one_pass and batching
         self.guide_keeps_instructions, self.memory_lean = guide_keeps_instructions, memory_lean
-        self.leans = LeanPlans(adapter)  # a member's lean plan, per system turn
+        self.leans = probe.LeanPlans(adapter)  # a member's lean plan, per system turn
 
     def plan(self, req: ExecutionRequest) -> TurnPlan:
         system = self.system_turn(req)
