@@ -30,6 +30,7 @@ from personalisation_cases import avoids, mentions
 from quality_questions import (
     FACTS,
     FACTS_FRESH,
+    FACTS_FRESH_2,
     GUIDED_MORE,
     GUIDED_QUESTIONS,
     LANGUAGE_BARE,
@@ -179,7 +180,8 @@ CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
                      *_languages(LANGUAGE_MORE, LANGUAGE_MORE_QUESTIONS),
                      *_languages(LANGUAGE_FRESH, LANGUAGE_FRESH_QUESTIONS),
                      *_preferences(PREFERENCES_FRESH), *_facts(FACTS_FRESH),
-                     *_languages(LANGUAGE_BARE, LANGUAGE_FRESH_QUESTIONS)]
+                     *_languages(LANGUAGE_BARE, LANGUAGE_FRESH_QUESTIONS),
+                     *_facts(FACTS_FRESH_2)]
 
 
 def family_split(family: str, split: str) -> list[Case]:

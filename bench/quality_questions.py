@@ -790,3 +790,36 @@ LANGUAGE_BARE: list[tuple[str, dict]] = [
       for p in ("{} please.", "In {}, please.", "{} only, thanks.", "{}, please!",
                 "{} please, thank you.", "in {} please", "{} only.", "{}, thanks.")),
 ]
+
+# 40 fresh validation facts, written 2026-12-03 before any run and phrased as members write
+# them ("my cat's name is ...", "we moved to ..."), to decide one question: are a one-memory
+# member's deep (reminded) turns anchored and leaning when the memory reads as a fact
+# (``reminder.fact``), not only for a standing instruction? Suggested by the validation facts
+# (22 won / 2 lost over 75 with every memory guided at depth 8) where tuning showed +3 (7/4):
+# decided here, on these alone, on if the paired gain at depth 8 has p < 0.05
+# (bench_quality.py --cells '8x1=platform,+ guidance' --first 594).
+FACTS_FRESH_2: list[tuple] = [
+    ("cat", "validation", "my cat's name is {}", "Write a short poem about my cat.",
+     ["Miso", "Pixel", "Juniper", "Saffron", "Oscar"]),
+    ("niece", "validation", "My niece {} is coming to stay with us.",
+     "Write a welcome note for my niece.", ["Lily", "Zainab", "Astrid", "Carmen", "Mei"]),
+    ("wife", "validation", "I'm married to {}.",
+     "Help me write an anniversary message for my wife.",
+     ["Chloe", "Aisha", "Marta", "Naomi", "Elena"]),
+    ("town", "validation", "We moved to {} last year.", "Suggest a day out near where we live.",
+     ["Bristol", "Valencia", "Gdansk", "Adelaide", "Quebec"]),
+    ("band", "validation", "I sing in a band called {}.",
+     "Write a caption announcing my band's next gig.",
+     [("The Lanterns", "Lanterns"), ("Velvet Fox", "Velvet"), "Northbound",
+      ("Paper Moons", "Paper Moon"), ("Static Bloom", "Static")]),
+    ("cafe", "validation", "I run a small café named {}.", "Write a welcome sign for my café.",
+     [("Little Fig", "Fig"), ("Copper Kettle", "Copper"), ("Morning Glory", "Glory"),
+      "Driftwood", ("Bean Street", "Bean")]),
+    ("friend", "validation", "My best friend is {}.",
+     "Write a short message thanking my best friend for her help.",
+     ["Talia", "Noor", "Camille", "Freya", "Ines"]),
+    ("podcast", "validation", "I host a podcast called {}.",
+     "Write a one-line intro for my podcast.",
+     [("Deep Roots", "Roots"), ("Half Past Nine", "Half Past"), "Tidewater",
+      ("Loose Threads", "Threads"), ("Quiet Hours", "Quiet")]),
+]
