@@ -92,6 +92,16 @@ def real_model_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def smollm(real_model_path):
+    """SmolLM2-135M-Instruct loaded once for the session, on the CPU (the real-model tests'
+    adapter: every test builds its own executor and engine around it; what the adapter
+    keeps of its own is a function of the model, the same for every test)."""
+    from injection.model.loading import load_adapter
+
+    return load_adapter(real_model_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
 def worker_base_env(django_db_setup, demo_model_path) -> dict[str, str]:
     """Environment of a worker process: the test database and Redis db, the demo model."""
     from django.db import connection

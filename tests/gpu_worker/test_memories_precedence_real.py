@@ -10,7 +10,7 @@ import re
 import pytest
 
 from gpu_worker.serving.chat_service import build_request, load_memories
-from injection import InjectionExecutor, TenantLRU, load_adapter
+from injection import InjectionExecutor, TenantLRU
 from injection.metrics import Metrics
 from tenants import actions
 from tenants.models import Preference
@@ -34,9 +34,8 @@ CASES = [  # (tenant instructions, question, objective check on the reply)
 
 
 @pytest.fixture(scope="module")
-def executor(real_model_path):
-    ex = InjectionExecutor(load_adapter(real_model_path, device="cpu"),
-                           l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
+def executor(smollm):
+    ex = InjectionExecutor(smollm, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
                            metrics=Metrics())
     yield ex
     ex.close()

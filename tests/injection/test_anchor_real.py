@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from injection import build_executor, load_adapter
+from injection import build_executor
 from injection.base import ExecutionRequest, MemoryItem
 from injection.engine.guidance import anchor, probe
 from injection.engine.guidance import plan as guide_plan
@@ -32,11 +32,6 @@ def _deep(question: str = QUESTION) -> list[dict[str, str]]:
     msgs = [{"role": r, "content": t} for q, a in HISTORY
             for r, t in (("user", q), ("assistant", a))]
     return [*msgs, {"role": "user", "content": question}]
-
-
-@pytest.fixture(scope="module")
-def smollm(real_model_path):
-    return load_adapter(real_model_path, device="cpu")
 
 
 @pytest.fixture

@@ -129,10 +129,8 @@ def test_under_a_word_limit_the_word_opens_the_reply(smol_tok):
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_the_engine_keeps_the_word_on_the_default_model(real_model_path):
-    from injection import load_adapter
-
-    smol = load_adapter(str(real_model_path), device="cpu")
+def test_the_engine_keeps_the_word_on_the_default_model(smollm):
+    smol = smollm
     out, plain = engine_replies(smol, ("word:lantern:2",), 48)
     text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("word:lantern:2", text), text

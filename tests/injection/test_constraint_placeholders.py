@@ -125,10 +125,8 @@ def test_placeholders_still_come_when_no_determiner_does(smol_tok):
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_the_engine_keeps_placeholders_on_the_default_model(real_model_path):
-    from injection import load_adapter
-
-    smol = load_adapter(str(real_model_path), device="cpu")
+def test_the_engine_keeps_placeholders_on_the_default_model(smollm):
+    smol = smollm
     out, plain = engine_replies(smol, ("placeholders:2",), 48)
     text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("placeholders:2", text), text

@@ -98,12 +98,10 @@ def test_a_closing_phrase_comes_after_the_last_sentence(adapter):
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_the_engine_keeps_the_limit_beside_a_plain_row(real_model_path):
+def test_the_engine_keeps_the_limit_beside_a_plain_row(smollm):
     """On the default model (the demo model writes no sentence's end): the limited reply is
     the plain one's words, ended after its first sentence, both in one batch."""
-    from injection import load_adapter
-
-    smol = load_adapter(str(real_model_path), device="cpu")
+    smol = smollm
     ids = smol.renderer.encode(smol.render_chat(ASK), first=True)
     eng = BatchEngine(smol, max_batch=4)
     try:

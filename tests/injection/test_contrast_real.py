@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from injection import build_executor, load_adapter
+from injection import build_executor
 from injection.base import ExecutionRequest
 from injection.engine.guidance import lean
 from injection.engine.guidance.contrast import resolve
@@ -28,11 +28,6 @@ CASES = [("I am vegetarian and I do not like spicy food.", "Suggest a dinner rec
 # guided by default: a standing instruction naming a language; "I like short answers." is a
 # standing instruction too, of no kind guidance was measured to pay for (``contrast._measured``)
 GUIDED = {"Always answer in French."}
-
-
-@pytest.fixture(scope="module")
-def smollm(real_model_path):
-    return load_adapter(real_model_path, device="cpu")
 
 
 def test_the_default_guides_first_turns_as_the_formula_says(smollm):

@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from injection import InjectionExecutor, TenantLRU, load_adapter
+from injection import InjectionExecutor, TenantLRU
 from injection.base import ExecutionRequest, MemoryItem
 from injection.engine.batch import BatchEngine
 from injection.metrics import Metrics
@@ -31,8 +31,7 @@ def french(text: str) -> bool:
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_tenant_instruction_still_holds_with_twenty_memories(real_model_path):
-    smollm = load_adapter(real_model_path, device="cpu")
+def test_tenant_instruction_still_holds_with_twenty_memories(smollm):
     ex = InjectionExecutor(smollm, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
                            metrics=Metrics(), engine=BatchEngine(smollm, max_batch=2))
     msgs = [{"role": "user", "content": "How are you today?"}]

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from injection import build_executor, load_adapter
+from injection import build_executor
 from injection.base import ExecutionRequest, MemoryItem
 from injection.memory import MemoryPlanner, RecallOptions
 from injection.metrics import Metrics
@@ -19,11 +19,6 @@ MEMS = tuple(MemoryItem(f"m{i}", t) for i, t in enumerate([
     "Always answer in French.", "I live in Lisbon.", "My dog is called Biscuit.",
     "I am afraid of flying.", "I am vegetarian.",
 ]))
-
-
-@pytest.fixture(scope="module")
-def smollm(real_model_path):
-    return load_adapter(real_model_path, device="cpu")
 
 
 def ask(question):

@@ -10,7 +10,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from injection import InjectionExecutor, TenantLRU, build_executor, load_adapter
+from injection import InjectionExecutor, TenantLRU, build_executor
 from injection.base import CacheKey, ExecutionRequest, MemoryItem
 from injection.engine.batch import BatchEngine
 from injection.engine.turns import opening_pays
@@ -23,11 +23,6 @@ from tests.injection.test_batch_faults import _Faulty, _until, _with_model
 QUESTIONS = ["What should I cook tonight?", "And for dessert?", "Which drink goes with it?",
              "How long will it all take?"]
 PREF = "I am vegetarian."
-
-
-@pytest.fixture(scope="module")
-def smollm(real_model_path):
-    return load_adapter(real_model_path, device="cpu")
 
 
 def _chat(ex, *, drain: bool, conversation_id: str | None, **kw):

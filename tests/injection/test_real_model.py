@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from injection import InjectionExecutor, TenantLRU, load_adapter
+from injection import InjectionExecutor, TenantLRU
 from injection.base import ExecutionRequest, Tier
 from injection.metrics import Metrics
 
@@ -13,11 +13,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 # token parity with the system message holds with the memory mechanisms off (this model's
 # defaults turn contrast and deep-conversation reminders on)
 PARITY = {"reminder": False, "contrast": 0.0, "constrain": False}  # the plain injection
-
-
-@pytest.fixture(scope="module")
-def smollm(real_model_path):
-    return load_adapter(real_model_path, device="cpu")
 
 
 def test_real_model_knows_the_capital_of_france(smollm):

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from injection import InjectionExecutor, TenantLRU, build_executor, load_adapter
+from injection import InjectionExecutor, TenantLRU, build_executor
 from injection.base import ExecutionRequest, MemoryItem
 from injection.metrics import Metrics
 from injection.prompting import reminder
@@ -116,8 +116,7 @@ def test_memories_feed_the_reminder_in_order(adapter):
 
 @pytest.mark.slow
 @pytest.mark.real_model
-def test_real_model_reminder_renders_as_designed_and_is_inert_without_memory(real_model_path):
-    smollm = load_adapter(real_model_path, device="cpu")
+def test_real_model_reminder_renders_as_designed_and_is_inert_without_memory(smollm):
     ex = InjectionExecutor(smollm, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
                            metrics=Metrics())
     msgs = _deep(4)[:-1] + [{"role": "user", "content": "What should I cook tonight?"}]
