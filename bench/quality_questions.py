@@ -793,11 +793,12 @@ LANGUAGE_BARE: list[tuple[str, dict]] = [
 
 # 40 fresh validation facts, written 2026-12-03 before any run and phrased as members write
 # them ("my cat's name is ...", "we moved to ..."), to decide one question: are a one-memory
-# member's deep (reminded) turns anchored and leaning when the memory reads as a fact
-# (``reminder.fact``), not only for a standing instruction? Suggested by the validation facts
-# (22 won / 2 lost over 75 with every memory guided at depth 8) where tuning showed +3 (7/4):
-# decided here, on these alone, on if the paired gain at depth 8 has p < 0.05
-# (bench_quality.py --cells '8x1=platform,+ guidance' --first 594).
+# member's deep (reminded) turns anchored and leaning when the memory is a fact, not only
+# for a standing instruction? Suggested by the validation facts (22 won / 2 lost over 75 with
+# every memory guided at depth 8) where tuning showed +3 (7/4): decided here, on these alone,
+# on if the paired gain at depth 8 has p < 0.05 (bench_quality.py --cells
+# '8x1=platform,+ guidance' --first 594). Guided 25/40 against 28/40 (+5/-8, p=0.58): left
+# off, and no reader of facts built.
 FACTS_FRESH_2: list[tuple] = [
     ("cat", "validation", "my cat's name is {}", "Write a short poem about my cat.",
      ["Miso", "Pixel", "Juniper", "Saffron", "Oscar"]),

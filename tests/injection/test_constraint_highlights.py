@@ -93,11 +93,10 @@ def test_spans_still_come_when_a_sentence_runs_to_the_cut(smol_tok):
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_the_engine_highlights_replies_on_the_default_model(smollm):
-    smol = smollm
-    out, plain = engine_replies(smol, ("highlights:2",), 48)
-    text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    out, plain = engine_replies(smollm, ("highlights:2",), 48)
+    text = smollm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("highlights:2", text), text
-    assert violates("highlights:2", smol.tokenizer.decode(plain.token_ids))
+    assert violates("highlights:2", smollm.tokenizer.decode(plain.token_ids))
 
 
 @pytest.mark.slow

@@ -130,11 +130,10 @@ def test_under_a_word_limit_the_word_opens_the_reply(smol_tok):
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_the_engine_keeps_the_word_on_the_default_model(smollm):
-    smol = smollm
-    out, plain = engine_replies(smol, ("word:lantern:2",), 48)
-    text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    out, plain = engine_replies(smollm, ("word:lantern:2",), 48)
+    text = smollm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("word:lantern:2", text), text
-    assert violates("word:lantern:1", smol.tokenizer.decode(plain.token_ids))
+    assert violates("word:lantern:1", smollm.tokenizer.decode(plain.token_ids))
 
 
 @pytest.mark.slow

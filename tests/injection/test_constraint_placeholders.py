@@ -126,11 +126,10 @@ def test_placeholders_still_come_when_no_determiner_does(smol_tok):
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_the_engine_keeps_placeholders_on_the_default_model(smollm):
-    smol = smollm
-    out, plain = engine_replies(smol, ("placeholders:2",), 48)
-    text = smol.tokenizer.decode(out.token_ids, skip_special_tokens=True)
+    out, plain = engine_replies(smollm, ("placeholders:2",), 48)
+    text = smollm.tokenizer.decode(out.token_ids, skip_special_tokens=True)
     assert not violates("placeholders:2", text), text
-    assert violates("placeholders:2", smol.tokenizer.decode(plain.token_ids))
+    assert violates("placeholders:2", smollm.tokenizer.decode(plain.token_ids))
 
 
 @pytest.mark.slow

@@ -101,16 +101,15 @@ def test_a_closing_phrase_comes_after_the_last_sentence(adapter):
 def test_the_engine_keeps_the_limit_beside_a_plain_row(smollm):
     """On the default model (the demo model writes no sentence's end): the limited reply is
     the plain one's words, ended after its first sentence, both in one batch."""
-    smol = smollm
-    ids = smol.renderer.encode(smol.render_chat(ASK), first=True)
-    eng = BatchEngine(smol, max_batch=4)
+    ids = smollm.renderer.encode(smollm.render_chat(ASK), first=True)
+    eng = BatchEngine(smollm, max_batch=4)
     try:
         one, plain = _in_threads([
             lambda: eng.run(None, 1.0, ids, 48, constraints=("max_sentences:1",)),
             lambda: eng.run(None, 1.0, ids, 48)])
     finally:
         eng.close()
-    text, plain_text = (smol.tokenizer.decode(r.token_ids, skip_special_tokens=True)
+    text, plain_text = (smollm.tokenizer.decode(r.token_ids, skip_special_tokens=True)
                         for r in (one, plain))
     assert sentence_count(text) == 1 and not violates("max_sentences:1", text), text
     assert text == plain_text[:len(text)] and violates("max_sentences:1", plain_text)
