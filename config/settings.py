@@ -160,8 +160,7 @@ KV_CONVERSATION_PREFILL_OPENING = env_auto_bool("KV_CONVERSATION_PREFILL_OPENING
 # Continuous batching (injection.engine.batch): rows decoded together per worker process; the
 # threads pool runs this many tasks at once (0: one generate() per task, no batch engine).
 WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
-# Bound on the batch's padded K/V bytes (0: none); waiting rows join when it fits.
-WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024**3)
+WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024**3)  # padded; 0: none
 WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)  # idle: wait for a burst
 # Prefill: chunks of at most CHUNK tokens (0: whole), paced to cost about PACE decoding steps of
 # the running rows; up to GROUP waiting rows in one forward (-1: WORKER_BATCH_MAX).
@@ -185,6 +184,10 @@ MEMORY_RECALL_TOP_K = env_int("MEMORY_RECALL_TOP_K", 3)
 MEMORY_RECALL_MIN_SIMILARITY = env_float("MEMORY_RECALL_MIN_SIMILARITY", 0.1)
 GUIDANCE_MEMORY_LEAN = env_bool("GUIDANCE_MEMORY_LEAN", True)  # guidance/probe.py; 0: guide rows
 KV_L2_ENABLED = env_bool("KV_L2_ENABLED", True)
+# An edit warms its member after commit, behind every chat (OPERATIONS.md, "Warm on edit")
+KV_WARM_ON_EDIT = env_bool("KV_WARM_ON_EDIT", True)
+KV_WARM_QUEUE = os.environ.get("KV_WARM_QUEUE", "gpu")
+KV_WARM_EXPIRES = env_int("KV_WARM_EXPIRES", 600)
 CHAT_MAX_MESSAGE_CHARS = env_int("CHAT_MAX_MESSAGE_CHARS", 8000)
 # A member's memories (issue 22): characters per memory (the preference's limit: the
 # preference is the first memory) and memories per member.
@@ -195,8 +198,7 @@ MEMORY_MAX_PER_MEMBER = env_int("MEMORY_MAX_PER_MEMBER", 100)
 CHAT_MAX_NEW_TOKENS = env_int("CHAT_MAX_NEW_TOKENS", 512)
 CHAT_DEFAULT_MAX_NEW_TOKENS = env_int("CHAT_DEFAULT_MAX_NEW_TOKENS", 32)
 CHAT_HISTORY_TOKEN_BUDGET = env_int("CHAT_HISTORY_TOKEN_BUDGET", 1024)
-# New chats are refused (503 overloaded, Retry-After) while this many wait on the shared
-# queue (0: no limit).
+# New chats are refused (503 overloaded, Retry-After) while this many wait on "gpu" (0: no limit)
 CHAT_MAX_QUEUED = env_int("CHAT_MAX_QUEUED", 200)
 # The OpenAI-compatible API (/v1): the served model's id (default: the model dir's name)
 # and the other names a request's "model" may use.
@@ -250,8 +252,7 @@ CELERY_TASK_CREATE_MISSING_QUEUES = True  # per-worker queues gpu.w.<hostname>
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_ACKS_ON_FAILURE_OR_TIMEOUT = True  # a failed task is answered, not redelivered
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
-# A task whose connection to Redis drops mid-run is cancelled (it will be redelivered)
-# instead of finishing unacked and running twice.
+# A task whose Redis connection drops is cancelled (redelivered), not finished unacked twice
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # --pool threads: one task thread per batch slot, all feeding the process's batch engine
@@ -291,8 +292,7 @@ WORKER_METRICS_ADDR = os.environ.get("WORKER_METRICS_ADDR", "0.0.0.0")
 # Bearer token for the web's /metrics; unset: open in DEBUG, refused otherwise.
 METRICS_TOKEN = os.environ.get("METRICS_TOKEN", "")
 METRICS_L2_SCAN_SECONDS = env_float("METRICS_L2_SCAN_SECONDS", 60.0)
-# Durable invalidation outbox (gpu_worker.channels.outbox): how often each serving worker process
-# reads it, and how long delivered rows are kept.
+# Invalidation outbox (gpu_worker.channels.outbox): each worker's poll, delivered rows' retention
 KV_OUTBOX_POLL_SECONDS = env_float("KV_OUTBOX_POLL_SECONDS", 1.0)
 KV_OUTBOX_RETENTION_SECONDS = env_int("KV_OUTBOX_RETENTION_SECONDS", 24 * 3600)
 # Worker shutdown waits this long for queued L2 writes to land (gpu_worker.serving.host).

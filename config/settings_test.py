@@ -8,6 +8,7 @@ other's tasks. Worker subprocesses inherit KVI_TEST_REDIS_DB from the environmen
 import os
 from urllib.parse import urlparse, urlunparse
 
+from config.envvars import env_bool
 from config.settings import *  # noqa: F403
 from config.settings import DATABASES
 from config.settings import KV_CACHE_REDIS_URL as _BASE_CACHE_URL
@@ -31,3 +32,7 @@ DEFAULT_MODEL = "demo"
 # times, so the test workers prefill in fixed chunks (pacing itself is tested with an
 # injected clock, tests/injection/test_pacing.py).
 WORKER_PREFILL_PACE = 0.0
+# An edit warms its member in the background (KV_WARM_ON_EDIT): off here, so a test that
+# edits and then chats sees the tier it asserts, not a race with the warm; the tests of the
+# warm turn it on (tests/tenants/test_warm_on_edit.py, tests/e2e/test_invalidation.py).
+KV_WARM_ON_EDIT = env_bool("KV_WARM_ON_EDIT", False)

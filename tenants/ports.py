@@ -74,8 +74,32 @@ def metrics_exposition() -> tuple[bytes, str]:
     return fn()
 
 
-def enqueue_warm(member_id: int) -> None:
-    """Ask a GPU worker to precompute a member's K/V (by task name: no worker import)."""
+# kombu's Redis transport polls a queue's priority lists lowest number first (no priority:
+# 0, a chat's), so 9 waits behind every chat; AMQP reads priorities the other way round and
+# only on queues declared with x-max-priority, so there the warm is sent without one (FIFO)
+BACKGROUND_PRIORITY = 9
+_REDIS_BROKERS = ("redis://", "rediss://", "redis+socket://")
+
+
+def enqueue_warm(member_id: int, *, background: bool = False,
+                 after_outbox: int | None = None) -> None:
+    """Ask a GPU worker to precompute a member's K/V (by task name: no worker import).
+    ``background``: after an edit (``KV_WARM_ON_EDIT``), on ``KV_WARM_QUEUE`` behind every
+    chat and dropped if no worker took it within ``KV_WARM_EXPIRES`` seconds; otherwise an
+    admin's request, routed like any GPU task. ``after_outbox``: the edit's invalidation,
+    which the warming worker applies first (``gpu_worker.tasks.warm_member``)."""
+    from django.conf import settings
+
     from config.celery import app
 
-    app.send_task(WARM_MEMBER_TASK, args=(member_id,))
+    if not background:
+        app.send_task(WARM_MEMBER_TASK, args=(member_id,))
+        return
+    options: dict[str, Any] = {"queue": settings.KV_WARM_QUEUE,
+                               "expires": settings.KV_WARM_EXPIRES}
+    if str(app.conf.broker_url or "").startswith(_REDIS_BROKERS):
+        options["priority"] = BACKGROUND_PRIORITY
+    kwargs: dict[str, Any] = {"background": True}  # run only on an idle worker, else dropped
+    if after_outbox is not None:
+        kwargs["after_outbox"] = int(after_outbox)
+    app.send_task(WARM_MEMBER_TASK, args=(member_id,), kwargs=kwargs, **options)

@@ -1,5 +1,8 @@
 """Model signals: cached K/V is dropped after commit whenever preference data changes or goes.
 
+An edit of what a member's segment is rendered from also warms the member again in the
+background (``actions.warm_on_commit``, ``KV_WARM_ON_EDIT``).
+
 Correctness never depends on these: the worker reads the preference fresh from Postgres
 and keys K/V by the SHA-256 of its text, so a changed text (even via ``QuerySet.update()``,
 which sends no signal) can never hit an old entry. Invalidation frees the memory and
@@ -19,14 +22,16 @@ from tenants.models import Conversation, Member, Memory, Preference, Tenant
 @receiver(post_save, sender=Preference, dispatch_uid="kvi-preference-saved")
 @receiver(post_delete, sender=Preference, dispatch_uid="kvi-preference-deleted")
 def _preference_changed(sender, instance: Preference, **kwargs) -> None:
-    actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+    row = actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+    actions.warm_on_commit(instance.member_id, row)  # what is left is cached again
 
 
 @receiver(post_save, sender=Memory, dispatch_uid="kvi-memory-saved")
 @receiver(post_delete, sender=Memory, dispatch_uid="kvi-memory-deleted")
 def _memory_changed(sender, instance: Memory, **kwargs) -> None:
     # the member's segment is rendered from their memories (issue 22)
-    actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+    row = actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+    actions.warm_on_commit(instance.member_id, row)
 
 
 @receiver(post_delete, sender=Member, dispatch_uid="kvi-member-deleted")
@@ -44,7 +49,8 @@ def _member_saved(sender, instance: Member, created: bool, **kwargs) -> None:
 def _conversation_deleted(sender, instance: Conversation, **kwargs) -> None:
     # its K/V links are filed under the member: the member's scope drops them (and the
     # member's segment, recomputed once, P tokens)
-    actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+    row = actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
+    actions.warm_on_commit(instance.member_id, row)
 
 
 @receiver(post_save, sender=Tenant, dispatch_uid="kvi-tenant-saved")

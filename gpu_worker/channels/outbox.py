@@ -112,6 +112,7 @@ class OutboxFollower(threading.Thread):
         self._applied: dict[int, int] = {}  # id -> txid of rows a poll may read again
         self._announced: dict[int, float] = {}  # ids a broadcast applied first
         self._lock = threading.Lock()
+        self._apply_lock = threading.Lock()  # one row applied at a time (apply_once, polls)
         self._halt = threading.Event()
         self.applied_total = 0
 
@@ -119,6 +120,20 @@ class OutboxFollower(threading.Thread):
         """A broadcast already evicted row ``outbox_id`` here: do not evict it twice."""
         with self._lock:
             self._announced[int(outbox_id)] = time.monotonic()
+
+    def apply_once(self, outbox_id: int, apply: Callable[[], Any]) -> tuple[bool, Any]:
+        """Apply row ``outbox_id`` here with ``apply()`` unless this process did already
+        (its broadcast, a warm queued after it, or a poll: whichever comes first applies
+        it); ``(applied now, apply's result)``. Returns once the row is applied here, by
+        this call or another, so a warm that computes after it is never evicted by its own
+        edit's row."""
+        outbox_id = int(outbox_id)
+        with self._apply_lock:
+            with self._lock:
+                if outbox_id in self._announced or outbox_id in self._applied:
+                    return False, None
+                self._announced[outbox_id] = time.monotonic()
+            return True, apply()
 
     def stop(self) -> None:
         self._halt.set()
@@ -154,11 +169,12 @@ class OutboxFollower(threading.Thread):
             for _, row_id, txid, tenant, member in rows:
                 if row_id is None or row_id in self._applied:
                     continue
-                self._applied[row_id] = txid
-                with self._lock:
-                    if self._announced.pop(row_id, None) is not None:
-                        continue
-                self._apply(str(tenant), None if member is None else str(member))
+                with self._apply_lock:  # not beside a broadcast's or a warm's (apply_once)
+                    with self._lock:
+                        self._applied[row_id] = txid
+                        if self._announced.pop(row_id, None) is not None:
+                            continue
+                    self._apply(str(tenant), None if member is None else str(member))
                 applied += 1
         self._forget(xmin)
         self._since = xmin

@@ -36,6 +36,8 @@ STREAMS = Counter("kvi_chat_streams", "Streamed chats relayed by the web, by out
 CHAT_CANCELLED = Counter("kvi_chat_cancelled", "Generations stopped because the client left "
                          "or the web stopped waiting")
 TASKS = Counter("kvi_worker_tasks", "GPU tasks run, by task and outcome", ["task", "outcome"])
+BACKGROUND_WARMS = Counter("kvi_warms", "warm_member tasks: asked (an admin's), ran or busy "
+                           "(queued after an edit: run only on an idle worker)", ["outcome"])
 TASKS_REFUSED = Counter("kvi_worker_task_messages_refused",
                         "Task messages refused unrun: missing or bad signature", ["task"])
 TASK_SECONDS = Histogram("kvi_worker_task_seconds", "GPU task run time", ["task"],
@@ -44,6 +46,16 @@ QUEUE_WAIT = Histogram("kvi_worker_queue_wait_seconds", "Time from enqueue to st
                        buckets=_SECONDS)
 ENGINE_WATCHDOG = Counter("kvi_engine_watchdog_trips", "Batch engine schedulers found stuck "
                           "or dead (the worker then restarts), by reason", ["reason"])
+
+
+def warm_backlog() -> str:
+    """The Redis list the warms queued after edits wait in (``tenants.ports.enqueue_warm``:
+    ``KV_WARM_QUEUE`` at the background priority, kombu's name for it)."""
+    from django.conf import settings
+
+    from tenants.ports import BACKGROUND_PRIORITY
+
+    return f"{settings.KV_WARM_QUEUE}\x06\x16{BACKGROUND_PRIORITY}"
 
 
 class QueueCollector:
@@ -59,6 +71,7 @@ class QueueCollector:
         try:
             client = registry.redis_client()
             depth.add_metric([registry.SHARED_QUEUE], client.llen(registry.SHARED_QUEUE))
+            depth.add_metric(["warm"], client.llen(warm_backlog()))  # after edits, behind chats
             workers = registry.live_workers(client)
         except redis.RedisError as exc:
             log.warning("metrics: Redis unavailable: %s", exc)

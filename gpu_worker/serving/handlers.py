@@ -25,12 +25,23 @@ def _identity() -> dict[str, Any]:
 
 
 def on_invalidate(message: dict) -> dict[str, Any]:
-    """Drop one tenant's (or one user's) K/V from this process's L1 (and pending L2 writes)."""
-    result = evict(str(message["tenant"]), message.get("user"))
-    if message.get("outbox") is not None:
-        if STATE.follower is not None:  # the outbox row is done here: skip it when read
-            STATE.follower.announce(int(message["outbox"]))
-    return {**_identity(), "evicted": result}
+    """Drop one tenant's (or one user's) K/V from this process's L1 (and pending L2 writes);
+    an outbox row's once (``apply_outbox``: a warm queued after it may have applied it)."""
+    tenant, user = str(message["tenant"]), message.get("user")
+    if message.get("outbox") is None:
+        return {**_identity(), "evicted": evict(tenant, user)}
+    result = apply_outbox(int(message["outbox"]), tenant, user)
+    return {**_identity(), "evicted": result if result is not None else "applied before"}
+
+
+def apply_outbox(outbox_id: int, tenant: str, user: str | None) -> dict[str, Any] | None:
+    """Apply outbox row ``outbox_id`` (its scope: ``tenant``, ``user``) here unless this
+    process did already (its broadcast, the follower's poll, a warm: ``OutboxFollower.apply_once``);
+    the eviction's result, or None when it was applied before. Without a follower: always."""
+    if STATE.follower is None:
+        return evict(tenant, user)
+    done, result = STATE.follower.apply_once(outbox_id, lambda: evict(tenant, user))
+    return result if done else None
 
 
 def evict(tenant: str, user: str | None) -> dict[str, Any]:

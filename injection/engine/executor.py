@@ -156,6 +156,13 @@ class InjectionExecutor:
             self.leans.get(plan.lean, tenant, user, chain.kv)
         return chain.tier
 
+    def idle(self) -> bool:
+        """Whether the batch engine runs and holds no row (without one: always)."""
+        if self.engine is None:
+            return True
+        stats = self.engine.stats()
+        return not stats.get("active") and not stats.get("waiting")
+
     def invalidate(self, tenant: str, user: str | None = None) -> dict[str, Any]:
         """Evict ``tenant``'s (or one user's) entries from L1 and L2; counts per tier."""
         if not tenant:

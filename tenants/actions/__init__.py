@@ -19,6 +19,7 @@ from tenants.actions.cache import (
     do_warm_kv_cache,
     invalidate_on_commit,
     log,
+    warm_on_commit,
 )
 from tenants.actions.chat import (
     do_delete_conversation,
@@ -128,4 +129,5 @@ __all__ = [
     "get_tenant",
     "invalidate_on_commit",
     "log",
+    "warm_on_commit",
 ]

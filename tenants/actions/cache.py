@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 
+from django.conf import settings
 from django.db import transaction
 from django.db.models.expressions import RawSQL
 
@@ -18,7 +19,7 @@ log = logging.getLogger("tenants.actions")
 CURRENT_TXID = "pg_current_xact_id()::text::bigint"
 
 
-def invalidate_on_commit(tenant_id: int, member_id: int | None = None) -> None:
+def invalidate_on_commit(tenant_id: int, member_id: int | None = None) -> int:
     """Invalidate cached K/V (L2 + every worker's L1) durably, effective at commit.
 
     Writes an outbox row (``KVInvalidation``) in the current transaction: it exists iff
@@ -34,6 +35,42 @@ def invalidate_on_commit(tenant_id: int, member_id: int | None = None) -> None:
     def run() -> None:
         ports.deliver_invalidations([row.pk])
         log.info("invalidation %s queued: tenant=%s member=%s", row.pk, tenant_id, member_id)
+
+    transaction.on_commit(run, robust=True)
+    return row.pk
+
+
+def warm_on_commit(member_id: int, after: int | None = None) -> None:
+    """After commit, ask a GPU worker to compute the member's K/V and lean again in the
+    background (``KV_WARM_ON_EDIT``, ``ports.enqueue_warm``): an edit's invalidation drops
+    them, and the member's next chat would otherwise compute the segment and measure the
+    lean before its first token. ``after``: the edit's outbox row (``invalidate_on_commit``),
+    which the warming worker applies first if its broadcast has not arrived.
+
+    Once per member per transaction (a preference and three memories saved together send
+    one: the last edit's, after every invalidation of the commit), nothing on rollback,
+    nothing for an inactive member."""
+    if not settings.KV_WARM_ON_EDIT:
+        return
+    token = object()
+    conn = transaction.get_connection()
+    if conn.in_atomic_block:  # the hooks list is replaced at commit and at rollback
+        hooks, latest = getattr(conn, "_kvi_warm_on_commit", (None, {}))
+        if hooks is not conn.run_on_commit:
+            hooks, latest = conn.run_on_commit, {}
+            conn._kvi_warm_on_commit = (hooks, latest)
+        latest[member_id] = token
+    else:
+        latest = {member_id: token}
+
+    def run() -> None:
+        if latest.get(member_id) is not token:  # a later edit of this commit sends it
+            return
+        live = Member.objects.filter(pk=member_id, active=True, tenant__active=True,
+                                     user__is_active=True).exists()
+        if live:
+            ports.enqueue_warm(member_id, background=True, after_outbox=after)
+            log.info("warm queued after an edit: member=%s", member_id)
 
     transaction.on_commit(run, robust=True)
 

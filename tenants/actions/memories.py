@@ -14,7 +14,7 @@ from django.db import transaction
 from django.db.models import Max, QuerySet
 
 from tenants.actions.base import assert_actor_may_manage, audit
-from tenants.actions.cache import invalidate_on_commit
+from tenants.actions.cache import invalidate_on_commit, warm_on_commit
 from tenants.errors import Conflict, InvalidInput, NotFound
 from tenants.models import AuditEvent, Member, Memory, Preference
 
@@ -161,7 +161,8 @@ def do_reorder_memories(member: Member, order: list[int], *, actor=None) -> list
     for position, pk in enumerate(order):
         by_id[pk].position = position
     Memory.objects.bulk_update(by_id.values(), ["position"])
-    invalidate_on_commit(member.tenant_id, member.pk)  # bulk_update sends no signal
+    row = invalidate_on_commit(member.tenant_id, member.pk)  # bulk_update sends no signal
+    warm_on_commit(member.pk, row)
     audit(member.tenant, AuditEvent.MEMORY_REORDERED, actor=actor, target=str(member),
           old=old, new=list(order))
     _sync_preference(member)

@@ -190,3 +190,70 @@ def test_admin_warm_precomputes_so_the_first_chat_does_not(acme, workers):
     cache = chat(key)  # the member's very first chat: its K/V is already cached
     assert cache["tier"] in ("l1", "l2"), cache
     assert cache["content_hash"] == sha("I am vegetarian.")
+
+
+FRENCH = ["Always answer in French.", "Please always answer in French.",
+          "Answer me in French every time."]
+
+
+def test_an_edit_warms_its_member_so_the_next_chat_finds_segment_and_lean_cached(
+        gpu_worker, w2, settings):
+    """``KV_WARM_ON_EDIT``: the edit's commit queues a background warm behind it; the warming
+    worker applies the edit's invalidation first (its broadcast or the warm, whichever comes
+    first), so the member's next chat computes neither the segment nor the lean."""
+    settings.KV_WARM_ON_EDIT = True
+    clear_rate_limits()
+    tenant = actions.do_create_tenant("acme")
+    # guidance at the tenant's strength, so first turns lean (the demo model has no default)
+    actions.do_update_tenant(tenant, memory_contrast=1.5)
+    member = actions.do_add_member(tenant, "alice")  # nothing to warm yet
+    key = actions.do_create_api_token(member)
+    done = re.compile(r"Task gpu_worker\.tasks\.warm_member\[[^\]]+\] succeeded")
+    skipped = f"background warm of member {member.pk} skipped"
+    with only(gpu_worker):
+        for text in FRENCH:  # a warm that found the worker busy (an opening) was dropped
+            log = gpu_worker.log_tail(100_000)
+            before, drops = len(done.findall(log)), log.count(skipped)
+            actions.do_set_preference(member, text=text)
+            deadline = time.monotonic() + 120
+            while len(done.findall(gpu_worker.log_tail(100_000))) == before:
+                assert time.monotonic() < deadline, gpu_worker.log_tail()
+                time.sleep(0.1)
+            if gpu_worker.log_tail(100_000).count(skipped) == drops:
+                break
+        cache = chat(key)  # the first chat after the edit
+    assert cache["content_hash"] == sha(text)
+    assert cache["tier"] == "l1", cache  # the warm's, on this worker: not evicted by the edit
+    assert cache["extra"]["lean"] == "l1", cache  # measured by the warm, not by this chat
+
+
+def test_a_warm_that_runs_before_its_edits_broadcast_is_not_evicted_by_it(gpu_worker, w2):
+    """The race ``after_outbox`` closes: the warm reaches its worker before the edit's
+    broadcast. The worker applies the edit's row once, first (``OutboxFollower.apply_once``),
+    so the late broadcast evicts nothing there and the warmed K/V serves the next chat
+    (from L1: the web's late L2 deletion took the L2 copy)."""
+    from django.db.models.expressions import RawSQL
+
+    from gpu_worker.channels import control, kvstore
+    from gpu_worker.routing import registry
+    from gpu_worker.tasks import warm_member
+    from tenants.actions.cache import CURRENT_TXID
+    from tenants.models import KVInvalidation
+
+    clear_rate_limits()
+    tenant = actions.do_create_tenant("acme")
+    member = actions.do_add_member(tenant, "alice", preference="I am vegetarian.")
+    key = actions.do_create_api_token(member)
+    scope = {"tenant": str(tenant.pk), "user": str(member.pk)}
+    row = KVInvalidation.objects.create(  # an edit's row, committed, its broadcast not sent
+        tenant_ref=tenant.pk, member_ref=member.pk, txid=RawSQL(CURRENT_TXID, ()))
+    with only(gpu_worker):
+        warmed = warm_member.apply_async(args=(member.pk,), kwargs={"after_outbox": row.pk},
+                                         queue=registry.worker_queue(gpu_worker.hostname))
+        assert warmed.get(timeout=120)["tier"] == "compute"
+        kvstore.l2_tier().evict(scope["tenant"], scope["user"])  # the web's part, late
+        replies = control.request("invalidate", outbox=row.pk, **scope)
+        mine = [r for r in replies if r.get("worker") == gpu_worker.hostname]
+        assert mine and all(r["evicted"] == "applied before" for r in mine), list(replies)
+        cache = chat(key)
+    assert cache["tier"] == "l1", cache

@@ -24,7 +24,7 @@ def test_metrics_endpoint_is_closed_without_a_token_outside_debug(settings):
     ok = _get(Authorization="Bearer s3cret-token")
     assert ok.status_code == 200
     body = ok.content.decode()
-    assert 'kvi_queue_depth{queue="gpu"}' in body
+    assert 'kvi_queue_depth{queue="gpu"}' in body and 'kvi_queue_depth{queue="warm"}' in body
     assert "kvi_workers_live" in body and "# TYPE kvi_chat_seconds histogram" in body
     assert 'kvi_l2_kind_bytes{kind="conversation"}' in body  # the cache Redis by kind
 
