@@ -28,6 +28,9 @@ CASES = [("I am vegetarian and I do not like spicy food.", "Suggest a dinner rec
 # guided by default: a standing instruction naming a language; "I like short answers." is a
 # standing instruction too, of no kind guidance was measured to pay for (``contrast._measured``)
 GUIDED = {"Always answer in French."}
+# reply tokens checked against the step-by-step references (a full forward per token): past
+# the guide's LEAN_AFTER steps and the lean's PROBE_STEPS, well inside a reply
+TOKENS = 16
 
 
 def test_the_default_guides_first_turns_as_the_formula_says(smollm):
@@ -43,12 +46,12 @@ def test_the_default_guides_first_turns_as_the_formula_says(smollm):
     try:
         for pref, question in CASES:
             msgs = [{"role": "user", "content": question}]
-            req = ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24, contrast=strength)
+            req = ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS, contrast=strength)
             asked = ex.execute(req)
-            default = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24))
+            default = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS))
             ids = smollm.renderer.encode(smollm.plain_prompt(pref, msgs), first=True)
             lean = cached_lean(ex, req)
-            want = lean_reference(smollm, ids, 24, strength, lean)
+            want = lean_reference(smollm, ids, TOKENS, strength, lean)
             assert asked.contrast_effective == strength and asked.extra["lean"] == "probe"
             assert asked.text.strip() == smollm.tokenizer.decode(
                 want, skip_special_tokens=True).strip()
@@ -58,7 +61,7 @@ def test_the_default_guides_first_turns_as_the_formula_says(smollm):
                 ref = member_lean(smollm, pref, strength)  # each probe alone, step by step
                 assert torch.allclose(lean.rest.float(), ref.rest.float(), atol=2e-2)
             else:  # not guided: the reply without a guide, and no guide row's tokens
-                off = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=24,
+                off = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS,
                                                   contrast=0.0))
                 assert default.contrast_effective == 0.0 and default.text == off.text
                 assert default.guide_prefill_tokens == default.guide_decode_tokens == 0
@@ -108,7 +111,7 @@ def test_the_guide_leaves_after_its_first_steps_and_off_it_guides_the_whole_repl
     ex = build_executor(smollm, batch_max=4, metrics=Metrics(), memory_lean=False)
     try:
         def run():
-            return ex.execute(ExecutionRequest("t", "u", msgs, memory, max_new_tokens=32))
+            return ex.execute(ExecutionRequest("t", "u", msgs, memory, max_new_tokens=TOKENS))
 
         leaned = run()
         monkeypatch.setattr(lean, "LEAN_AFTER", None)
@@ -117,7 +120,7 @@ def test_the_guide_leaves_after_its_first_steps_and_off_it_guides_the_whole_repl
         ex.close()
     strength = resolve(smollm, None, [memory])
     for res, k in ((leaned, default), (whole, None)):
-        want = reference(smollm, ids[0], ids[1], 32, strength, k)
+        want = reference(smollm, ids[0], ids[1], TOKENS, strength, k)
         assert res.text.strip() == smollm.tokenizer.decode(
             want, skip_special_tokens=True).strip()
     assert leaned.guide_decode_tokens == default < whole.guide_decode_tokens
