@@ -192,10 +192,6 @@ def test_admin_warm_precomputes_so_the_first_chat_does_not(acme, workers):
     assert cache["content_hash"] == sha("I am vegetarian.")
 
 
-FRENCH = ["Always answer in French.", "Please always answer in French.",
-          "Answer me in French every time."]
-
-
 def test_an_edit_warms_its_member_so_the_next_chat_finds_segment_and_lean_cached(
         gpu_worker, w2, settings):
     """``KV_WARM_ON_EDIT``: the edit's commit queues a background warm behind it; the warming
@@ -209,20 +205,15 @@ def test_an_edit_warms_its_member_so_the_next_chat_finds_segment_and_lean_cached
     member = actions.do_add_member(tenant, "alice")  # nothing to warm yet
     key = actions.do_create_api_token(member)
     done = re.compile(r"Task gpu_worker\.tasks\.warm_member\[[^\]]+\] succeeded")
-    skipped = f"background warm of member {member.pk} skipped"
     with only(gpu_worker):
-        for text in FRENCH:  # a warm that found the worker busy (an opening) was dropped
-            log = gpu_worker.log_tail(100_000)
-            before, drops = len(done.findall(log)), log.count(skipped)
-            actions.do_set_preference(member, text=text)
-            deadline = time.monotonic() + 120
-            while len(done.findall(gpu_worker.log_tail(100_000))) == before:
-                assert time.monotonic() < deadline, gpu_worker.log_tail()
-                time.sleep(0.1)
-            if gpu_worker.log_tail(100_000).count(skipped) == drops:
-                break
+        before = len(done.findall(gpu_worker.log_tail(100_000)))
+        actions.do_set_preference(member, text="Always answer in French.")
+        deadline = time.monotonic() + 120  # (a busy worker defers it: BACKGROUND_RETRY_S)
+        while len(done.findall(gpu_worker.log_tail(100_000))) == before:
+            assert time.monotonic() < deadline, gpu_worker.log_tail()
+            time.sleep(0.1)
         cache = chat(key)  # the first chat after the edit
-    assert cache["content_hash"] == sha(text)
+    assert cache["content_hash"] == sha("Always answer in French.")
     assert cache["tier"] == "l1", cache  # the warm's, on this worker: not evicted by the edit
     assert cache["extra"]["lean"] == "l1", cache  # measured by the warm, not by this chat
 
@@ -257,3 +248,53 @@ def test_a_warm_that_runs_before_its_edits_broadcast_is_not_evicted_by_it(gpu_wo
         assert mine and all(r["evicted"] == "applied before" for r in mine), list(replies)
         cache = chat(key)
     assert cache["tier"] == "l1", cache
+
+
+@pytest.fixture(scope="module")
+def threads_worker(start_workers):
+    """A worker as deployed (threads pool: a task arrives while another runs)."""
+    (w,) = start_workers("warm1", pool="threads", WORKER_BATCH_MAX=4)
+    yield w
+    w.stop()  # later modules count on knowing which workers consume the shared queue
+
+
+def test_a_warm_that_finds_its_worker_busy_is_deferred_then_runs(threads_worker, settings):
+    """A chat runs on the worker when the edit's warm arrives: the warm is put back (not
+    run beside the chat), comes back signed again after a few seconds
+    (``BACKGROUND_RETRY_S``) and runs once the worker is idle; the member's next chat finds
+    it in L1."""
+    import threading
+
+    from tests.e2e.conftest import worker_stats
+
+    settings.KV_WARM_ON_EDIT = True
+    clear_rate_limits()
+    tenant = actions.do_create_tenant("acme")
+    busy, member = (actions.do_add_member(tenant, n) for n in ("bo", "alice"))  # no memory yet
+    busy_key, key = actions.do_create_api_token(busy), actions.do_create_api_token(member)
+    done = re.compile(r"Task gpu_worker\.tasks\.warm_member\[[^\]]+\] succeeded")
+    deferred = f"background warm of member {member.pk} deferred"
+
+    def long_chat() -> None:
+        Client(HTTP_AUTHORIZATION=f"Token {busy_key}").post(
+            "/api/chat", json.dumps({"message": "Tell me a long story.", "max_new_tokens": 512}), content_type="application/json")
+
+    with only(threads_worker):
+        before = len(done.findall(threads_worker.log_tail(100_000)))
+        talker = threading.Thread(target=long_chat)
+        talker.start()
+        deadline = time.monotonic() + 120
+        while not ((worker_stats(threads_worker.hostname)["stats"] or {}).get("batch") or {}).get(
+                "active"):
+            assert time.monotonic() < deadline, threads_worker.log_tail()
+            time.sleep(0.02)
+        actions.do_set_preference(member, text="I am vegetarian.")  # its warm: now
+        while deferred not in threads_worker.log_tail(100_000):
+            assert time.monotonic() < deadline, threads_worker.log_tail()
+            time.sleep(0.05)
+        talker.join(120)
+        while len(done.findall(threads_worker.log_tail(100_000))) == before:
+            assert time.monotonic() < deadline, threads_worker.log_tail()
+            time.sleep(0.1)
+        cache = chat(key)
+    assert cache["tier"] == "l1" and cache["content_hash"] == sha("I am vegetarian."), cache
