@@ -110,16 +110,11 @@ class OutboxFollower(threading.Thread):
         self.interval = settings.KV_OUTBOX_POLL_SECONDS if interval is None else interval
         self._since: int | None = None  # xmin of the previous poll
         self._applied: dict[int, int] = {}  # id -> txid of rows a poll may read again
-        self._announced: dict[int, float] = {}  # ids a broadcast applied first
+        self._announced: dict[int, float] = {}  # ids a broadcast or a warm applied first
         self._lock = threading.Lock()
         self._apply_lock = threading.Lock()  # one row applied at a time (apply_once, polls)
         self._halt = threading.Event()
         self.applied_total = 0
-
-    def announce(self, outbox_id: int) -> None:
-        """A broadcast already evicted row ``outbox_id`` here: do not evict it twice."""
-        with self._lock:
-            self._announced[int(outbox_id)] = time.monotonic()
 
     def apply_once(self, outbox_id: int, apply: Callable[[], Any]) -> tuple[bool, Any]:
         """Apply row ``outbox_id`` here with ``apply()`` unless this process did already

@@ -35,7 +35,7 @@ from injection.engine.planning.planner import TurnPlanner, layout
 from injection.engine.planning.results import Reply, injected_result, plain_result
 from injection.engine.request_checks import validate as _validate
 from injection.engine.steps import kv_format
-from injection.engine.turns import TurnGenerator, join
+from injection.engine.turns import TurnGenerator, engine_idle, join
 from injection.errors import InvalidRequest
 from injection.kvcache.chain import SegmentChain, kind_stats
 from injection.kvcache.conversation import ConversationStore
@@ -158,10 +158,7 @@ class InjectionExecutor:
 
     def idle(self) -> bool:
         """Whether the batch engine runs and holds no row (without one: always)."""
-        if self.engine is None:
-            return True
-        stats = self.engine.stats()
-        return not stats.get("active") and not stats.get("waiting")
+        return self.engine is None or engine_idle(self.engine)
 
     def invalidate(self, tenant: str, user: str | None = None) -> dict[str, Any]:
         """Evict ``tenant``'s (or one user's) entries from L1 and L2; counts per tier."""

@@ -20,7 +20,7 @@ from injection.kvcache.packed import PackedKV
 from injection.kvcache.pieces import KVPieces, own
 from injection.prompting.opening import next_opening
 
-__all__ = ["TurnGenerator", "join", "opening_pays"]
+__all__ = ["TurnGenerator", "engine_idle", "join", "opening_pays"]
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +33,13 @@ log = logging.getLogger(__name__)
 # By default only where the model runs on a CPU (``opening_pays``).
 MAX_PENDING_OPENINGS = 8
 OPENING_PROBES = ("Hello", "what", "1", " (")  # unlike starts of a next message
+
+
+def engine_idle(engine: Any) -> bool:
+    """Whether the batch engine runs and holds no row (an opening, a background warm start
+    only then)."""
+    stats = engine.stats()
+    return not stats.get("active") and not stats.get("waiting")
 
 
 def opening_pays(engine: Any) -> bool:
@@ -176,8 +183,7 @@ class TurnGenerator:
             log.warning("next turn's opening not prefilled (%s)", type(exc).__name__)
 
     def _idle(self) -> bool:
-        stats = self.engine.stats()
-        return not stats.get("active") and not stats.get("waiting")
+        return engine_idle(self.engine)
 
     def _opening_ids(self, prompt: str, text: str, link_ids: tuple[int, ...]) -> list[int]:
         """The opening's token ids after the link's: those the next turn tokenises the same

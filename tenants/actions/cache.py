@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Iterable
 
 from django.conf import settings
@@ -40,6 +41,11 @@ def invalidate_on_commit(tenant_id: int, member_id: int | None = None) -> int:
     return row.pk
 
 
+# member -> the token of this thread's (its connection's) latest warm_on_commit: of one
+# commit's callbacks only the latest sends; one rolled back leaves a token nobody runs
+_LATEST_WARM = threading.local()
+
+
 def warm_on_commit(member_id: int, after: int | None = None) -> None:
     """After commit, ask a GPU worker to compute the member's K/V and lean again in the
     background (``KV_WARM_ON_EDIT``, ``ports.enqueue_warm``): an edit's invalidation drops
@@ -52,20 +58,13 @@ def warm_on_commit(member_id: int, after: int | None = None) -> None:
     nothing for an inactive member."""
     if not settings.KV_WARM_ON_EDIT:
         return
-    token = object()
-    conn = transaction.get_connection()
-    if conn.in_atomic_block:  # the hooks list is replaced at commit and at rollback
-        hooks, latest = getattr(conn, "_kvi_warm_on_commit", (None, {}))
-        if hooks is not conn.run_on_commit:
-            hooks, latest = conn.run_on_commit, {}
-            conn._kvi_warm_on_commit = (hooks, latest)
-        latest[member_id] = token
-    else:
-        latest = {member_id: token}
+    latest = _LATEST_WARM.__dict__.setdefault("members", {})
+    token = latest[member_id] = object()
 
     def run() -> None:
         if latest.get(member_id) is not token:  # a later edit of this commit sends it
             return
+        del latest[member_id]
         live = Member.objects.filter(pk=member_id, active=True, tenant__active=True,
                                      user__is_active=True).exists()
         if live:

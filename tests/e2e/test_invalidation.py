@@ -250,10 +250,16 @@ def test_a_warm_that_runs_before_its_edits_broadcast_is_not_evicted_by_it(gpu_wo
     assert cache["tier"] == "l1", cache
 
 
+# the busy worker's chat: long enough that the edit's warm (milliseconds after the chat is
+# seen running) arrives while it runs
+LONG_REPLY = 2000
+
+
 @pytest.fixture(scope="module")
 def threads_worker(start_workers):
     """A worker as deployed (threads pool: a task arrives while another runs)."""
-    (w,) = start_workers("warm1", pool="threads", WORKER_BATCH_MAX=4)
+    (w,) = start_workers("warm1", pool="threads", WORKER_BATCH_MAX=4,
+                         CHAT_MAX_NEW_TOKENS=LONG_REPLY)
     yield w
     w.stop()  # later modules count on knowing which workers consume the shared queue
 
@@ -267,7 +273,7 @@ def test_a_warm_that_finds_its_worker_busy_is_deferred_then_runs(threads_worker,
 
     from tests.e2e.conftest import worker_stats
 
-    settings.KV_WARM_ON_EDIT = True
+    settings.KV_WARM_ON_EDIT, settings.CHAT_MAX_NEW_TOKENS = True, LONG_REPLY
     clear_rate_limits()
     tenant = actions.do_create_tenant("acme")
     busy, member = (actions.do_add_member(tenant, n) for n in ("bo", "alice"))  # no memory yet
@@ -275,9 +281,11 @@ def test_a_warm_that_finds_its_worker_busy_is_deferred_then_runs(threads_worker,
     done = re.compile(r"Task gpu_worker\.tasks\.warm_member\[[^\]]+\] succeeded")
     deferred = f"background warm of member {member.pk} deferred"
 
-    def long_chat() -> None:
+    def long_chat() -> None:  # the demo model writes every token of it (about 1 s per 500)
         Client(HTTP_AUTHORIZATION=f"Token {busy_key}").post(
-            "/api/chat", json.dumps({"message": "Tell me a long story.", "max_new_tokens": 512}), content_type="application/json")
+            "/api/chat", json.dumps({"message": "Tell me a long story.",
+                                     "max_new_tokens": LONG_REPLY}),
+            content_type="application/json")
 
     with only(threads_worker):
         before = len(done.findall(threads_worker.log_tail(100_000)))

@@ -1,7 +1,8 @@
 """A warm queued after an edit (``warm_member(..., background=True)``) runs only on an idle
 worker process, one at a time, and is put back for a few seconds otherwise (``Retry``: until
-it finds the worker idle or its message expires); an admin's warm always runs. The task body called in-process
-with a real executor on the demo model, its engine held by the test (no timing)."""
+it finds the worker idle or its message expires); an admin's warm always runs. The task
+body called in-process with a real executor on the demo model, its engine held by the test
+(no timing)."""
 
 from __future__ import annotations
 

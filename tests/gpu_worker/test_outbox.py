@@ -122,7 +122,10 @@ def test_follower_skips_a_row_a_broadcast_already_applied_and_whole_tenant_rows(
     follower = outbox.OutboxFollower(lambda t, u: applied.append((t, u)), interval=0)
     follower.poll_once()
     actions.invalidate_on_commit(FAR, FAR + 3)
-    follower.announce(KVInvalidation.objects.get(member_ref=FAR + 3).pk)
+    broadcast = []  # its broadcast, applied here first
+    follower.apply_once(KVInvalidation.objects.get(member_ref=FAR + 3).pk,
+                        lambda: broadcast.append(1))
+    assert broadcast == [1]
     actions.invalidate_on_commit(FAR + 4)  # member None: the whole tenant
     assert follower.poll_once() == 1
     assert applied == [(str(FAR + 4), None)]
