@@ -126,9 +126,6 @@ class InjectionExecutor:
         self.metrics.incr(f"requests_tier_{result.tier.value}")
         return result
 
-    def effective_alpha(self, alpha: float) -> float:
-        return min(float(alpha), self.alpha_cap)
-
     def warm(self, tenant: str, user: str, preference_text: str, instructions: str = "",
              memories: tuple = (), contrast: float | None = None) -> Tier:
         """Ensure the user's system-turn K/V (or memory segment) is cached, and the member's
