@@ -49,7 +49,7 @@ from injection.kvcache.packed import PackedKV
 from injection.prompting.template import compose_context
 
 __all__ = ["LEAN_PREFIX", "PROBES", "PROBE_STEPS", "PROBE_STRENGTH", "LeanPlans", "MemoryLean",
-           "MemoryLeans", "is_lean_key", "lean_key", "pack", "plan_lean", "unpack"]
+           "MemoryLeans", "lean_key", "pack", "plan_lean", "unpack"]
 
 log = logging.getLogger("injection.engine.batch")
 
@@ -144,10 +144,6 @@ class LeanPlans:
 def lean_key(tenant: str, user: str, fingerprint: str, plan: LeanPlan) -> CacheKey:
     """The lean's cache key: the member's, its content hash marked as a lean's."""
     return CacheKey(tenant, user, LEAN_PREFIX + plan.digest, fingerprint)
-
-
-def is_lean_key(key: CacheKey) -> bool:
-    return key.content_hash.startswith(LEAN_PREFIX)
 
 
 def pack(lean: MemoryLean) -> PackedKV:
