@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:  # pragma: no cover
     from injection.kvcache.packed import PackedKV
+    from injection.prompting.rules import MemoryRules
 
 
 # The measured default value scaling and its cap (docs/BENCHMARKS.md, personalisation).
@@ -77,6 +78,9 @@ class MemoryItem(NamedTuple):
     id: str  # the platform's memory id, opaque to the engine
     text: str
     pinned: bool = False
+    # the rules read from the text when it was saved (``prompting/rules.py``; ``rules.NONE``:
+    # switched off); None: the engine reads the text itself
+    rules: MemoryRules | None = None
 
 
 class GenerationOutput(NamedTuple):
@@ -143,6 +147,9 @@ class ExecutionRequest:
     # keep the member's standing instructions the decoder can keep ("answer in lowercase",
     # "never use commas": injection/prompting/constraints.py); None = the default, on
     constrain: bool | None = None
+    # the rules read from ``instructions`` when they were saved (``prompting/rules.py``;
+    # ``rules.NONE``: none); None: the engine reads the instructions itself
+    instruction_rules: MemoryRules | None = None
 
 
 @dataclass

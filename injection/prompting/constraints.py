@@ -82,8 +82,8 @@ from injection.prompting.readers import (
 from injection.prompting.reminder import standing
 from injection.prompting.verdicts import phrase, required, violates
 
-__all__ = ["FOLDS", "TRANSFORMS", "detect", "kept", "opening", "phrase", "required", "tokenwise",
-           "transform", "violates"]
+__all__ = ["FOLDS", "TRANSFORMS", "asked", "detect", "instructed", "kept", "merge", "opening",
+           "phrase", "required", "sentences", "tokenwise", "transform", "violates"]
 
 # a case constraint kept token by token: how a token that breaks it is mended
 # (``engine/decoding/bans.py``: "To" -> "to")
@@ -130,19 +130,46 @@ _CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|withou
 
 def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
     """The constraints the tenant's ``instructions`` and the member's ``memories`` ask for,
-    sorted. The tenant's come first: a member's that contradicts one of them, that a quoted
-    literal of the instructions breaks, or that says how replies open (close) where the
-    instructions do, is left out; so are contradictory ones from one side."""
-    tenant = _consistent(set().union(*(_of(s) for s in _SENTENCES.split(instructions or "")
+    sorted: ``merge`` of each one's own (``asked`` of each standing memory, ``instructed``)."""
+    tenant, literals = instructed(instructions)
+    own = [asked(t) for t in memories if t and standing(t)]
+    return tuple(sorted(set().union(*merge(own, tenant, literals))))
+
+
+def asked(memory: str) -> set[str]:
+    """The constraints one member's ``memory`` asks for (a standing instruction's)."""
+    return _of(memory)
+
+
+def sentences(instructions: str) -> list[str]:
+    """A tenant's ``instructions``, sentence by sentence."""
+    return _SENTENCES.split(instructions or "")
+
+
+def instructed(instructions: str) -> tuple[set[str], list[str]]:
+    """The constraints a tenant's ``instructions`` ask for (its standing sentences'),
+    without contradictions and those a quoted literal of the instructions breaks, and
+    those literals."""
+    tenant = _consistent(set().union(*(_of(s) for s in sentences(instructions)
                                        if standing(s))))
     literals = QUOTED.findall(instructions or "")
-    tenant = {c for c in tenant if not _broken(c, literals)}
-    member = _consistent(set().union(*(_of(t) for t in memories if t and standing(t))))
+    return {c for c in tenant if not _broken(c, literals)}, literals
+
+
+def merge(members: Sequence[Sequence[str]], tenant: Sequence[str] = (),
+          literals: Sequence[str] = ()) -> tuple[set[str], set[str]]:
+    """``(tenant's, member's)`` constraints of a turn: ``tenant`` (the instructions', as
+    ``instructed`` reads them) first; of the member's (one set per memory), a contradictory
+    one is left out, and one that contradicts the tenant's case, that a quoted literal of
+    the instructions (``literals``) breaks, or that says how replies open (close) where the
+    tenant's say it."""
+    tenant = set(tenant)
+    member = _consistent(set().union(*map(set, members)))
     said = {_opens(c) for c in tenant if _opens(c) is not None}
     cases = {"lowercase", "uppercase"}
     member = {c for c in member if _opens(c) not in said
               and not (c in cases and tenant & cases) and not _broken(c, literals)}
-    return tuple(sorted(tenant | member))
+    return tenant, member
 
 
 def kept(memory: str, found: Sequence[str]) -> bool:
