@@ -7,6 +7,7 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from tenants.actions import INSTRUCTIONS_MAX_CHARS, PREFERENCE_MAX_CHARS
+from tenants.api.fielddocs import CHAT_REQUEST, CHAT_RESPONSE
 from tenants.api.fields import (
     NO_NUL,
     NOT_BLANK_NO_NUL,
@@ -28,39 +29,32 @@ class ChatRequestSerializer(StrictSerializer):
 
     conversation = StrictIntegerField(
         required=False, min_value=1, max_value=PK_MAX,
-        help_text="Continue this conversation (one of yours); omit to start a new one.",
+        help_text=CHAT_REQUEST["conversation"],
     )
     temperature = StrictFloatField(
-        required=False, min_value=0.0, max_value=2.0, help_text="0 = greedy (default)."
+        required=False, min_value=0.0, max_value=2.0, help_text=CHAT_REQUEST["temperature"]
     )
     top_p = StrictFloatField(required=False, min_value=0.01, max_value=1.0,
-                             help_text="Nucleus sampling (default 1).")
+                             help_text=CHAT_REQUEST["top_p"])
     alpha = StrictFloatField(
         required=False, min_value=0.0, max_value=1.0,
-        help_text="Injection strength override (values only); capped by the engine's KV_ALPHA_CAP.",
+        help_text=CHAT_REQUEST["alpha"],
     )
     emphasis = RemovedFloatField(
         "Attention emphasis",
-        help_text="Removed (attention emphasis never improved replies on the benchmarks): "
-                  "null or 0 is accepted and does nothing, any other value is a 400.",
+        help_text=CHAT_REQUEST["emphasis"],
     )
     contrast = StrictFloatField(
         required=False, min_value=0.0, max_value=4.0,
-        help_text="Contrastive guidance by your memories (the reply's next-token scores "
-                  "against the same conversation without them; 0 = off). Default: the "
-                  "tenant's setting, else the model's.",
+        help_text=CHAT_REQUEST["contrast"],
     )
     reminder = StrictBooleanField(
         required=False,
-        help_text="Re-state your memories at the start of your messages deep in the "
-                  "conversation (\"(<memories>)\" before the message; see docs/API.md, "
-                  "\"Memory reminder\"); false = off. Default: the tenant's setting, else on.",
+        help_text=CHAT_REQUEST["reminder"],
     )
     constraints = StrictBooleanField(
         required=False,
-        help_text="Keep your standing instructions that every token can keep (\"answer in "
-                  "lowercase\", \"no commas\", ...; see docs/API.md, \"Decoding "
-                  "constraints\"); false = off. Default: the tenant's setting, else on.",
+        help_text=CHAT_REQUEST["constraints"],
     )
 
     def get_fields(self):
@@ -87,16 +81,11 @@ class UsageSerializer(serializers.Serializer):
                   "(instructions + preference) included.")
     completion_tokens = serializers.IntegerField()
     cached_tokens = serializers.IntegerField(
-        required=False, help_text="Of prompt_tokens, those whose K/V was served from the "
-                                  "cache (shared tenant segment, member segment, conversation).")
+        required=False, help_text=CHAT_RESPONSE["usage.cached_tokens"])
     guide_prefill_tokens = serializers.IntegerField(
-        required=False, help_text="Contrastive guidance's second row (see contrast): the "
-                                  "tokens it prefilled. Not part of prompt_tokens; 0 when "
-                                  "the reply was not guided.")
+        required=False, help_text=CHAT_RESPONSE["usage.guide_prefill_tokens"])
     guide_decode_tokens = serializers.IntegerField(
-        required=False, help_text="Contrastive guidance's second row: the decoding steps it "
-                                  "ran beside the reply (one fewer than completion_tokens). "
-                                  "Not part of completion_tokens; 0 when not guided.")
+        required=False, help_text=CHAT_RESPONSE["usage.guide_decode_tokens"])
 
 
 class CacheInfoSerializer(serializers.Serializer):
@@ -124,13 +113,10 @@ class CacheInfoSerializer(serializers.Serializer):
     fingerprint = serializers.CharField(help_text="Model identity the K/V belongs to.")
     alpha_effective = serializers.FloatField()
     contrast_effective = serializers.FloatField(
-        required=False, help_text="Contrastive guidance strength applied (0: off; from the "
-                                  "third turn of a conversation on, turns are not guided).")
+        required=False, help_text=CHAT_RESPONSE["cache.contrast_effective"])
     constraints = serializers.ListField(
         child=serializers.CharField(), required=False,
-        help_text="The decoding constraints your reply was kept to, from your standing "
-                  "instructions: lowercase, uppercase, no_comma, ban:<word> (docs/API.md, "
-                  "\"Decoding constraints\").")
+        help_text=CHAT_RESPONSE["cache.constraints"])
     kv_tokens = serializers.IntegerField()
     kv_layers_count = serializers.IntegerField()
     kv_bytes_cpu = serializers.IntegerField()
@@ -141,8 +127,7 @@ class CacheInfoSerializer(serializers.Serializer):
                   "execution (K/V lookup included) to the first generated token.")
     reused_tokens = serializers.IntegerField(
         required=False,
-        help_text="Leading tokens (system turn, history) whose K/V was continued from the "
-                  "conversation's previous turn on this worker instead of prefilled.")
+        help_text=CHAT_RESPONSE["cache.reused_tokens"])
 
 
 class MemoryUsedSerializer(serializers.Serializer):

@@ -14,6 +14,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
+from tenants.api.fielddocs import CHAT_REQUEST, V1_EXTENSION
 from tenants.api.fields import RemovedFloatField
 from tenants.api.serializers import PK_MAX
 from tenants.errors import ModelNotFound
@@ -73,30 +74,22 @@ class StreamOptionsSerializer(StrictSerializer):
 
 class ExtensionSerializer(StrictSerializer):
     alpha = serializers.FloatField(required=False, min_value=0.0, max_value=1.0,
-                                   help_text="Injection strength override (values only).")
+                                   help_text=CHAT_REQUEST["alpha"])
     emphasis = RemovedFloatField(
         "Attention emphasis", strings=True,
-        help_text="Removed (attention emphasis never improved replies on the benchmarks): "
-                  "null or 0 is accepted and does nothing, any other value is a 400.")
+        help_text=CHAT_REQUEST["emphasis"])
     contrast = serializers.FloatField(
         required=False, min_value=0.0, max_value=4.0,
-        help_text="Contrastive guidance by the member's memories (0 = off; default: the "
-                  "tenant's setting, else the model's).")
+        help_text=CHAT_REQUEST["contrast"])
     reminder = serializers.BooleanField(
         required=False,
-        help_text="The memory reminder: the member's memories re-stated at the start of user "
-                  "messages deep in the conversation (false = off; default: the tenant's "
-                  "setting, else on).")
+        help_text=CHAT_REQUEST["reminder"])
     constraints = serializers.BooleanField(
         required=False,
-        help_text="Decoding constraints: the member's standing instructions that every token "
-                  "can keep (lowercase, capitals, no commas, a banned word) kept by masking "
-                  "the tokens that break them (false = off; default: the tenant's setting, "
-                  "else on).")
+        help_text=CHAT_REQUEST["constraints"])
     conversation = serializers.IntegerField(
         required=False, min_value=1, max_value=PK_MAX,
-        help_text="Append this exchange to one of your conversations (default: a new one "
-                  "holding the request's messages and the reply).")
+        help_text=V1_EXTENSION["conversation"])
 
 
 class CompletionRequestSerializer(StrictSerializer):
