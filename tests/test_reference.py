@@ -69,6 +69,28 @@ def table_rows(text: str) -> list[list[str]]:
 # -- settings -------------------------------------------------------------------------------
 
 
+def test_the_scanner_finds_settings_of_every_kind_of_read():
+    found = env_reads()
+    assert found["MEMORY_RECALL_TOP_K"].startswith("config/")  # env_int(...)
+    assert found["REDIS_SOCKET_TIMEOUT"] == "config/deadlines.py"  # _env(...)
+    assert "KV_CACHE_REDIS_URL" in found  # os.environ.get(...)
+    assert "KVI_TEST_REDIS_DB" not in found
+    assert len(found) > 80
+
+
+def test_every_setting_is_in_example_env():
+    listed = set(re.findall(r"^#?\s*([A-Z][A-Z0-9_]+)=", EXAMPLE_ENV.read_text(), re.M))
+    missing = sorted(set(env_reads()) - listed)
+    assert not missing, f"settings the code reads that platform/example.env lacks: {missing}"
+
+
+def test_every_setting_is_in_the_operations_settings_reference():
+    reference = section(OPERATIONS, "Settings reference")
+    named = set(re.findall(r"`([A-Z][A-Z0-9_]+)`", reference))
+    missing = sorted(set(env_reads()) - named)
+    assert not missing, f"settings missing from OPERATIONS' settings reference: {missing}"
+
+
 # -- endpoints ------------------------------------------------------------------------------
 
 
