@@ -42,3 +42,17 @@ def test_l2_bytes_and_entries_per_kind():
         assert kinds["tenant"]["entries"] == 1  # the workers' L1 figures are kept
     finally:
         tier.evict(TID)
+
+
+def test_the_printed_footer_says_what_the_member_row_counts():
+    from io import StringIO
+
+    from gpu_worker.management.commands.kvcache import Command
+
+    out = StringIO()
+    cmd = Command(stdout=out)
+    cmd._print_stats({"key_generation": 0, "live_workers": [], "workers": [], "tenants": {},
+                      "kinds": {"member": {"l2_entries": 1, "l2_bytes": 10},
+                                "conversation": {"l2_entries": 1, "l2_bytes": 5}}})
+    footer = out.getvalue().splitlines()[-1]
+    assert "leans" in footer and "conversation links are counted apart" in footer

@@ -126,7 +126,8 @@ class Command(CliCommandMixin, BaseCommand):
               f"{k.get('l1_misses', 0):>8} {k.get('l2_hits', 0):>8} {k.get('l2_misses', 0):>8} "
               f"{'-' if l2n is None else l2n:>10} {'-' if l2b is None else _mb(l2b):>8}")
         if r.get("kinds"):
-            w("(L2: the member row counts member segments and conversation links together)")
+            w("(L2: the member row counts member segments and members' leans together; "
+              "conversation links are counted apart, from each tenant's link ledger)")
 
     def _print_clear(self, r):
         self.stdout.write(f"cleared {r['scope']}: {r['l1_deleted']} L1 entries on "
