@@ -22,8 +22,9 @@ from gpu_worker.ops.taskauth import SignedTask
 from gpu_worker.routing import registry
 from gpu_worker.serving import chat_service, handlers, host, playground
 from gpu_worker.serving.runtime import serving, worker_id
+from tenants import sealing
 from tenants.actions import claim_is_live
-from tenants.errors import BudgetExceeded, ChatAbandoned
+from tenants.errors import BudgetExceeded, ChatAbandoned, SealedPayloadRejected
 
 log = logging.getLogger(__name__)
 
@@ -41,21 +42,24 @@ GPU_TASK = {
 }
 
 
-# throws: an abandoned chat, or one whose real prompt the budgets cannot hold, is an
-# expected outcome (logged as one line, no traceback).
-@shared_task(name="gpu_worker.tasks.chat", throws=(ChatAbandoned, BudgetExceeded),
+# throws: an abandoned chat, one whose real prompt the budgets cannot hold, or one sealed
+# under another key, is an expected outcome (logged as one line, no traceback).
+@shared_task(name="gpu_worker.tasks.chat",
+             throws=(ChatAbandoned, BudgetExceeded, SealedPayloadRejected),
              **GPU_TASK)
 def chat(
     self,
     member_id: int,
     conversation_id: int | None,
-    message: str,
-    params: dict[str, Any],
+    turn: str,
     request_id: str,
     enqueued_at: float | None = None,
-) -> dict[str, Any]:
-    """One chat turn for a member; returns the API response body (JSON-safe).
+) -> str:
+    """One chat turn for a member; returns the API response body, sealed for the web.
 
+    ``turn``: the message and parameters, sealed by the web for this request
+    (``gpu_worker.client.dispatch.chat_args``); one that does not open here (another
+    ``KV_SIGNING_SECRET``) fails at once with ``SealedPayloadRejected``, nothing run.
     Runs and stores only under the request's live claim in Postgres (not abandoned by
     the web, before its deadline): checked before starting and again, row-locked, when
     storing. A redelivered or restored task the web gave up on is refused, not stored."""
@@ -63,10 +67,11 @@ def chat(
         try:
             if not claim_is_live(member_id, request_id):
                 raise ChatAbandoned("abandoned or past its deadline; not started")
+            asked = sealing.open_sealed(sealing.CHAT_TURN, request_id, turn)
             host.sync_key_generation()
-            result = chat_service.answer(member_id, conversation_id, message, params,
-                                         request_id)
-        except (ChatAbandoned, BudgetExceeded) as exc:
+            result = chat_service.answer(member_id, conversation_id, asked["message"],
+                                         asked["params"], request_id)
+        except (ChatAbandoned, BudgetExceeded, SealedPayloadRejected) as exc:
             chat_service.release_reservation(member_id, request_id)
             log.warning("chat request_id=%s refused: %s", request_id, exc.message)
             raise
@@ -83,7 +88,7 @@ def chat(
         request_id, tier, result["usage"]["prompt_tokens"],
         result["usage"]["completion_tokens"], result["cache"].get("inference_latency_ms", 0),
     )
-    return {**result, "worker": worker}
+    return sealing.seal(sealing.CHAT_RESULT, request_id, {**result, "worker": worker})
 
 
 # A warm queued after an edit (``background``) runs one at a time per process, and only when

@@ -110,6 +110,14 @@ class ChatAbandoned(WorkerUnavailable):
     default_message = "The request was abandoned before its answer was stored."
 
 
+class SealedPayloadRejected(WorkerUnavailable):
+    # A task message, result or stream piece whose sealed text (tenants.sealing) does not
+    # open here: sealed under another KV_SIGNING_SECRET (a rotation) or altered. Nothing is
+    # run or relayed from it; retrying once web and workers share the secret succeeds.
+    code = "sealed_payload_rejected"
+    default_message = "The request could not be opened by the worker; nothing was run."
+
+
 class ServiceUnavailable(PlatformError):
     """Postgres, Redis or the task queue cannot be reached (see tenants.faults)."""
 

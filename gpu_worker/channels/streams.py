@@ -2,7 +2,7 @@
 
 * ``kvi:stream:<request_id>``: a Redis stream the worker appends to while it generates:
   ``{o: offset, t: text}`` per piece (``o`` = characters sent before it, so the reader
-  detects a lost piece), then ``{end: done|cancelled|error}``. It expires ``STREAM_TTL``
+  detects a lost piece; ``t`` sealed, :func:`seal_piece`), then ``{end: done|cancelled|error}``. It expires ``STREAM_TTL``
   seconds after the last write. Pieces generated within ``FLUSH_S`` of the last write are
   sent together (the first at once): fewer Redis writes and SSE events, same text.
 * ``kvi:cancel:<request_id>``: set by the web when its client went away or when it stops
@@ -28,6 +28,8 @@ import time
 
 import redis
 from django.conf import settings
+
+from tenants import sealing
 
 log = logging.getLogger(__name__)
 STREAM_TTL = 300  # seconds
@@ -61,6 +63,17 @@ def verify(request_id: str, fields: dict[bytes, bytes]) -> bool:
     tag = fields.get(b"m")
     parts = [k + b"=" + v for k, v in sorted(fields.items()) if k != b"m"]
     return tag is not None and hmac.compare_digest(tag, _mac(request_id, *parts))
+
+
+def seal_piece(request_id: str, offset: int, text: str) -> str:
+    """A piece's text as stored in the stream: sealed (``tenants.sealing``) for this
+    request and offset, so the broker's disk never holds the reply."""
+    return sealing.seal_bytes(sealing.STREAM_PIECE, f"{request_id}:{offset}", text.encode())
+
+
+def open_piece(request_id: str, offset: int, stored: bytes) -> str:
+    """The text of a piece read back (SealedPayloadRejected when it does not open)."""
+    return sealing.open_bytes(sealing.STREAM_PIECE, f"{request_id}:{offset}", stored).decode()
 
 
 def cancel_token(request_id: str) -> bytes:
@@ -113,7 +126,7 @@ class Publisher(CancelWatch):
 
     def _flush(self, now: float) -> None:
         if self._buf:
-            self._add({"o": self.sent, "t": self._buf})
+            self._add({"o": self.sent, "t": seal_piece(self.request_id, self.sent, self._buf)})
             self.sent += len(self._buf)
             self._buf, self._last = "", now
 

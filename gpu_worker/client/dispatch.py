@@ -22,7 +22,7 @@ from gpu_worker.channels import streams
 from gpu_worker.errors import RedeliveryLimitExceeded
 from gpu_worker.ops import metrics
 from gpu_worker.routing.affinity import Route, check_capacity, choose_queue
-from tenants import actions, errors
+from tenants import actions, errors, sealing
 from tenants.budgets import estimate, ledger
 from tenants.faults import outage
 
@@ -34,6 +34,15 @@ class Dispatched(NamedTuple):
     route: Route
 
 
+def chat_args(member_id: int, conversation_id: int | None, message: str, params: dict,
+              request_id: str) -> tuple:
+    """The chat task's arguments: ids in the clear, the member's text (the message, and
+    the parameters: a ``/v1`` history, its ``user``, stop strings) sealed for this request
+    (``tenants.sealing``: the broker never holds them readable)."""
+    turn = sealing.seal(sealing.CHAT_TURN, request_id, {"message": message, "params": params})
+    return (member_id, conversation_id, turn, request_id, time.time())
+
+
 def dispatch_chat(
     member_id: int, conversation_id: int | None, message: str, params: dict, request_id: str
 ) -> Dispatched:
@@ -43,7 +52,7 @@ def dispatch_chat(
     route = choose_queue(member_id)
     try:
         async_result = chat.apply_async(
-            args=(member_id, conversation_id, message, params, request_id, time.time()),
+            args=chat_args(member_id, conversation_id, message, params, request_id),
             queue=route.queue,
             task_id=request_id,
         )
@@ -60,7 +69,8 @@ def wait_chat(dispatched: Dispatched, timeout: float | None = None) -> dict[str,
     timeout = settings.CHAT_RESULT_TIMEOUT if timeout is None else timeout
     outcome = "error"
     try:
-        result = async_result.get(timeout=timeout, propagate=True)
+        sealed = async_result.get(timeout=timeout, propagate=True)
+        result = sealing.open_sealed(sealing.CHAT_RESULT, async_result.id, sealed)
         outcome = "ok"
         return result
     except CeleryTimeout:

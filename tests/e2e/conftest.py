@@ -11,7 +11,6 @@ the duration, so a test knows exactly which processes can take a task.
 from __future__ import annotations
 
 import contextlib
-import time
 
 import pytest
 
@@ -132,7 +131,7 @@ def send_chat(member, message: str = "What should I cook?", *, queue: str | None
     if queue is None:
         return client.dispatch_chat(member.pk, conversation, message, params, request_id)
     res = chat.apply_async(
-        args=(member.pk, conversation, message, params, request_id, time.time()),
+        args=client.chat_args(member.pk, conversation, message, params, request_id),
         queue=queue, task_id=request_id,
     )
     return client.Dispatched(res, Route(queue, "explicit"))

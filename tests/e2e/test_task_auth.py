@@ -3,7 +3,6 @@ refused before any work, counted and logged without its content (config.taskauth
 
 from __future__ import annotations
 
-import time
 import urllib.request
 
 import pytest
@@ -31,7 +30,7 @@ def claimed(member):
 
     params = {"max_new_tokens": 2}
     request_id = dispatch.claim_chat(member, None, SECRET_TEXT, params).request_id
-    return (member.pk, None, SECRET_TEXT, params, request_id, time.time()), request_id
+    return dispatch.chat_args(member.pk, None, SECRET_TEXT, params, request_id), request_id
 
 
 def test_forged_and_altered_chat_messages_are_refused_unrun(worker_pair, settings):

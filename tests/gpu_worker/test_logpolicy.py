@@ -12,7 +12,9 @@ import pytest
 import redis
 from django.conf import settings
 
+from gpu_worker.client import dispatch
 from gpu_worker.tasks import chat, warm_member
+from tenants import sealing
 
 SECRET = "kumquat-" + uuid.uuid4().hex
 
@@ -30,18 +32,21 @@ def _enqueued(client, queue: str) -> list[dict]:
     return [json.loads(raw) for raw in client.lrange(queue, 0, -1)]
 
 
-def test_enqueued_chat_carries_its_text_in_the_body_only(broker):
+def test_enqueued_chat_carries_its_text_sealed_only(broker):
     client, queue = broker
     params = {"max_new_tokens": 4, "temperature": 0.0}
-    chat.apply_async(args=(7, None, SECRET, params, "rid-1", 1.5), queue=queue, task_id="t1")
+    args = dispatch.chat_args(7, None, SECRET, params, "t1")
+    chat.apply_async(args=args, queue=queue, task_id="t1")
     [msg] = _enqueued(client, queue)
     headers = msg["headers"]
     assert SECRET not in json.dumps(headers) and "kumquat" not in json.dumps(headers)
-    assert headers["argsrepr"] == repr([7, None, f"<str:{len(SECRET)}>",
-                                        {"max_new_tokens": 4, "temperature": 0.0},
-                                        "<str:5>", 1.5])
-    args, kwargs, _ = json.loads(base64.b64decode(msg["body"]))
-    assert args[2] == SECRET  # the worker still gets the message itself
+    assert headers["argsrepr"] == repr([7, None, f"<str:{len(args[2])}>", "<str:2>", args[4]])
+    body = base64.b64decode(msg["body"])
+    assert b"kumquat" not in body  # sealed in the message body too (tenants.sealing)
+    sent, _, _ = json.loads(body)
+    # the worker still gets the message itself
+    assert sealing.open_sealed(sealing.CHAT_TURN, "t1", sent[2]) == {"message": SECRET,
+                                                                       "params": params}
 
 
 def test_explicit_argsrepr_is_kept(broker):

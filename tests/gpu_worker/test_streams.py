@@ -83,3 +83,22 @@ def test_only_a_signed_cancel_flag_stops_the_generation(request_id):
     assert pub.cancelled() is False
     client.set(streams.cancel_key(request_id), streams.cancel_token(request_id))
     assert pub.cancelled() is True
+
+
+def test_a_piece_is_stored_sealed_and_one_sealed_under_another_key_ends_the_relay(
+        request_id, settings):
+    client = registry.redis_client()
+    pub = streams.Publisher(client, request_id)
+    pub.piece("pistachio ")  # the first piece is flushed at once
+    [(_, fields)] = client.xrange(streams.stream_key(request_id))
+    assert b"pistachio" not in b"".join(fields.values())  # the broker holds no text
+    real = settings.KV_SIGNING_SECRET
+    settings.KV_SIGNING_SECRET = "an old secret"
+    sealed_before = streams.seal_piece(request_id, pub.sent, "FORGED")
+    settings.KV_SIGNING_SECRET = real
+    client.xadd(streams.stream_key(request_id),
+                streams.sign(request_id, {"o": pub.sent, "t": sealed_before}))  # MAC valid
+    pub.sent += len("FORGED")
+    pub.piece("tail")
+    pub.end("done")
+    assert _relayed(request_id) == ["pistachio "]
