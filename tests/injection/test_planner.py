@@ -143,9 +143,9 @@ def test_the_guide_is_the_turn_with_nothing_injected_or_the_instructions_kept(
 
 
 def test_a_lean_is_keyed_by_everything_it_depends_on(text):
-    """The lean's digest moves with the memory, the instructions and the member's alpha,
-    never with the question asked or the strength it is applied at (its probes are guided at
-    ``probe.PROBE_STRENGTH``: one lean a member)."""
+    """The lean's digest moves with the memory and the instructions, never with the
+    question asked, the strength or the alpha it is applied at (its probes are guided at
+    ``probe.PROBE_STRENGTH`` on the segment at ``probe.PROBE_ALPHA``: one lean a member)."""
     def digest(pref=PREF, rules=RULES, ask=ASK, **kw):
         return planner(text, batching=True).plan(
             ExecutionRequest("t", "u", ask, pref, rules, contrast=kw.pop("contrast", 1.0),
@@ -154,8 +154,8 @@ def test_a_lean_is_keyed_by_everything_it_depends_on(text):
     base = digest()
     assert digest(ask=[{"role": "user", "content": "Something else?"}]) == base
     assert digest(contrast=0.5) == digest(contrast=2.0) == base
-    assert len({base, digest(pref=PREF + " Really."), digest(rules=RULES + " Be kind."),
-                digest(alpha=0.8)}) == 4
+    assert digest(alpha=0.8) == digest(alpha=0.5001) == base
+    assert len({base, digest(pref=PREF + " Really."), digest(rules=RULES + " Be kind.")}) == 3
 
 
 def test_the_history_that_fits_is_planned_and_the_last_message_kept(text):

@@ -347,3 +347,42 @@ def test_warming_a_member_measures_their_lean_too(adapter):
     assert probes == len(probe.PROBES) and res.extra["lean"] == "l1"
     assert res.guide_prefill_tokens == res.guide_decode_tokens == 0
     assert ex.metrics.get("lean_probes") == probes
+
+
+def test_one_lean_a_member_serves_every_alpha_it_is_applied_at(adapter, redis_client):
+    """The probes run on the member's segment at ``PROBE_ALPHA`` whatever the turn's alpha: a
+    client varying ``alpha`` per request (0.9, 0.91, 0.92) measures the probes once and keeps
+    one lean in L1 and in L2 (the turns after the first write nothing to L2), the lean a
+    turn at alpha 1 measures; each turn still injects its own segment at its own alpha."""
+    tier = RedisKVTier(redis_client, CacheKeySigner("lean-secret-0123456789abcdef0123"),
+                       ttl_seconds=60, async_writes=False)
+    ex = _executor(adapter, tier)
+    reqs = [ExecutionRequest("t1", "u1", QUESTION, MEMORY, max_new_tokens=12, contrast=1.0,
+                             alpha=a) for a in (0.9, 0.91, 0.92)]
+
+    def names():
+        return sorted(redis_client.scan_iter(match=tier.signer.entry_match("t1")))
+
+    try:
+        results = [ex.execute(reqs[0])]
+        after_first = names()
+        results += [ex.execute(r) for r in reqs[1:]]
+        after_all = names()
+        plans = [ex.planner.plan(r) for r in reqs]
+        lean = cached_lean(ex, reqs[0])
+        l1_leans = ex.stats()["kinds"]["lean"]["entries"]
+        lean_name = tier.signer.redis_key(probe.lean_key("t1", "u1", adapter.fingerprint,
+                                                         plans[0].lean)).encode()
+    finally:
+        ex.close()
+        tier.evict("t1")
+        tier.close()
+    assert [r.extra["lean"] for r in results] == ["probe", "l1", "l1"]
+    assert ex.metrics.get("lean_probes") == len(probe.PROBES)
+    assert len({p.lean.digest for p in plans}) == 1 and l1_leans == 1
+    assert lean_name in after_first and after_all == after_first
+    assert [r.alpha_effective for r in results] == [0.9, 0.91, 0.92]
+    want_lean = member_lean(adapter, MEMORY)  # the probes' references, nothing scaled
+    assert torch.allclose(lean.first.float(), want_lean.first.float(), atol=2e-2)
+    assert torch.allclose(lean.rest.float(), want_lean.rest.float(), atol=2e-2)
+

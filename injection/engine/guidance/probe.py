@@ -46,10 +46,12 @@ from injection.errors import ModelOOMError
 from injection.kvcache.chain import LEAN_PREFIX
 from injection.kvcache.kvsource import user_or_none
 from injection.kvcache.packed import PackedKV
+from injection.kvcache.pieces import KVPieces
 from injection.prompting.template import compose_context
 
-__all__ = ["LEAN_PREFIX", "PROBES", "PROBE_STEPS", "PROBE_STRENGTH", "LeanPlans", "MemoryLean",
-           "MemoryLeans", "lean_key", "pack", "plan_lean", "unpack"]
+__all__ = ["LEAN_PREFIX", "PROBES", "PROBE_ALPHA", "PROBE_STEPS", "PROBE_STRENGTH", "LeanPlans",
+           "MemoryLean", "MemoryLeans", "at_probe_alpha", "lean_key", "pack", "plan_lean",
+           "unpack"]
 
 log = logging.getLogger("injection.engine.batch")
 
@@ -69,6 +71,13 @@ DEEP = True
 # the turn's strength (a tenant's new ``memory_contrast`` or a client's ``contrast`` measures
 # nothing again); SmolLM2's default strength, where the lean was chosen
 PROBE_STRENGTH = 1.0
+# The member segment's scale the probes run at, whatever the turn's ``alpha``: likewise one
+# lean a member, applied at the turn's alpha (a client varying ``alpha`` per request measured
+# 296 probe tokens and stored a 192 KiB lean per value). The segment as cached (``alpha`` 1,
+# the default and cap). Measured on SmolLM2 (a French member): the lean at 0.9 is the one at
+# 1 within cos 0.998 (first token) / 0.97 (rest), and its size does not shrink with alpha
+# (0.5: 1.1x / 1.4x), so it is applied as measured, not scaled by alpha.
+PROBE_ALPHA = 1.0
 _VERSION = "memory-lean-1"  # part of every key: a change of the recipe misses old leans
 _HEADS = ("none", "shared", "tenant")  # a one-memory guide's (not "row", "segment")
 
@@ -89,8 +98,7 @@ class MemoryLean(NamedTuple):
 
 
 def plan_lean(adapter: Any, req: ExecutionRequest, guide: GuidePlan | None, *, on: bool,
-              context: str, segment: str, member_alpha: float, keep_instructions: bool = False
-              ) -> LeanPlan | None:
+              context: str, segment: str, keep_instructions: bool = False) -> LeanPlan | None:
     """The turn's lean instead of its ``guide`` (a one-memory first turn's: heads
     ``none``/``shared``/``tenant``), or None: off (``on``), no such guide, or a probe renders
     a different segment."""
@@ -106,7 +114,7 @@ def plan_lean(adapter: Any, req: ExecutionRequest, guide: GuidePlan | None, *, o
         ids.append(tuple(adapter.renderer.encode(parts.prompt, first=False)))
         guides.append(unreminded(adapter, PROBE_STRENGTH, req, probe, negative_context))
     digest = _sha(_VERSION, repr(PROBES), str(PROBE_STEPS), repr(contrast.PLAUSIBLE),
-                  repr(PROBE_STRENGTH), repr(member_alpha), segment, repr(ids),
+                  repr(PROBE_STRENGTH), repr(PROBE_ALPHA), segment, repr(ids),
                   repr(tuple(guides)))
     return LeanPlan(guide.strength, tuple(ids), tuple(guides), digest)
 
@@ -122,18 +130,17 @@ class LeanPlans:
         self._lock = threading.Lock()
 
     def plan(self, req: ExecutionRequest, guide: GuidePlan | None, *, on: bool, context: str,
-             segment: str, member_alpha: float, keep_instructions: bool = False
-             ) -> LeanPlan | None:
+             segment: str, keep_instructions: bool = False) -> LeanPlan | None:
         if not on or guide is None or guide.head not in _HEADS:
             return None
         key = (req.tenant, context, segment, req.instructions, keep_instructions,
-               guide.strength, member_alpha, guide.head)
+               guide.strength, guide.head)
         with self._lock:
             if key in self._plans:
                 self._plans.move_to_end(key)
                 return self._plans[key]
         plan = plan_lean(self.adapter, req, guide, on=on, context=context, segment=segment,
-                         member_alpha=member_alpha, keep_instructions=keep_instructions)
+                         keep_instructions=keep_instructions)
         with self._lock:
             self._plans[key] = plan
             while len(self._plans) > self.size:
@@ -171,9 +178,11 @@ class MemoryLeans:
         """``(lean, where, probe_tokens)``: where it came from (``l1``, ``l2``, ``probe``,
         ``shared``: another turn's probe of the same key; ``""`` when none) and the forward
         tokens a probe ran for this turn (``probe``: prefilled, decoded). ``head``: the turn's
-        injected segments (the probe's prefix)."""
+        injected segments (the probe's prefix, its member segment rescaled to
+        ``PROBE_ALPHA``)."""
         if plan is None or self.engine is None:
             return None, "", (0, 0)
+        head = at_probe_alpha(head)
         user = user_or_none(user)
         if user is None:  # no identity: measured for this turn, never cached
             lean, tokens = self.probe(plan, tenant, head)
@@ -232,6 +241,15 @@ class MemoryLeans:
         prefilled = sum(len(ids) for ids in plan.ids) + sum(o.guide_prefill_tokens for o in outs)
         decoded = sum(max(0, len(o.token_ids) - 1) + o.guide_decode_tokens for o in outs)
         return MemoryLean(first, rest), (prefilled, decoded)
+
+
+def at_probe_alpha(head: PackedKV | KVPieces | None) -> PackedKV | KVPieces | None:
+    """``head`` with its member segment (the last piece, the only one scaled: ``chain``)
+    at ``PROBE_ALPHA`` instead of the turn's alpha; the same pieces, nothing copied."""
+    if not isinstance(head, KVPieces) or head.pieces[-1].scale == PROBE_ALPHA:
+        return head
+    *rest, last = head.pieces
+    return KVPieces([*rest, last._replace(scale=PROBE_ALPHA)])
 
 
 def _sha(*parts: str) -> str:

@@ -185,7 +185,7 @@ class TurnPlanner:
         lean = self.leans.plan(  # a first turn's, instead of its guide; an anchored one's too
             req, guide or (anchor.guide if anchor and probe.DEEP else None),
             on=self.memory_lean, context=system.context, segment=parts.segment,
-            member_alpha=member_alpha, keep_instructions=self.guide_keeps_instructions)
+            keep_instructions=self.guide_keeps_instructions)  # one lean a member, any alpha
         # one-pass miss: a missing member segment is computed in this turn's own prefill
         # (not for an anchored or leaning turn: its anchor's two prompts, or its lean's
         # probe, start from the segment too)
