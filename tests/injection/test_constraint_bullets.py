@@ -144,10 +144,11 @@ def test_the_engine_writes_exactly_n_points_on_the_demo_model(adapter):
 
 def test_a_bulleted_member_is_kept_so_not_guided_by_default(adapter, monkeypatch):
     from injection.engine.guidance import contrast
-    from injection.model.fingerprint import model_key
+    from injection.model import profiles
 
     text = TextOnly(adapter.tokenizer)
-    monkeypatch.setitem(contrast.MEASURED_DEFAULTS, model_key(text), 1.0)
+    monkeypatch.setattr(text, "_profile", profiles.Profile(
+        "test", "any", 1.0, True, "test", {}), raising=False)  # guidance on by default
     memory = "Always answer in exactly 3 bullet points."
     found = planner(text, batching=True).plan(
         ExecutionRequest("t", "u", ASK, memory)).sampling["constraints"]

@@ -256,10 +256,11 @@ def test_a_repeated_question_is_kept_so_not_guided_by_default(adapter, monkeypat
     """The turn's constraints hold ``repeat`` beside its opening phrase, so the default
     guide (for a standing instruction the decoder does not keep) leaves it alone."""
     from injection.engine.guidance import contrast
-    from injection.model.fingerprint import model_key
+    from injection.model import profiles
 
     text = TextOnly(adapter.tokenizer)
-    monkeypatch.setitem(contrast.MEASURED_DEFAULTS, model_key(text), 1.0)
+    monkeypatch.setattr(text, "_profile", profiles.Profile(
+        "test", "any", 1.0, True, "test", {}), raising=False)  # guidance on by default
     echo = "Begin every answer by repeating my question word for word."
     found = planner(text, batching=True).plan(
         ExecutionRequest("t", "u", ASK, echo)).sampling["constraints"]

@@ -14,7 +14,8 @@ import torch
 from injection.engine.decoding import bans
 from injection.engine.decoding.phrases import forced
 from injection.engine.decoding.placeholders import OPENING, ROOM, WORDS
-from injection.engine.guidance.contrast import MEASURED_DEFAULTS, resolve
+from injection.engine.guidance.contrast import resolve
+from injection.model import profiles
 from injection.prompting.constraints import detect, kept, violates
 from tests.injection.decoding_rows import engine_replies, eos_ids
 from tests.injection.decoding_rows import ids as _ids
@@ -44,13 +45,14 @@ def test_placeholders_are_read_as_a_constraint(memory, want):
 
 
 def test_kept_placeholders_run_no_guide_and_beside_bullet_points_they_are_guided():
-    smol = SimpleNamespace(_model_key=next(iter(MEASURED_DEFAULTS)))  # SmolLM2's key
+    smol = SimpleNamespace(_model_key=profiles.read(
+        profiles.PROFILES_DIR / "smollm2-135m-instruct.json").model_key)  # SmolLM2's
     alone = ["Add a placeholder like [name] to each reply."]
     assert resolve(smol, None, alone, detect(alone)) == 0.0  # the decoder keeps it
     asked = ["Answer in exactly 2 bullet points.", *alone]
     found = detect(asked)
     assert found == ("bullets:2",) and not kept(alone[0], found)
-    assert resolve(smol, None, asked, found) == MEASURED_DEFAULTS[smol._model_key] > 0
+    assert resolve(smol, None, asked, found) == profiles.guidance_default(smol) > 0
 
 
 def test_placeholders_count_as_ifeval_counts_them():

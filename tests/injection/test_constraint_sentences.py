@@ -117,10 +117,11 @@ def test_the_engine_keeps_the_limit_beside_a_plain_row(smollm):
 
 def test_a_sentence_limited_member_is_kept_so_not_guided_by_default(adapter, monkeypatch):
     from injection.engine.guidance import contrast
-    from injection.model.fingerprint import model_key
+    from injection.model import profiles
 
     text = TextOnly(adapter.tokenizer)
-    monkeypatch.setitem(contrast.MEASURED_DEFAULTS, model_key(text), 1.0)
+    monkeypatch.setattr(text, "_profile", profiles.Profile(
+        "test", "any", 1.0, True, "test", {}), raising=False)  # guidance on by default
     memory = "I like very short answers of one or two sentences."
     found = planner(text, batching=True).plan(
         ExecutionRequest("t", "u", ASK, memory)).sampling["constraints"]

@@ -19,7 +19,6 @@ from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
 from injection.engine.guidance import lean
 from injection.engine.guidance.contrast import (
-    MEASURED_DEFAULTS,
     PLAUSIBLE,
     Guide,
     combine,
@@ -27,9 +26,12 @@ from injection.engine.guidance.contrast import (
 )
 from injection.errors import InvalidRequest
 from injection.metrics import Metrics
+from injection.model import profiles
 from injection.prompting.output_filter import clean_reply
 from tests.injection.test_batch import _in_threads
 from tests.injection.test_batch_faults import _Faulty, _gate_until_queued, _with_model
+
+SMOL = profiles.read(profiles.PROFILES_DIR / "smollm2-135m-instruct.json")
 
 MEMORY = "I am vegetarian and I never eat fish."
 QUESTION = [{"role": "user", "content": "What should I cook tonight?"}]
@@ -419,8 +421,9 @@ def test_split_rows_drops_guides_and_combines_each_pair():
 def test_by_default_only_memories_of_a_measured_kind_are_guided():
     """``resolve``: a standing instruction naming a language, or asking for what a decoding
     constraint would keep but the turn's do not; not one of no measured kind, nor a fact."""
-    smol = SimpleNamespace(_model_key=next(iter(MEASURED_DEFAULTS)))  # SmolLM2's key
-    on = MEASURED_DEFAULTS[smol._model_key]
+    smol = SimpleNamespace(_model_key=SMOL.model_key)  # SmolLM2's profile
+    on = SMOL.guidance
+    assert on > 0
     assert resolve(smol, None, ["Always answer in French."]) == on
     assert resolve(smol, None, ["Always answer in lowercase."]) == on  # constraints off
     assert resolve(smol, None, ["Always answer in lowercase."], ("lowercase",)) == 0.0

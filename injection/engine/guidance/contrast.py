@@ -34,12 +34,12 @@ from injection.engine import steps
 from injection.engine.batchrow import RowJob
 from injection.engine.guidance import lean
 from injection.kvcache.packed import PackedKV
-from injection.model.fingerprint import model_key
+from injection.model.profiles import guidance_default
 from injection.prompting.constraints import detect, kept
 from injection.prompting.readers import names_language
 from injection.prompting.reminder import standing
 
-__all__ = ["MAX_CONTRAST", "MEASURED_DEFAULTS", "PLAUSIBLE", "Guide", "attach",
+__all__ = ["MAX_CONTRAST", "PLAUSIBLE", "Guide", "attach",
            "combine", "count_pair", "first_token", "guide_job", "mirror", "prefill", "prefill_guide",
            "resolve", "shares_forward", "split_rows", "with_guides"]
 
@@ -52,14 +52,11 @@ MAX_CONTRAST = 4.0  # requests and tenants are validated against it
 # changed no pick for 8 or 16 steps in a row lost 3 of its 6 validation wins (word limits
 # and a keyword, won late in the reply); guiding only the first 1, 4 or 8 tokens and nothing
 # after lost 4-6 of the 35 tuning languages the whole-reply guide keeps.
-# Defaults measured per model (bench/bench_memory_depth.py, docs/BENCHMARKS.md "memory
-# depth"): ``fingerprint.model_key`` -> strength. A model not listed (the random demo model
-# included) is off.
-# SmolLM2-135M-Instruct ("b7753234439613b9"), chosen on the tuning cases at depth 0 (system
-# message 10/20; strength 0.5: 13, 1: 14, 2: 13), then held-out 13/20 against 8/20, no
-# recitation, 1 % non-answers; deeper turns carry the reminder and are not guided.
-MEASURED_DEFAULTS: dict[str, float] = {"b7753234439613b9": 1.0}
-# ... applied by default only to a member with a standing instruction among their memories
+# The default strength is the loaded model's profile's (``model/profiles.py``:
+# ``profiles/<model>.json`` holds it with the evidence that chose it, matched by
+# ``fingerprint.model_key``); a model without a profile (the random demo model included)
+# is off. SmolLM2-135M-Instruct's: 1.0.
+# It is applied by default only to a member with a standing instruction among their memories
 # (``reminder.standing``: "Always answer in lowercase."). bench/bench_quality.py, depth 0,
 # guided vs not: standing instructions +4 of 85 tuning cases (4 won, 0 lost, p = 0.12)
 # and +7 of 68 validation cases (8 won, 1 lost, p = 0.039); preferences -6 of 40 (4 won,
@@ -95,12 +92,12 @@ def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = (),
     keep, e.g. with ``constraints`` off); 0 for the others."""
     if requested is None:
         pays = any(standing(m) and not kept(m, constraints) and _measured(m) for m in memories)
-        requested = MEASURED_DEFAULTS.get(model_key(adapter), 0.0) if pays else 0.0
+        requested = guidance_default(adapter) if pays else 0.0
     return min(max(float(requested), 0.0), MAX_CONTRAST)
 
 
 def _measured(memory: str) -> bool:
-    """Whether ``memory`` is of a kind guidance was measured to pay for (``MEASURED_DEFAULTS``):
+    """Whether ``memory`` is of a kind guidance was measured to pay for (the profile's default):
     a language, or an instruction a decoding constraint would keep."""
     return names_language(memory) or bool(detect([memory]))
 

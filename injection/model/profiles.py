@@ -1,0 +1,127 @@
+"""A model's defaults and the evidence that chose them: ``profiles/<registry name>.json``.
+
+A profile holds, per mechanism, the default the platform uses on that model, its status
+("measured", "platform default", "not calibrated"), what it applies to and the evidence
+(cases, wins/losses, p, cost per reply; "not measured" where there is none). It is matched to
+a loaded model by ``fingerprint.model_key`` (config + tokenizer and chat template), never by
+path. Read from: a ``profile.json`` in the model's own dir (an operator's, for a model of
+their own; it must carry the model's key), else the profiles shipped in this package.
+
+What the engine reads from it: ``guidance.default``, the contrastive guidance strength a turn
+gets when neither the request nor the tenant sets one (``engine/guidance/contrast.resolve``);
+the anchor and the member's lean run at that strength, so they are off with it. A model
+without a profile gets 0: guidance, the anchor and the lean off (the worker logs it once).
+The reminder and the decoding constraints are platform-wide defaults
+(``prompting/reminder.py``, ``prompting/constraints.py``); a profile records their evidence on
+that model, or that there is none.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+from pathlib import Path
+from typing import Any, NamedTuple
+
+from injection.model.fingerprint import model_key
+
+__all__ = ["PROFILE_FILE", "Profile", "ProfileError", "attach", "find", "for_adapter",
+           "guidance_default", "packaged", "read", "summary"]
+
+log = logging.getLogger(__name__)
+PROFILES_DIR = Path(__file__).with_name("profiles")
+PROFILE_FILE = "profile.json"  # beside a model's own weights (MODEL_PATH)
+
+
+class ProfileError(ValueError):
+    """A profile file that cannot be used (unreadable, or without a key or a strength)."""
+
+
+class Profile(NamedTuple):
+    """One model's profile (``mechanisms``: the file's per-mechanism entries)."""
+
+    name: str
+    model_key: str
+    guidance: float  # default contrastive guidance strength; 0: off
+    calibrated: bool
+    source: str  # the file it was read from
+    mechanisms: dict[str, Any]
+
+
+def read(path: str | Path) -> Profile:
+    """A profile file, checked: a model key, and a guidance default >= 0."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+        strength = float(data["mechanisms"]["guidance"]["default"])
+        key = str(data["model_key"])
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ProfileError(f"{path} is not a usable model profile "
+                           f"({type(exc).__name__}: {exc})") from None
+    if not key or strength < 0:
+        raise ProfileError(f"{path}: no model_key, or a negative guidance default")
+    return Profile(str(data.get("model", path.stem)), key, strength,
+                   bool(data.get("calibrated")), str(path), dict(data["mechanisms"]))
+
+
+@functools.cache
+def packaged() -> dict[str, Profile]:
+    """The profiles shipped with the platform, by model key."""
+    found = (read(p) for p in sorted(PROFILES_DIR.glob("*.json")))
+    return {p.model_key: p for p in found}
+
+
+def find(key: str, model_dir: str | Path | None = None) -> Profile | None:
+    """The profile of the model with ``key``: its dir's own (if it carries that key),
+    else a shipped one, else None."""
+    own = Path(model_dir) / PROFILE_FILE if model_dir is not None else None
+    if own is not None and own.is_file():
+        profile = read(own)
+        if profile.model_key == key:
+            return profile
+        log.warning("%s is for model key %s, not the loaded model's %s: not used",
+                    own, profile.model_key, key)
+    return packaged().get(key)
+
+
+def attach(adapter: Any, model_dir: str | Path | None = None) -> Profile | None:
+    """Find the loaded model's profile and keep it on the adapter (the worker, at load);
+    says once, in the log, what it found."""
+    key = model_key(adapter)
+    profile = find(key, model_dir)
+    adapter._profile = profile
+    if profile is None:
+        log.warning("no model profile for model key %s: guidance, the anchor and the "
+                    "member's lean are off (a profile is earned by measurement: "
+                    "docs/OPERATIONS.md, model profiles)", key)
+    else:
+        log.info("model profile %s (%s): guidance default %s, %s", profile.name,
+                 profile.source, profile.guidance,
+                 "calibrated" if profile.calibrated else "not calibrated")
+    return profile
+
+
+def for_adapter(adapter: Any) -> Profile | None:
+    """The adapter's profile: the one attached at load, else a shipped one by its key."""
+    attached = getattr(adapter, "_profile", None)
+    return attached if attached is not None else packaged().get(model_key(adapter))
+
+
+def guidance_default(adapter: Any) -> float:
+    """The model's default guidance strength (0 without a profile)."""
+    profile = for_adapter(adapter)
+    return profile.guidance if profile is not None else 0.0
+
+
+def summary(adapter: Any) -> dict[str, Any]:
+    """What ``kvcache stats`` and ``/metrics`` show of the loaded model's profile."""
+    profile = for_adapter(adapter)
+    if profile is None:
+        return {"name": "none", "model_key": model_key(adapter), "calibrated": False,
+                "guidance": 0.0, "defaults": {}}
+    defaults = {k: v.get("default") for k, v in profile.mechanisms.items()
+                if isinstance(v, dict)}
+    return {"name": profile.name, "model_key": profile.model_key,
+            "calibrated": profile.calibrated, "guidance": profile.guidance,
+            "defaults": defaults}

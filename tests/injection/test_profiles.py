@@ -1,0 +1,83 @@
+"""Model profiles: each mechanism's default for a model with its evidence, as data matched by
+the model's key; no profile, no guidance (and the worker says so once)."""
+
+from __future__ import annotations
+
+import json
+import logging
+from types import SimpleNamespace
+
+import pytest
+
+from injection.engine.guidance.contrast import resolve
+from injection.model import profiles
+from injection.model.fingerprint import model_key
+
+SMOL_KEY, QWEN_KEY = "b7753234439613b9", "0d6138893848616c"
+
+
+def test_shipped_profiles_hold_a_default_and_its_evidence_per_mechanism():
+    shipped = profiles.packaged()
+    smol, qwen = shipped[SMOL_KEY], shipped[QWEN_KEY]
+    assert (smol.name, smol.guidance, smol.calibrated) == ("smollm2-135m-instruct", 1.0, True)
+    assert (qwen.name, qwen.guidance, qwen.calibrated) == ("qwen2.5-coder-0.5b", 0.0, False)
+    for p in (smol, qwen):
+        assert set(p.mechanisms) == {"guidance", "lean", "anchor", "reminder", "constraints"}
+        assert all("default" in m and "status" in m and "evidence" in m
+                   for m in p.mechanisms.values())
+    assert "p=8e-7" in smol.mechanisms["guidance"]["evidence"]["validation"]
+    assert qwen.mechanisms["guidance"]["evidence"] == "not measured"
+
+
+def test_guidance_default_follows_the_profile_and_is_off_without_one():
+    smol, qwen = (SimpleNamespace(_model_key=k) for k in (SMOL_KEY, QWEN_KEY))
+    other = SimpleNamespace(_model_key="0123456789abcdef")
+    french = ["Always answer in French."]
+    assert resolve(smol, None, french) == 1.0
+    assert resolve(qwen, None, french) == 0.0 == resolve(other, None, french)
+    assert resolve(qwen, 0.5, french) == 0.5  # a request's (or tenant's) strength still holds
+    assert profiles.summary(other) == {"name": "none", "model_key": "0123456789abcdef",
+                                       "calibrated": False, "guidance": 0.0, "defaults": {}}
+    assert profiles.summary(smol)["defaults"]["guidance"] == 1.0
+
+
+def write(path, key: str, strength) -> None:
+    path.write_text(json.dumps({"model": "mine", "model_key": key, "mechanisms": {
+        "guidance": {"default": strength, "status": "measured", "evidence": "x"}}}))
+
+
+def test_a_profile_beside_the_model_wins_only_for_its_own_key(tmp_path, caplog):
+    write(tmp_path / profiles.PROFILE_FILE, SMOL_KEY, 0.5)
+    assert profiles.find(SMOL_KEY, tmp_path).guidance == 0.5  # the operator's own
+    assert profiles.find(QWEN_KEY, None).name == "qwen2.5-coder-0.5b"
+    with caplog.at_level(logging.WARNING, logger="injection.model.profiles"):
+        assert profiles.find(QWEN_KEY, tmp_path).name == "qwen2.5-coder-0.5b"
+    assert "not the loaded model's" in caplog.text
+
+
+@pytest.mark.parametrize("body", ["{", json.dumps({"model_key": "k"}),
+                                  json.dumps({"model_key": "k", "mechanisms": {
+                                      "guidance": {"default": -1}}})])
+def test_a_bad_profile_is_a_clear_error(tmp_path, body):
+    bad = tmp_path / "p.json"
+    bad.write_text(body)
+    with pytest.raises(profiles.ProfileError, match="p.json"):
+        profiles.read(bad)
+
+
+def test_attach_keeps_the_profile_on_the_adapter_and_says_when_there_is_none(
+        demo_model_path, caplog):
+    from injection.model.loading import load_adapter
+
+    adapter = load_adapter(demo_model_path, device="cpu", cpu_threads="shared")
+    with caplog.at_level(logging.INFO, logger="injection.model.profiles"):
+        assert profiles.attach(adapter, demo_model_path) is None
+    assert f"no model profile for model key {model_key(adapter)}" in caplog.text
+    assert profiles.guidance_default(adapter) == 0.0
+    write(demo_model_path / profiles.PROFILE_FILE, model_key(adapter), 2.0)
+    try:
+        assert profiles.attach(adapter, demo_model_path).guidance == 2.0
+        assert resolve(adapter, None, ["Reply in German."]) == 2.0
+    finally:
+        (demo_model_path / profiles.PROFILE_FILE).unlink()
+        adapter._profile = None
