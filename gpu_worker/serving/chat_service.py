@@ -12,6 +12,7 @@ from django.conf import settings
 from gpu_worker.channels import streams
 from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
+from tenants import rules
 from tenants.actions import (
     do_admit_prompt,
     do_record_cancelled,
@@ -22,7 +23,7 @@ from tenants.actions import (
 from tenants.budgets import ledger
 from tenants.errors import ChatAbandoned, InactiveAccount, NotFound
 from tenants.history import stored_history
-from tenants.models import Conversation, Member, Memory, Preference
+from tenants.models import Conversation, Member, Memory, Preference, Tenant
 
 log = logging.getLogger(__name__)
 
@@ -51,10 +52,22 @@ def recent_history(conv: Conversation | None, budget: int | None) -> list[dict]:
 
 
 def load_memories(member: Member) -> tuple[MemoryItem, ...]:
-    """The member's enabled memories, in order (the first is their preference)."""
+    """The member's enabled memories, in order (the first is their preference), each with
+    the rules stored with it (``tenants.rules``: read again where stored by an older reader;
+    none where switched off)."""
     rows = Memory.objects.filter(tenant=member.tenant_id, member=member, enabled=True).order_by(
-        "position", "id").values_list("pk", "text", "pinned")
-    return tuple(MemoryItem(id=str(pk), text=text, pinned=pinned) for pk, text, pinned in rows)
+        "position", "id").values_list("pk", "text", "pinned", "rules", "rules_version",
+                                      "rules_enabled")
+    return tuple(MemoryItem(id=str(pk), text=text, pinned=pinned,
+                            rules=rules.applied(stored, version, text, enabled))
+                 for pk, text, pinned, stored, version, enabled in rows)
+
+
+def instruction_rules(tenant: Tenant):
+    """The rules stored with the tenant's instructions (as a memory's, ``load_memories``)."""
+    return rules.applied(tenant.instruction_rules, tenant.instruction_rules_version,
+                         tenant.instructions, tenant.instruction_rules_enabled,
+                         instructions=True)
 
 
 def memories_used(result, memories: tuple[MemoryItem, ...]) -> list[dict]:
@@ -94,6 +107,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         messages=messages,
         preference_text=pref.text if pref else "",
         instructions=member.tenant.instructions,
+        instruction_rules=instruction_rules(member.tenant),
         # memories (when any is enabled) render the member part; else the preference as before
         injection_enabled=bool(memories) or bool(pref and pref.enabled),
         memories=memories,

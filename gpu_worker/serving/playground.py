@@ -19,6 +19,7 @@ from django.conf import settings
 from gpu_worker.channels import streams
 from gpu_worker.serving.chat_service import (
     build_request,
+    instruction_rules,
     load_member,
     load_memories,
     memories_used,
@@ -57,6 +58,7 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
     return ExecutionRequest(
         tenant=str(member.tenant_id), user=None, messages=messages,
         preference_text=preference_text, instructions=member.tenant.instructions,
+        instruction_rules=instruction_rules(member.tenant),
         injection_enabled=True, memories=memories,
         alpha=float(alpha if alpha is not None else pref.alpha if pref else DEFAULT_ALPHA),
         contrast=contrast if contrast is not None else member.tenant.memory_contrast,

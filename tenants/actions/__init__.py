@@ -57,6 +57,12 @@ from tenants.actions.memories import (
     member_memories,
 )
 from tenants.actions.memory_chat import do_memory_from_chat
+from tenants.actions.memory_rules import (
+    do_change_memory,
+    do_change_preference,
+    do_set_memory_rules_enabled,
+    preference_rules,
+)
 from tenants.actions.playground import do_record_playground
 from tenants.actions.preferences import (
     PREFERENCE_MAX_CHARS,
@@ -88,6 +94,10 @@ __all__ = [
     "do_delete_memory",
     "do_reorder_memories",
     "do_update_memory",
+    "do_change_memory",
+    "do_change_preference",
+    "do_set_memory_rules_enabled",
+    "preference_rules",
     "get_memory",
     "member_memories",
     "INSTRUCTIONS_MAX_CHARS",

@@ -13,6 +13,7 @@ from django.conf import settings
 from django.db import transaction
 from django.db.models import Max, QuerySet
 
+from tenants import rules
 from tenants.actions.base import assert_actor_may_manage, audit
 from tenants.actions.cache import invalidate_on_commit, warm_on_commit
 from tenants.errors import Conflict, InvalidInput, NotFound
@@ -105,6 +106,7 @@ def do_create_memory(member: Member, *, text: str, enabled: bool = True, pinned:
     audit(member.tenant, AuditEvent.MEMORY_CREATED, actor=actor, target=str(member),
           memory=memory.pk, source=source, new=snapshot(memory))
     _sync_preference(member)
+    rules.store(member)  # what the text asks of replies, read once (issue 57)
     return memory
 
 
@@ -129,6 +131,7 @@ def do_update_memory(member: Member, pk: int, *, text: str | None = None,
     audit(member.tenant, AuditEvent.MEMORY_CHANGED, actor=actor, target=str(member),
           memory=memory.pk, old=old, new=new)
     _sync_preference(member)
+    rules.store(member)  # a new text's rules (the database emptied the old ones)
     return memory
 
 

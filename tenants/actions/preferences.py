@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django.db import IntegrityError, transaction
 
+from tenants import rules
 from tenants.actions.base import assert_actor_may_manage, audit
 from tenants.errors import Conflict, InvalidInput, NotFound
 from tenants.models import AuditEvent, Member, Preference
@@ -44,7 +45,9 @@ def do_set_preference(
     Member.objects.select_for_update().filter(pk=member.pk).values_list("pk").first()
     pref = Preference.objects.select_for_update().filter(member=member).first()
     if pref is None:
-        return _create_preference(member, text, enabled, alpha, actor)
+        pref = _create_preference(member, text, enabled, alpha, actor)
+        rules.store(member)  # its first memory's rules (written by the trigger)
+        return pref
     if expected_version is not None and pref.version != expected_version:
         raise Conflict(f"The preference was changed meanwhile (now version {pref.version}).")
     old = _snapshot(pref)
@@ -61,6 +64,7 @@ def do_set_preference(
     pref.refresh_from_db(fields=["version"])
     audit(member.tenant, AuditEvent.PREFERENCE_CHANGED, actor=actor, target=str(member),
           old=old, new=new, version=pref.version)
+    rules.store(member)  # its first memory's rules (written by the trigger)
     return pref
 
 

@@ -7,6 +7,7 @@ from typing import Any
 from django.db import transaction
 from django.utils.text import slugify
 
+from tenants import rules
 from tenants.actions.base import assert_actor_may_manage, audit
 from tenants.actions.cache import invalidate_on_commit
 from tenants.errors import Conflict, InvalidInput, NotFound
@@ -26,14 +27,14 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
         raise InvalidInput(f"Tenant slug {slug!r} must be lowercase letters, digits and dashes.")
     if Tenant.objects.filter(slug=slug).exists():
         raise Conflict(f"Tenant {slug!r} already exists.")
-    tenant = Tenant.objects.create(slug=slug, name=name or slug)
+    tenant = Tenant.objects.create(slug=slug, name=name or slug, **rules.instruction_fields(""))
     audit(tenant, AuditEvent.TENANT_CREATED, actor=actor, target=slug, name=tenant.name)
     return tenant
 
 
 TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens",
                  "memory_contrast", "memory_reminder", "decoding_constraints",
-                 "memory_writes_enabled")
+                 "memory_writes_enabled", "instruction_rules_enabled")
 
 
 def _strength_in_range(changes: dict[str, Any], field: str, high: int) -> None:
@@ -57,6 +58,9 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
         if changes.get(switch) not in (None, True, False):
             raise InvalidInput(f"{switch} must be true, false or empty (the platform's "
                                "default).", fields={switch: ["true, false or empty."]})
+    if changes.get("instruction_rules_enabled", True) not in (True, False):
+        raise InvalidInput("instruction_rules_enabled must be true or false.",
+                           fields={"instruction_rules_enabled": ["true or false."]})
     assert_actor_may_manage(actor, tenant)
     locked = Tenant.objects.select_for_update().get(pk=tenant.pk)
     changed = {f: v for f, v in changes.items() if getattr(locked, f) != v}
@@ -99,7 +103,10 @@ def do_set_tenant_instructions(
     old = locked.instructions
     locked.instructions = text
     locked.save(update_fields=["instructions"])
-    locked.refresh_from_db(fields=["instructions_version"])
+    # read once (issue 57); a statement of its own: the text's update emptied the old rules
+    Tenant.objects.filter(pk=locked.pk).update(**rules.instruction_fields(text))
+    locked.refresh_from_db(fields=["instructions_version", "instruction_rules",
+                                   "instruction_rules_version"])
     audit(locked, AuditEvent.TENANT_INSTRUCTIONS_CHANGED, actor=actor, target=locked.slug,
           old=old, new=text, version=locked.instructions_version)
     invalidate_on_commit(locked.pk)

@@ -32,6 +32,15 @@ class Tenant(models.Model):
                   "turn. Changing them recomputes every member's cached personalisation.",
     )
     instructions_version = models.PositiveIntegerField(default=1)
+    # the rules read from ``instructions`` when they were saved (``tenants.rules``; as on
+    # ``Memory``), and the admin's switch for them
+    instruction_rules = models.JSONField(null=True, blank=True, default=None, editable=False)
+    instruction_rules_version = models.PositiveIntegerField(default=0, db_default=0,
+                                                            editable=False)
+    instruction_rules_enabled = models.BooleanField(
+        default=True, db_default=True, verbose_name="instruction rules on",
+        help_text="Off: the instructions stay, but no rule read from them is applied to "
+                  "members' replies (no decoding constraint, no language guidance).")
     # Most tokens one reply may generate for this tenant's members (empty: the server's
     # CHAT_MAX_NEW_TOKENS, which also bounds this). /v1 without max_tokens runs to it.
     max_completion_tokens = models.PositiveIntegerField(

@@ -37,6 +37,7 @@ class AuditEvent(models.TextChoices):
     MEMORY_CHANGED = "memory.changed"
     MEMORY_DELETED = "memory.deleted"
     MEMORY_REORDERED = "memory.reordered"
+    MEMORY_RULES_SWITCHED = "memory.rules_switched"  # a memory's rules switched off or on
 
 
 BILLED_CHAT_EVENTS = (AuditEvent.CHAT_REQUEST, AuditEvent.CHAT_CANCELLED,

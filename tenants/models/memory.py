@@ -31,6 +31,15 @@ class Memory(models.Model):
     position = models.IntegerField(default=0, help_text="Order among the member's memories "
                                                         "(lowest first).")
     source = models.CharField(max_length=16, choices=Source.choices, default=Source.MEMBER)
+    # What the text asks of every reply, read once when it is saved (``tenants.rules``):
+    # ``injection.prompting.rules.to_json``, by the reader version ``rules_version`` (0 and
+    # null: not read, e.g. written by the preference trigger; read again where used).
+    rules = models.JSONField(null=True, blank=True, default=None, editable=False)
+    rules_version = models.PositiveIntegerField(default=0, db_default=0, editable=False)
+    rules_enabled = models.BooleanField(
+        default=True, db_default=True, verbose_name="rules on",
+        help_text="Off: the memory stays in replies, but no rule read from it is applied "
+                  "(no decoding constraint, no language guidance, not a standing instruction).")
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

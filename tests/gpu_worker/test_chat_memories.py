@@ -7,6 +7,7 @@ import pytest
 
 from gpu_worker.serving.chat_service import build_request, load_memories, memories_used
 from injection.base import ExecutionResult, MemoryItem, Tier
+from injection.prompting.rules import NONE
 from tenants import actions
 from tenants.models import Preference
 
@@ -27,8 +28,9 @@ def test_enabled_memories_in_order_own_only(members):
     off = actions.do_create_memory(alice, text="disabled one", enabled=False)
     first = actions.member_memories(alice).first()
     actions.do_reorder_memories(alice, [lyon.pk, off.pk, first.pk])
-    assert load_memories(alice) == (MemoryItem(str(lyon.pk), "I live in Lyon.", True),
-                                    MemoryItem(str(first.pk), "I am vegetarian.", False))
+    assert load_memories(alice) == (  # neither asks anything of replies: no rules
+        MemoryItem(str(lyon.pk), "I live in Lyon.", True, NONE),
+        MemoryItem(str(first.pk), "I am vegetarian.", False, NONE))
     assert [m.text for m in load_memories(bob)] == ["bob's secret"]
 
 
