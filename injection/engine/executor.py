@@ -69,6 +69,8 @@ class InjectionExecutor:
             itself before its prompt (alpha 1); False computes it apart.
         memory_lean: a one-memory first turn leans with the member's lean, measured once on
             probe questions and cached (``engine/guidance/probe.py``); False: a guide row.
+            Off with an engine of one row (``max_batch`` 1): a probe's guide row never runs
+            there, so its 8 probes could never produce a lean.
         guide_keeps_instructions: the one-memory contrast guide keeps the tenant's
             instructions (``engine/guidance/plan.py``; off: measured, they keep precedence).
     """
@@ -109,7 +111,7 @@ class InjectionExecutor:
                                    min_alpha=min_alpha, batching=engine is not None,
                                    one_pass=one_pass,
                                    guide_keeps_instructions=guide_keeps_instructions,
-                                   memory_lean=memory_lean)
+                                   memory_lean=memory_lean and _guides(engine))
 
     # -- public API -------------------------------------------------------------------
     def execute(self, req: ExecutionRequest) -> ExecutionResult:
@@ -258,3 +260,8 @@ class InjectionExecutor:
 
     def _with_oom_retry(self, fn: Callable[[], T]) -> T:
         return with_oom_retry(fn, self.metrics)
+
+
+def _guides(engine: Any) -> bool:
+    """Whether ``engine`` runs guide rows (a probe needs one): two rows fit its batch."""
+    return engine is not None and engine.max_batch >= 2

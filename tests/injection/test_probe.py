@@ -386,3 +386,28 @@ def test_one_lean_a_member_serves_every_alpha_it_is_applied_at(adapter, redis_cl
     assert torch.allclose(lean.first.float(), want_lean.first.float(), atol=2e-2)
     assert torch.allclose(lean.rest.float(), want_lean.rest.float(), atol=2e-2)
 
+
+def test_an_engine_of_one_row_runs_no_probe(adapter):
+    """``WORKER_BATCH_MAX=1``: a probe's guide row never runs beside it, so no probe could
+    produce a lean; a guided first turn (and a warm) runs none and answers unguided, as it
+    did when its 8 probes ran for nothing."""
+    ex = InjectionExecutor(adapter, l1=TenantLRU(max_bytes=64 * 1024**2), l2=None,
+                           metrics=Metrics(), engine=BatchEngine(adapter, max_batch=1))
+    probes = {"n": 0}
+    real = ex.engine.start
+
+    def counting(*args, **kw):
+        probes["n"] += bool(kw.get("probe"))
+        return real(*args, **kw)
+
+    ex.engine.start = counting
+    try:
+        res = _ask(ex)
+        ex.warm("t1", "u2", MEMORY, contrast=1.0)
+        plain = _ask(ex, contrast=0.0, user="u3")
+    finally:
+        ex.close()
+    assert probes["n"] == 0 and ex.metrics.get("lean_probes") == 0
+    assert "lean" not in res.extra and res.text == plain.text
+    assert (res.guide_prefill_tokens, res.guide_decode_tokens) == (0, 0)
+    assert ex.stats()["kinds"]["lean"]["entries"] == 0
