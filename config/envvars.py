@@ -26,3 +26,8 @@ def env_int(name: str, default: int) -> int:
 
 def env_float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
+
+
+def env_list(name: str) -> list[str]:
+    """A comma-separated list; unset or empty: []. Items are stripped, empty ones dropped."""
+    return [item.strip() for item in os.environ.get(name, "").split(",") if item.strip()]

@@ -27,15 +27,14 @@ import hmac
 import json
 from typing import Any
 
+from config import signing_keys
+
 HEADER = "kvi_sig"
 _CONTEXT = b"kvinject celery task message v1"
 
 
 def _key() -> bytes:
-    from django.conf import settings
-
-    secret = settings.KV_SIGNING_SECRET.encode()
-    return hmac.new(secret, _CONTEXT, hashlib.sha256).digest()
+    return signing_keys.derived_keys(_CONTEXT)[0]
 
 
 def canonical(name: str, task_id: str, args: Any, kwargs: Any) -> bytes:
@@ -49,9 +48,11 @@ def signature(name: str, task_id: str, args: Any, kwargs: Any) -> str:
 
 
 def is_authentic(name: str, task_id: str, args: Any, kwargs: Any, sig: Any) -> bool:
+    """Signed with KV_SIGNING_SECRET or one of its fallbacks (a rotation rolling out)."""
     if not isinstance(sig, str) or not task_id:
         return False
-    return hmac.compare_digest(sig, signature(name, task_id, args, kwargs))
+    body = canonical(name, task_id, args, kwargs)
+    return signing_keys.matches(signing_keys.derived_keys(_CONTEXT), body, sig)
 
 
 def sign_message(sender: str | None = None, body: Any = None, headers: dict | None = None,

@@ -22,6 +22,7 @@ from urllib.parse import urlparse
 import redis
 from django.conf import settings
 
+from config import signing_keys
 from injection.kvcache.redis_client import connect
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 def _key() -> bytes:
-    return hmac.new(settings.KV_SIGNING_SECRET.encode(), b"control-channel", hashlib.sha256).digest()
+    return signing_keys.derived_keys(b"control-channel")[0]
 
 
 def sign(message: dict[str, Any]) -> bytes:
@@ -57,8 +58,9 @@ def verify(raw: bytes) -> dict[str, Any] | None:
     try:
         outer = json.loads(raw)
         body = outer["body"].encode()
-        expected = hmac.new(_key(), body, hashlib.sha256).hexdigest()
-        if not hmac.compare_digest(expected, str(outer["mac"])):
+        # the current secret's key, or a fallback's while a rotation rolls out
+        if not signing_keys.matches(signing_keys.derived_keys(b"control-channel"), body,
+                                    str(outer["mac"])):
             raise ValueError("bad mac")
         return json.loads(body)
     except (ValueError, KeyError, TypeError):

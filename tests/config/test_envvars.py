@@ -22,3 +22,12 @@ def test_an_auto_switch_refuses_anything_else(monkeypatch):
     monkeypatch.setenv("KVI_TEST_SWITCH", "sometimes")
     with pytest.raises(ValueError, match="KVI_TEST_SWITCH"):
         env_auto_bool("KVI_TEST_SWITCH")
+
+
+def test_a_list_is_comma_separated_and_stripped(monkeypatch):
+    from config.envvars import env_list
+
+    monkeypatch.setenv("KVI_TEST_LIST", " https://a.example , ,https://b.example:8443,")
+    assert env_list("KVI_TEST_LIST") == ["https://a.example", "https://b.example:8443"]
+    monkeypatch.delenv("KVI_TEST_LIST")
+    assert env_list("KVI_TEST_LIST") == []
