@@ -6,8 +6,8 @@ from django.conf import settings
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from tenants.actions import INSTRUCTIONS_MAX_CHARS, PREFERENCE_MAX_CHARS
-from tenants.api.fielddocs import CHAT_REQUEST, CHAT_RESPONSE
+from tenants.actions import INSTRUCTIONS_MAX_CHARS, PREFERENCE_MAX_CHARS, preference_rules
+from tenants.api.fielddocs import CHAT_REQUEST, CHAT_RESPONSE, MEMORY_RULES
 from tenants.api.fields import (
     NO_NUL,
     NOT_BLANK_NO_NUL,
@@ -17,7 +17,7 @@ from tenants.api.fields import (
     StrictFloatField,
     StrictIntegerField,
 )
-from tenants.api.memories.serializers import StrictSerializer
+from tenants.api.memories.serializers import RulesSerializer, StrictSerializer, rules_field
 from tenants.models import Conversation, Member, Message, Preference
 
 PK_MAX = 2**63 - 1  # Postgres bigint: larger ids are refused as input, never sent to the DB
@@ -188,11 +188,16 @@ class PreferenceSerializer(serializers.ModelSerializer):
     """Read shape; writes go through ``actions.do_set_preference``."""
 
     content_hash = serializers.CharField(read_only=True)
+    rules = rules_field()
 
     class Meta:
         model = Preference
-        fields = ["text", "enabled", "alpha", "version", "updated_at", "content_hash"]
+        fields = ["text", "enabled", "alpha", "version", "updated_at", "content_hash", "rules"]
         read_only_fields = fields
+
+    @extend_schema_field(RulesSerializer)
+    def get_rules(self, obj: Preference) -> dict:
+        return preference_rules(obj.member)  # the first memory's
 
 
 @extend_schema_field({"type": "string", "maxLength": PREFERENCE_MAX_CHARS, "pattern": NO_NUL})
@@ -210,6 +215,7 @@ class PreferenceWriteSerializer(serializers.Serializer):
                            pattern_message="Text cannot contain NUL characters.")
     enabled = StrictBooleanField(required=False)
     alpha = StrictFloatField(required=False, min_value=0.0, max_value=1.0)
+    rules_enabled = StrictBooleanField(required=False, help_text=MEMORY_RULES["rules_enabled"])
 
 
 class MeSerializer(serializers.ModelSerializer):

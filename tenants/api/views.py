@@ -219,7 +219,7 @@ class PreferenceView(MemberView):
         body.is_valid(raise_exception=True)
         if partial:
             self._current(member)  # PATCH changes an existing preference only
-        pref = actions.do_set_preference(member, actor=request.user, **body.validated_data)
+        pref = actions.do_change_preference(member, actor=request.user, **body.validated_data)
         pref.refresh_from_db()
         return Response(PreferenceSerializer(pref).data)
 

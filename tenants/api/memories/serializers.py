@@ -7,6 +7,7 @@ from drf_spectacular.extensions import OpenApiSerializerExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from tenants.api.fielddocs import MEMORY_RULES
 from tenants.api.fields import (
     NOT_BLANK_NO_NUL,
     StrictBooleanField,
@@ -14,6 +15,7 @@ from tenants.api.fields import (
     StrictIntegerField,
 )
 from tenants.models import Memory
+from tenants.rules import memory_shown
 
 
 class StrictSerializer(serializers.Serializer):
@@ -62,6 +64,29 @@ class MemoryWriteSerializer(StrictSerializer):
         return fields
 
 
+class MemoryPatchSerializer(MemoryWriteSerializer):
+    """PATCH: a memory's fields and its rules' switch."""
+
+    rules_enabled = StrictBooleanField(required=False, help_text=MEMORY_RULES["rules_enabled"])
+
+
+class RulesSerializer(serializers.Serializer):
+    """The rules read from a text (``tenants.rules.shown``)."""
+
+    constraints = serializers.ListField(
+        child=serializers.CharField(), help_text="Decoding constraints, e.g. `lowercase`, "
+                                                 "`no_comma`, `ban:<word>`, `max_words:<k>`.")
+    language = serializers.CharField(allow_null=True, help_text="The language replies are "
+                                                                "guided toward, else null.")
+    standing = serializers.BooleanField(help_text="An instruction on how to answer, re-stated "
+                                                  "by the memory reminder.")
+    enabled = serializers.BooleanField(help_text="false: switched off (none of it applied).")
+
+
+def rules_field() -> serializers.SerializerMethodField:
+    return serializers.SerializerMethodField(help_text=MEMORY_RULES["rules"])
+
+
 class MemoryOrderSerializer(StrictSerializer):
     """The new order of all your memories."""
 
@@ -73,11 +98,17 @@ class MemoryOrderSerializer(StrictSerializer):
 class MemorySerializer(serializers.ModelSerializer):
     """Read shape; writes go through ``tenants.actions.memories``."""
 
+    rules = rules_field()
+
     class Meta:
         model = Memory
-        fields = ["id", "text", "enabled", "pinned", "position", "source", "created_at",
-                  "updated_at"]
+        fields = ["id", "text", "enabled", "pinned", "position", "source", "rules",
+                  "created_at", "updated_at"]
         read_only_fields = fields
+
+    @extend_schema_field(RulesSerializer)
+    def get_rules(self, obj: Memory) -> dict:
+        return memory_shown(obj)
 
 
 class MemoryListSerializer(serializers.Serializer):

@@ -13,6 +13,7 @@ from tenants.actions.memories import max_per_member
 from tenants.api.memories.serializers import (
     MemoryListSerializer,
     MemoryOrderSerializer,
+    MemoryPatchSerializer,
     MemorySerializer,
     MemoryWriteSerializer,
 )
@@ -73,15 +74,16 @@ class MemoryDetailView(MemberView):
     def get(self, request, pk: int):
         return Response(MemorySerializer(_own(request_member(request), pk)).data)
 
-    @extend_schema(request=MemoryWriteSerializer,
+    @extend_schema(request=MemoryPatchSerializer,
                    responses={200: MemorySerializer, **_errors(*_BODY, 404)},
-                   summary="Change some fields of one of your memories")
+                   summary="Change some fields of one of your memories, or switch its rules "
+                           "off or on")
     def patch(self, request, pk: int):
         member = request_member(request)
         _own(member, pk)  # 404 before validating the body
-        body = MemoryWriteSerializer(data=request.data, partial=True)
+        body = MemoryPatchSerializer(data=request.data, partial=True)
         body.is_valid(raise_exception=True)
-        memory = actions.do_update_memory(member, pk, actor=request.user, **body.validated_data)
+        memory = actions.do_change_memory(member, pk, actor=request.user, **body.validated_data)
         return Response(MemorySerializer(memory).data)
 
     @extend_schema(responses={204: None, **_errors(404)}, summary="Delete one of your memories")
