@@ -11,10 +11,11 @@ sealed here with AES-256-GCM before it is written to Redis and opened after it i
 * the associated data binds a box to its ``purpose`` and ``ident`` (the task name or the
   request id): a sealed message cannot be replayed as another request's, nor a result or a
   stream piece moved to another request;
-* a box names its key by a short id (``kid``, a MAC of the key, not the key). A box that
-  does not open (sealed under another secret, e.g. before ``KV_SIGNING_SECRET`` was
-  rotated, or altered) fails closed with ``SealedPayloadRejected``: nothing is run or
-  relayed from it.
+* a box names its key by a short id (``kid``, a MAC of the key, not the key); it is sealed
+  under ``KV_SIGNING_SECRET`` and opened under it or, while a rotation rolls out, under one
+  of ``KV_SIGNING_SECRET_FALLBACKS``. A box that does not open (sealed under a secret no
+  longer accepted, or altered) fails closed with ``SealedPayloadRejected``: nothing is run
+  or relayed from it.
 
 Why sealing and not "ids only" (the turn stored in Postgres before the task is sent):
 ``/v1`` is stateless, its history comes with each request and is stored only with the
@@ -58,6 +59,13 @@ def _derive(secret: str) -> tuple[AESGCM, str]:
     return AESGCM(key), hmac.new(key, b"key id", hashlib.sha256).hexdigest()[:12]
 
 
+def _accepted() -> dict[str, AESGCM]:
+    """The keys a box may open under, by id: the current secret's and its fallbacks'."""
+    secrets = (settings.KV_SIGNING_SECRET,
+               *getattr(settings, "KV_SIGNING_SECRET_FALLBACKS", ()))
+    return {kid: aead for aead, kid in (_derive(s) for s in secrets if s)}
+
+
 def key_id() -> str:
     """The id boxes sealed now carry (changes with ``KV_SIGNING_SECRET``)."""
     return _derive(settings.KV_SIGNING_SECRET)[1]
@@ -84,11 +92,12 @@ def open_bytes(purpose: str, ident: str, box: Any) -> bytes:
     if len(parts) != 3 or parts[0] != VERSION:
         raise SealedPayloadRejected("The request's sealed payload is missing or malformed; "
                                     "nothing was run.")
-    aead, kid = _derive(settings.KV_SIGNING_SECRET)
-    if not hmac.compare_digest(parts[1], kid):
+    aead = _accepted().get(parts[1])
+    if aead is None:
         raise SealedPayloadRejected(
             "The request was sealed with a key this process does not hold (KV_SIGNING_SECRET "
-            "differs or was rotated since); nothing was run. Retry the request.")
+            "differs, or was rotated and the old one is no longer accepted); nothing was run. "
+            "Retry the request.")
     try:
         raw = base64.b64decode(parts[2], validate=True)
         return aead.decrypt(raw[:_NONCE], raw[_NONCE:], _aad(purpose, ident))

@@ -14,6 +14,7 @@ import time
 import uuid
 from typing import Any, NamedTuple
 
+from celery.exceptions import Reject
 from celery.exceptions import TimeoutError as CeleryTimeout
 from celery.result import AsyncResult
 from django.conf import settings
@@ -177,6 +178,11 @@ def _remote_error(exc: Exception) -> errors.PlatformError:
     """Celery re-raises a worker's exception by class name; keep our family's status codes."""
     if isinstance(exc, RedeliveryLimitExceeded):
         return errors.GenerationFailed(str(exc))
+    if isinstance(exc, Reject):  # gpu_worker.ops.taskauth refused the message unrun
+        return errors.SealedPayloadRejected(
+            "A worker refused the request's task message: it is not signed with the "
+            "worker's KV_SIGNING_SECRET (the secret differs or was rotated since); nothing "
+            "was run. Retry the request.")
     if type(exc).__name__ in ("SoftTimeLimitExceeded", "TimeLimitExceeded"):
         return errors.GenerationFailed("The model did not answer within the time limit.")
     name = type(exc).__name__

@@ -8,6 +8,9 @@ import urllib.request
 import pytest
 
 from config import taskauth
+from gpu_worker.client import dispatch
+from gpu_worker.routing.affinity import Route
+from tenants.errors import SealedPayloadRejected
 from tests.e2e.conftest import chat_now, heartbeat, member_with_preference
 from tests.workers import wait_for
 
@@ -26,8 +29,6 @@ def refused_count(worker) -> float:
 
 def claimed(member):
     """A live claim, so a chat task that did run would generate and store its reply."""
-    from gpu_worker.client import dispatch
-
     params = {"max_new_tokens": 2}
     request_id = dispatch.claim_chat(member, None, SECRET_TEXT, params).request_id
     return dispatch.chat_args(member.pk, None, SECRET_TEXT, params, request_id), request_id
@@ -62,6 +63,9 @@ def test_forged_and_altered_chat_messages_are_refused_unrun(worker_pair, setting
     for result in (forged, altered):
         wait_for(lambda r=result: r.ready(), 120, "the worker to answer the message")
         assert result.state == "FAILURE"
+        # what the web answers for it: once, at once, the clear 503 (a rotated secret)
+        with pytest.raises(SealedPayloadRejected, match="KV_SIGNING_SECRET"):
+            dispatch.wait_chat(dispatch.Dispatched(result, Route(queue, "explicit")), 10)
     assert refused_count(worker) == before + 2
     assert not ChatExchange.objects.filter(state=ChatExchange.State.DONE).exists()
     assert not Message.objects.filter(conversation__member__in=[alice, mallory]).exists()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+from celery.exceptions import Reject
 
 from gpu_worker import tasks
 from gpu_worker.client import dispatch
@@ -51,6 +52,19 @@ def test_after_a_rotation_an_old_box_fails_closed(settings):
     assert TEXT not in err.value.message
 
 
+def test_while_a_rotation_rolls_out_the_old_secret_still_opens_as_a_fallback(settings):
+    old = settings.KV_SIGNING_SECRET
+    box = sealing.seal(sealing.CHAT_TURN, "req-1", {"message": TEXT})
+    settings.KV_SIGNING_SECRET = "the new secret " + uuid.uuid4().hex
+    settings.KV_SIGNING_SECRET_FALLBACKS = [old]
+    assert sealing.open_sealed(sealing.CHAT_TURN, "req-1", box) == {"message": TEXT}
+    new_box = sealing.seal(sealing.CHAT_TURN, "req-1", {"message": TEXT})
+    assert new_box.split(".")[1] == sealing.key_id() != box.split(".")[1]  # sealed anew
+    settings.KV_SIGNING_SECRET_FALLBACKS = []  # the rotation is over
+    with pytest.raises(SealedPayloadRejected, match="rotated"):
+        sealing.open_sealed(sealing.CHAT_TURN, "req-1", box)
+
+
 def _run_chat(args: tuple):
     """The chat task's body in this process, as a worker runs it (its own task id)."""
     tasks.chat.push_request(id=args[3])
@@ -86,3 +100,11 @@ def test_a_chat_sealed_before_a_rotation_is_refused_unrun_and_answered_once(sett
                                  running=True)
     assert web.value.details["idempotency_key"] == claim.request_id
     assert ChatExchange.objects.get(request_id=claim.request_id).state == "abandoned"
+
+
+def test_a_message_refused_for_its_signature_is_answered_as_the_same_clear_503():
+    """After a rotation a message signed under the old secret is refused before its seal is
+    even read (gpu_worker.ops.taskauth); Celery stores that refusal as the task's failure."""
+    answered = dispatch._remote_error(Reject("unauthenticated task message", requeue=False))
+    assert isinstance(answered, SealedPayloadRejected) and answered.status == 503
+    assert "KV_SIGNING_SECRET" in answered.message and "nothing was run" in answered.message
