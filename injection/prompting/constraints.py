@@ -69,8 +69,8 @@ from injection.prompting.readers import QUOTED
 from injection.prompting.reminder import standing
 from injection.prompting.verdicts import phrase, required, violates
 
-__all__ = ["FOLDS", "TRANSFORMS", "asked", "detect", "instructed", "kept", "merge", "opening",
-           "phrase", "required", "sentences", "tokenwise", "transform", "violates"]
+__all__ = ["FOLDS", "TRANSFORMS", "asked", "consistent", "detect", "instructed", "kept", "merge",
+           "opening", "phrase", "required", "sentences", "tokenwise", "transform", "violates"]
 
 # a case constraint kept token by token: how a token that breaks it is mended
 # (``engine/decoding/bans.py``: "To" -> "to")
@@ -99,7 +99,7 @@ def instructed(instructions: str) -> tuple[set[str], list[str]]:
     """The constraints a tenant's ``instructions`` ask for (its standing sentences'),
     without contradictions and those a quoted literal of the instructions breaks, and
     those literals."""
-    tenant = _consistent(set().union(*(asked(s) for s in sentences(instructions)
+    tenant = consistent(set().union(*(asked(s) for s in sentences(instructions)
                                        if standing(s))))
     literals = QUOTED.findall(instructions or "")
     return {c for c in tenant if not _broken(c, literals)}, literals
@@ -113,7 +113,7 @@ def merge(members: Sequence[Sequence[str]], tenant: Sequence[str] = (),
     the instructions (``literals``) breaks, or that says how replies open (close) where the
     tenant's say it."""
     tenant = set(tenant)
-    member = _consistent(set().union(*map(set, members)))
+    member = consistent(set().union(*map(set, members)))
     said = {_opens(c) for c in tenant if _opens(c) is not None}
     cases = {"lowercase", "uppercase"}
     member = {c for c in member if _opens(c) not in said
@@ -162,7 +162,7 @@ def opening(constraints: Sequence[str], asked: str) -> tuple[str, ...]:
     return tuple(sorted({*constraints, f"start:{asked}"}))
 
 
-def _consistent(found: set[str]) -> set[str]:
+def consistent(found: set[str]) -> set[str]:
     """``found`` without contradictions: lowercase and capitals both asked: neither; bullet
     points and highlights: the points (a star opening a line is a point); a sentence limit
     or placeholders beside either: the points or spans (placeholders then not kept)."""

@@ -168,13 +168,15 @@ class Reminder:
     @classmethod
     def for_request(cls, req: Any, renderer: Any, personal: bool,
                     relevant: Callable[[list[str], str, int], list[str]] | None = None,
-                    recall: Callable[[str], list[str]] | None = None) -> Reminder:
+                    recall: Callable[[str], list[str]] | None = None,
+                    standing_ones: Sequence[bool] | None = None) -> Reminder:
         """The request's reminder: off unless the memory is applied and the request (or
         the default) asks for it. ``relevant(memories, message, top)``: with several
         memories, each reminder re-states those most relevant to its message.
         ``recall(message)``: the candidates beyond the cached segment recalled for a
         message, re-stated before it where the reminder is off (on, its own pick
-        covers them)."""
+        covers them). ``standing_ones``: which memories are standing instructions (their
+        stored rules: ``rules.py``; None: read from their texts)."""
         on = DEFAULT_ON if getattr(req, "reminder", None) is None else bool(req.reminder)
         if not personal or not (on or recall):
             return cls()
@@ -187,11 +189,14 @@ class Reminder:
         if len(memories) > 1 and MANY_AFTER is not None:
             after = MANY_AFTER
         if relevant is not None and RELEVANT_TOP > 0 and len(memories) > 1:
-            rest = [m for m in memories if not standing(m)]
+            flags = list(standing_ones) if standing_ones is not None else [
+                standing(m) for m in memories]
+            rest = [m for m, flag in zip(memories, flags, strict=True) if not flag]
 
             def pick(content: str) -> list[str]:  # once per message (``text_for``)
                 chosen = set(relevant(rest, content, RELEVANT_TOP) if rest else ())
-                return [m for m in memories if standing(m) or m in chosen]
+                return [m for m, flag in zip(memories, flags, strict=True)
+                        if flag or m in chosen]
         return cls(reminder_text(memories, count), after=after, role=role, pick=pick,
                    count=count)
 

@@ -21,8 +21,8 @@ from injection.prompting import constraints as _c
 from injection.prompting.readers import language_of
 from injection.prompting.reminder import standing as _standing
 
-__all__ = ["NONE", "READER_VERSION", "MemoryRules", "from_json", "read", "read_instructions",
-           "to_json"]
+__all__ = ["NONE", "READER_VERSION", "MemoryRules", "TurnRules", "for_request", "from_json",
+           "guided", "read", "read_instructions", "to_json"]
 
 # Bumped whenever the readers change what they read from a text: stored rules of an older
 # version are read again from their text.
@@ -71,6 +71,42 @@ def read_instructions(text: str) -> MemoryRules:
     language = next((lang for s in parts if (lang := language_of(s))), None)
     return MemoryRules(tuple(sorted(found)), True, language,
                        not all(_c.kept(s, tuple(found)) for s in parts), tuple(literals))
+
+
+class TurnRules(NamedTuple):
+    """A turn's rules, each text read once: the member's per memory (in the request's order;
+    its preference text where it has no memories) and the tenant's."""
+
+    member: tuple[MemoryRules, ...]
+    tenant: MemoryRules
+
+    def decoding(self, personal: bool) -> tuple[set[str], set[str]]:
+        """``(tenant's, member's)`` decoding constraints of the turn (``constraints.merge``);
+        the member's only where their memories are injected (``personal``)."""
+        return _c.merge([r.constraints for r in self.member] if personal else [],
+                        self.tenant.constraints, self.tenant.literals)
+
+
+def for_request(req: Any) -> TurnRules:
+    """``req``'s rules: those stored with each memory (``MemoryItem.rules``) and with the
+    instructions (``instruction_rules``), the text read where none came."""
+    memories = getattr(req, "memories", ()) or ()
+    member = tuple(m.rules if m.rules is not None else read(m.text) for m in memories) or (
+        read(req.preference_text),)
+    tenant = getattr(req, "instruction_rules", None)
+    return TurnRules(member, tenant if tenant is not None else read_instructions(
+        req.instructions))
+
+
+def guided(rules: MemoryRules, found: tuple[str, ...] | list[str]) -> bool:
+    """Whether guidance pays for a memory of ``rules`` beside the turn's decoding
+    constraints ``found`` (``engine/guidance/contrast.py``): a standing instruction that
+    names a language or asks for a constraint, not kept whole by ``found``."""
+    if not rules.standing:
+        return False
+    kept = not rules.unkept and bool(rules.constraints) and set(rules.constraints) <= set(found)
+    return not kept and (rules.language is not None or bool(_c.consistent(
+        set(rules.constraints))))
 
 
 def to_json(rules: MemoryRules) -> dict[str, Any]:

@@ -35,9 +35,7 @@ from injection.engine.batchrow import RowJob
 from injection.engine.guidance import lean
 from injection.kvcache.packed import PackedKV
 from injection.model.profiles import guidance_default
-from injection.prompting.constraints import detect, kept
-from injection.prompting.readers import names_language
-from injection.prompting.reminder import standing
+from injection.prompting import rules as memory_rules
 
 __all__ = ["MAX_CONTRAST", "PLAUSIBLE", "Guide", "attach",
            "combine", "count_pair", "first_token", "guide_job", "mirror", "prefill", "prefill_guide",
@@ -83,23 +81,20 @@ class Guide(NamedTuple):
     ids: list[int]
 
 
-def resolve(adapter: Any, requested: float | None, memories: Sequence[str] = (),
+def resolve(adapter: Any, requested: float | None,
+            memories: Sequence[str | memory_rules.MemoryRules] = (),
             constraints: Sequence[str] = ()) -> float:
     """Effective strength: the request's (or tenant's), else the model's measured default
-    where it pays: for ``memories`` holding a standing instruction that the turn's decoding
-    ``constraints`` do not keep (``constraints.kept``) and that names a language or asks for
-    what a constraint would keep (``constraints.detect``: one the turn's constraints do not
-    keep, e.g. with ``constraints`` off); 0 for the others."""
+    where it pays: for ``memories`` (texts, or the rules read from them: ``prompting/rules.py``)
+    holding a standing instruction that the turn's decoding ``constraints`` do not keep
+    whole and that names a language or asks for what a constraint would keep
+    (``rules.guided``: e.g. with ``constraints`` off); 0 for the others."""
     if requested is None:
-        pays = any(standing(m) and not kept(m, constraints) and _measured(m) for m in memories)
+        found = tuple(constraints)
+        pays = any(memory_rules.guided(m if isinstance(m, memory_rules.MemoryRules)
+                                       else memory_rules.read(m), found) for m in memories)
         requested = guidance_default(adapter) if pays else 0.0
     return min(max(float(requested), 0.0), MAX_CONTRAST)
-
-
-def _measured(memory: str) -> bool:
-    """Whether ``memory`` is of a kind guidance was measured to pay for (the profile's default):
-    a language, or an instruction a decoding constraint would keep."""
-    return names_language(memory) or bool(detect([memory]))
 
 
 def attach(job: RowJob, guide: Guide | None, max_batch: int, lean: Any = None) -> None:

@@ -123,12 +123,15 @@ def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, st
                       negative)
 
 
-def turn_strength(adapter: Any, req: ExecutionRequest, constraints: tuple[str, ...]) -> float:
-    """The turn's guidance strength (``contrast.resolve``) over its memories' texts, given
+def turn_strength(adapter: Any, req: ExecutionRequest, constraints: tuple[str, ...],
+                  rules: Any = None) -> float:
+    """The turn's guidance strength (``contrast.resolve``) over its memories' rules
+    (``rules``: the turn's ``prompting.rules.TurnRules``; None: read from their texts), given
     its decoding ``constraints`` (by default, an instruction they keep is not guided);
     resolved once per turn for its guide and its anchor."""
-    return resolve(adapter, req.contrast, [m.text for m in req.memories] or [
-        req.preference_text], constraints)
+    memories = rules.member if rules is not None else (
+        [m.text for m in req.memories] or [req.preference_text])
+    return resolve(adapter, req.contrast, memories, constraints)
 
 
 def _anchor_many(adapter: Any, strength: float, context: str, segment: str,

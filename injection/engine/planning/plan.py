@@ -105,6 +105,9 @@ class TurnPlan(NamedTuple):
     max_new_tokens: int
     anchor: AnchorPlan | None = None  # the first token as a first turn picks it (None: none)
     lean: LeanPlan | None = None  # the member's lean instead of a guide row (None: none)
+    # the member's own of ``sampling["constraints"]`` (what the reply reports; the tenant's
+    # instructions' are kept but not shown)
+    own_constraints: tuple[str, ...] = ()
 
     @property
     def injected(self) -> bool:

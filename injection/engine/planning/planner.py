@@ -40,12 +40,13 @@ from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
-from injection.prompting.constraints import detect, opening, transform
+from injection.prompting import rules as memory_rules
+from injection.prompting.constraints import opening, transform
 from injection.prompting.history import fit_history
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import PromptParts, compose_context
 
-__all__ = ["SystemTurn", "TurnPlanner", "constrained", "fit_messages", "layout"]
+__all__ = ["SystemTurn", "TurnPlanner", "constrained", "fit_messages", "layout", "own_constraints"]
 
 
 class SystemTurn(NamedTuple):
@@ -56,25 +57,36 @@ class SystemTurn(NamedTuple):
     personal: bool  # the member's text is injected
     context: str  # the system turn's text
     reminder: Reminder
+    rules: Any  # ``prompting.rules.TurnRules``: each memory's and the instructions' rules
 
 
 def constrained(sampling: dict[str, Any], req: ExecutionRequest, personal: bool, *,
-                on: bool) -> dict[str, Any]:
+                on: bool, rules: memory_rules.TurnRules | None = None) -> dict[str, Any]:
     """``sampling`` with the decoding constraints the tenant's instructions and, where they
-    are injected (``personal``), the member's memories ask for (``prompting/constraints.py``)
-    when the batch engine runs the turn (``on``), unless the request turns them off."""
+    are injected (``personal``), the member's memories ask for (``prompting/constraints.py``;
+    ``rules``: the turn's, read from the texts where None) when the batch engine runs the
+    turn (``on``), unless the request turns them off."""
     if not on or req.constrain is False:
         return sampling
-    memories = [m.text for m in req.memories] or [req.preference_text] if personal else []
+    tenant, member = (rules or memory_rules.for_request(req)).decoding(personal)
     asked = next((m.get("content") or "" for m in reversed(req.messages)
                   if m.get("role") == "user"), "")
-    found = opening(detect(memories, req.instructions), asked if isinstance(asked, str) else "")
+    found = opening(tuple(sorted(tenant | member)), asked if isinstance(asked, str) else "")
     if not found:
         return sampling
     stream = sampling.get("on_text")
     if stream is not None:  # the stream's pieces as the reply's text (``transform``)
         stream.sink = partial(_transformed, found, stream.sink)
     return {**sampling, "constraints": found}
+
+
+def own_constraints(found: tuple[str, ...], rules: memory_rules.TurnRules,
+                    personal: bool) -> tuple[str, ...]:
+    """The member's own of the turn's decoding constraints ``found`` (what the reply
+    reports): not those only the tenant's instructions ask for (admin-only)."""
+    tenant, member = rules.decoding(personal)
+    return tuple(c for c in found if c in member or (
+        c.startswith("start:") and c not in tenant and "repeat" in member))
 
 
 def _transformed(found: tuple[str, ...], sink: Any, piece: str) -> None:
@@ -147,13 +159,15 @@ class TurnPlanner:
         personal = req.injection_enabled and bool(mem.text.strip())
         personal = personal and alpha > self.min_alpha
         context = compose_context(req.instructions, mem.text if personal else "")
+        rules = memory_rules.for_request(req)  # each memory read once (where not stored)
         remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
                                       partial(self.memories.relevant, req.tenant),
-                                      mem.recall)  # recalled: before their messages
+                                      mem.recall,  # recalled: before their messages
+                                      [r.standing for r in rules.member])
         if mem.candidates and remind.text:  # recalled: those re-stated before the message
             shown = remind.shown(req.messages, [m.text for m in mem.candidates])
             mem.recalled = tuple(mem.candidates[i] for i in shown)
-        return SystemTurn(alpha, mem, personal, context, remind)
+        return SystemTurn(alpha, mem, personal, context, remind, rules)
 
     def _plain(self, req: ExecutionRequest, system: SystemTurn,
                messages: list[dict[str, str]], parts: PromptParts) -> TurnPlan:
@@ -172,10 +186,11 @@ class TurnPlanner:
         chash = content_hash(parts.segment)
         link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha,
                                injected=True)  # the cache lookup: its result decides below
-        sampling = constrained(sampling_options(req), req, personal, on=self.batching)
+        sampling = constrained(sampling_options(req), req, personal, on=self.batching,
+                               rules=system.rules)
+        found = tuple(sampling.get("constraints", ()))
         on = personal and self.batching
-        strength = turn_strength(self.adapter, req, tuple(sampling.get("constraints", ()))
-                                 ) if on else 0.0
+        strength = turn_strength(self.adapter, req, found, system.rules) if on else 0.0
         common = {"on": on, "context": system.context, "strength": strength,
                   "keep_instructions": self.guide_keeps_instructions}
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
@@ -194,4 +209,5 @@ class TurnPlanner:
         return TurnPlan(personal, system.alpha if personal else 0.0, member_alpha, mem,
                         system.context, parts.segment, split, chash, parts.mode,
                         system.reminder, tuple(messages), parts.prompt, link, defer,
-                        None if lean else guide, sampling, req.max_new_tokens, anchor, lean)
+                        None if lean else guide, sampling, req.max_new_tokens, anchor, lean,
+                        own_constraints(found, system.rules, personal))

@@ -61,7 +61,7 @@ def injected_result(plan: TurnPlan, reply: Reply, chain: Any, guide: Any, model:
         history_messages=history_len(list(plan.messages)), finish_reason=out.finish_reason,
         reused_tokens=reused, cached_tokens=min(chain.cached_tokens + reused, prompt_tokens),
         **guide_figures(guide, out, anchored),
-        constraints=list(plan.sampling.get("constraints", ())),
+        constraints=list(plan.own_constraints),
         extra={"segments": chain.tiers, "preference_applied": plan.personal,
                **({"lean": lean} if lean else {}), **plan.memory.extra()},
     )
