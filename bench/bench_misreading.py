@@ -1,0 +1,100 @@
+"""How many memories that are not instructions the readers turn into rules (issue 57).
+
+Each memory of bench/misreading_cases.py is read as the planner reads it on the defaults
+(``prompting/rules.py``: ``read``, the turn's merge, ``rules.guided``), alone, as a member's
+only memory:
+
+* ``constraint``: a decoding constraint on every reply (``cache.constraints``);
+* ``guided``: contrastive guidance toward it on every first reply (a standing language, or
+  a constraint the turn does not keep; SmolLM2's default strength applies);
+* ``rule``: either of them (the figure that must be 0);
+* ``standing``: read as a standing instruction (re-stated in every reminder: no rule on the
+  reply, but what ``rule`` requires);
+* ``tenant``: the memory as a tenant's instructions (``read_instructions``): a constraint
+  for every member.
+
+Reported per kind and split with a Wilson 95 % interval, and the positive controls (the
+same surface forms asked as requests): how many keep the rule they ask for. No model is
+loaded: the reading is what decides a rule.
+
+Run: ``.venv/bin/python bench/bench_misreading.py [--split tuning] [--show tuning|validation]``
+(``--show`` lists the memories read as rules; look at validation once, after tuning).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+
+from misreading_cases import KINDS, cases, controls  # noqa: E402
+from quality_stats import share  # noqa: E402
+
+from injection.prompting import rules  # noqa: E402
+
+
+def reading(memory: str) -> dict[str, bool | tuple[str, ...]]:
+    """What the defaults make of ``memory`` as a member's only memory (and as a tenant's
+    instructions)."""
+    r = rules.read(memory)
+    _, member = rules.TurnRules((r,), rules.NONE).decoding(True)
+    found = tuple(sorted(member))
+    guided = rules.guided(r, found)
+    tenant = rules.TurnRules((), rules.read_instructions(memory)).decoding(False)[0]
+    return {"constraints": found, "constraint": bool(found), "guided": guided,
+            "rule": bool(found) or guided, "standing": r.standing, "tenant": bool(tenant),
+            "language": r.language}
+
+
+def kept(memory: str, want: str) -> bool:
+    """Whether a positive control keeps the rule it asks (``want``)."""
+    read = reading(memory)
+    if want.startswith("language:"):
+        return read["language"] == want.split(":", 1)[1] and bool(read["guided"])
+    return want in read["constraints"]
+
+
+def report(show: str | None, splits: tuple[str, ...]) -> list[str]:
+    cols = ("rule", "constraint", "guided", "standing", "tenant")
+    lines = ["| kind | split | " + " | ".join(cols) + " |", "|" + "---|" * (len(cols) + 2)]
+    for split in splits:
+        mine = cases(split)
+        for kind in (*KINDS, "all"):
+            here = [c for c in mine if kind in ("all", c.kind)]
+            reads = [reading(c.memory) for c in here]
+            n = len(here)
+            lines.append(f"| {kind} | {split} | " + " | ".join(
+                share(sum(bool(r[c]) for r in reads), n) for c in cols) + " |")
+    lines.append("")
+    for split in splits:
+        ctl = controls(split)
+        ok = [kept(c.memory, want) for c, want in ctl]
+        lines.append(f"positive controls kept ({split}): {share(sum(ok), len(ok))}")
+    if show:
+        lines += ["", f"read as rules ({show}):"]
+        for c in cases(show):
+            r = reading(c.memory)
+            if r["rule"] or r["tenant"]:
+                lines.append(f"  [{c.kind}] {c.memory!r} -> {r['constraints']} "
+                             f"guided={r['guided']} tenant={r['tenant']}")
+        lines += [f"  [control] {c.memory!r} wants {want}: {reading(c.memory)}"
+                  for c, want in controls(show) if not kept(c.memory, want)]
+    return lines
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--split", choices=("tuning", "validation"),
+                    help="only this split (default: both)")
+    ap.add_argument("--show", choices=("tuning", "validation"))
+    args = ap.parse_args()
+    print(f"readers: READER_VERSION {rules.READER_VERSION}")
+    splits = (args.split,) if args.split else ("tuning", "validation")
+    print("\n".join(report(args.show, splits)))
+
+
+if __name__ == "__main__":
+    main()
