@@ -123,8 +123,11 @@ def test_documented_endpoint_resolves_with_its_method(method, path):
     view = getattr(match.func, "view_class", None) or getattr(match.func, "cls", None)
     if view is not None and issubclass(view, APIView):
         assert hasattr(view, method.lower()), f"{view.__name__} has no {method}"
-    else:  # a plain Django view: require_GET and friends keep its methods in its closure
-        allowed = inspect.getclosurevars(match.func).nonlocals.get("request_method_list")
+    else:  # a plain Django view: require_GET and friends keep its methods in a closure
+        allowed, func = None, match.func
+        while func is not None and allowed is None:
+            allowed = inspect.getclosurevars(func).nonlocals.get("request_method_list")
+            func = getattr(func, "__wrapped__", None)
         assert allowed is None or method in allowed, f"{path} answers {allowed}, not {method}"
 
 
