@@ -121,7 +121,10 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-STATIC_ROOT = VAR_DIR / "static"
+# collected at image build (platform/Dockerfile); served by the web when DEBUG is off
+STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT") or VAR_DIR / "static")
+# DEBUG off: the web serves STATIC_ROOT under STATIC_URL itself (0: the ingress or a CDN does)
+SERVE_STATIC = env_bool("DJANGO_SERVE_STATIC", True)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

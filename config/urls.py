@@ -1,5 +1,7 @@
+from django.conf import settings
 from django.contrib import admin
-from django.urls import path
+from django.urls import path, re_path
+from django.views.static import serve
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
 from tenants.admin import playground as admin_playground
@@ -55,3 +57,8 @@ urlpatterns = [
     path("readyz", health.readyz, name="readyz"),
     path("metrics", metrics.metrics_view, name="metrics"),  # Prometheus, token-protected
 ]
+
+if settings.SERVE_STATIC and not settings.DEBUG:  # DEBUG: config/asgi.py serves the apps' own
+    # the admin's CSS and JS, collected into the image (platform/Dockerfile)
+    urlpatterns.append(re_path(r"^static/(?P<path>.*)$", serve,
+                               {"document_root": settings.STATIC_ROOT}))
