@@ -201,6 +201,8 @@ ENGINE_WATCHDOG_EXIT_GRACE = env_float("ENGINE_WATCHDOG_EXIT_GRACE", 10.0)
 KV_L2_TTL_SECONDS = env_int("KV_L2_TTL_SECONDS", 24 * 3600)
 # A tenant's links in the cache Redis; K/V queued for L2 writes (OPERATIONS, "Link budget")
 KV_L2_LINK_TENANT_BYTES = env_int("KV_L2_LINK_TENANT_BYTES", 512 * 1024**2)
+# A tenant's other entries there: segments and leans (its oldest make room; 0: no budget)
+KV_L2_SEGMENT_TENANT_BYTES = env_int("KV_L2_SEGMENT_TENANT_BYTES", 512 * 1024**2)
 KV_L2_WRITER_MAX_BYTES = env_int("KV_L2_WRITER_MAX_BYTES", 512 * 1024**2)
 # Memories (injection.memory, docs/API.md): pinned, then the others, fill a segment of this many
 # tokens; the rest re-stated by the reminder's pick or (off) TOP_K of cosine >= MIN_SIMILARITY.

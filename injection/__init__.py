@@ -64,7 +64,7 @@ def build_executor(
     l1_max_bytes: int = 2 * GiB, l1_max_entries: int = 1024,
     l1_tenant_quota_bytes: int = 512 * MiB, l2_ttl_seconds: int = 86400,
     l2_enabled: bool = True, l2_link_tenant_bytes: int = 0, l2_writer_max_bytes: int = 0,
-    key_generation: str = "0", metrics: Metrics | None = None,
+    l2_segment_tenant_bytes: int = 0, key_generation: str = "0", metrics: Metrics | None = None,
     batch_max: int = 0, batch_kv_budget_bytes: int = 0, batch_join_wait_ms: float = 0.0,
     batch_prefill_chunk: int = 512, batch_prefill_pace: float = 0.0,
     batch_prefill_group: int | None = None,
@@ -79,9 +79,10 @@ def build_executor(
 
     L2 (with ``l2_enabled`` and ``redis_client``) needs ``signing_secret`` (fail closed) and
     the ``key_generation`` maintenance signs with; a tenant's links there are held to
-    ``l2_link_tenant_bytes`` (0: no budget), the L2 writer's queue to
-    ``l2_writer_max_bytes`` (0: by count only). ``batch_max`` >= 1 puts a BatchEngine in
-    front of the model (0: one request at a time); ``batch_*``: its K/V budget, join wait,
+    ``l2_link_tenant_bytes``, its segments and leans to ``l2_segment_tenant_bytes`` (0: no
+    budget), the L2 writer's queue to ``l2_writer_max_bytes`` (0: by count only).
+    ``batch_max`` >= 1 puts a BatchEngine in front of the model (0: one request at a time);
+    ``batch_*``: its K/V budget, join wait,
     prefill chunk, pace and group (``injection.engine.prefill``). ``conversation_*``:
     conversation K/V reuse in an L1 of its own, one member's share of it (None: a quarter,
     at least one conversation), the next turn's opening prefilled (None: on a CPU,
@@ -103,8 +104,8 @@ def build_executor(
     l1 = TenantLRU(max_bytes=l1_max_bytes, max_entries=l1_max_entries,
                    tenant_quota_bytes=min(l1_tenant_quota_bytes, l1_max_bytes),
                    protect_idle_seconds=tenant_protect_idle_seconds)
-    l2 = _l2(redis_client, signing_secret, key_generation, l2_ttl_seconds,
-             l2_link_tenant_bytes, l2_writer_max_bytes) if l2_enabled else None
+    l2 = _l2(redis_client, signing_secret, key_generation, l2_ttl_seconds, l2_link_tenant_bytes,
+             l2_writer_max_bytes, l2_segment_tenant_bytes) if l2_enabled else None
     engine = _engine(adapter, batch_max, batch_kv_budget_bytes, batch_join_wait_ms,
                      batch_prefill_chunk, batch_prefill_pace, batch_prefill_group)
     conv_l1 = _conversation_l1(l1_max_entries, l1_tenant_quota_bytes, conversation_max_bytes,
@@ -144,7 +145,8 @@ def _conversation_l1(max_entries: int, tenant_quota_bytes: int, conversation_max
 
 
 def _l2(redis_client: Any, signing_secret: str | bytes | None, key_generation: str,
-        ttl_seconds: int, link_tenant_bytes: int, writer_max_bytes: int) -> Any:
+        ttl_seconds: int, link_tenant_bytes: int, writer_max_bytes: int,
+        segment_tenant_bytes: int = 0) -> Any:
     """The signed Redis tier (None without a client); refuses to run unsigned."""
     if redis_client is None:
         return None
@@ -155,4 +157,5 @@ def _l2(redis_client: Any, signing_secret: str | bytes | None, key_generation: s
 
     signer = CacheKeySigner(signing_secret, key_generation=key_generation)
     return RedisKVTier(redis_client, signer, ttl_seconds=ttl_seconds,
-                       link_quota_bytes=link_tenant_bytes, max_inflight_bytes=writer_max_bytes)
+                       link_quota_bytes=link_tenant_bytes, max_inflight_bytes=writer_max_bytes,
+                       tenant_quota_bytes=segment_tenant_bytes)

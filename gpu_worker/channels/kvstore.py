@@ -54,7 +54,8 @@ def l2_tier():
     from injection.kvcache.redis_tier import RedisKVTier
 
     return RedisKVTier(cache_client(), signer(), ttl_seconds=settings.KV_L2_TTL_SECONDS,
-                       async_writes=False, link_quota_bytes=settings.KV_L2_LINK_TENANT_BYTES)
+                       async_writes=False, link_quota_bytes=settings.KV_L2_LINK_TENANT_BYTES,
+                       tenant_quota_bytes=settings.KV_L2_SEGMENT_TENANT_BYTES)
 
 
 def invalidate(tenant_id: int | str, member_id: int | str | None = None,

@@ -17,7 +17,7 @@ from tenants.models import Tenant
 
 _L1_FIELDS = ("entries", "bytes", "hits", "misses", "evictions")
 _L2_FIELDS = ("hits", "misses", "rejects", "errors", "writes", "skipped_writes",
-              "refused_writes", "link_evictions")
+              "refused_writes", "link_evictions", "entry_evictions")
 
 
 def hit_rate(hits: int, misses: int) -> float | None:
@@ -45,6 +45,8 @@ def cache_stats(scope: Scope) -> dict[str, Any]:
             "l2": {"entries": size.get("entries", 0), "bytes": size.get("bytes", 0), **b,
                    "link_entries": size.get("link_entries", 0),
                    "link_bytes": size.get("link_bytes", 0),
+                   "ledger_entries": size.get("ledger_entries", 0),
+                   "ledger_bytes": size.get("ledger_bytes", 0),
                    "hit_rate": hit_rate(b["hits"], b["misses"])},
         }
     report: dict[str, Any] = {

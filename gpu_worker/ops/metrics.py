@@ -198,11 +198,11 @@ class EngineCollector:
         yield _counter("kvi_l2_writes", "L2 entries written", l2.get("writes", 0))
         yield _counter("kvi_l2_skipped_writes", "L2 writes skipped (queue full)",
                        l2.get("skipped_writes", 0))
-        yield _counter("kvi_l2_refused_writes", "L2 writes refused: the cache Redis full "
-                       "(maxmemory) or a link larger than its tenant's budget",
-                       l2.get("refused_writes", 0))
-        yield _counter("kvi_l2_link_evictions", "Conversation links a tenant's own writes "
-                       "deleted from Redis for room", l2.get("link_evictions", 0))
+        yield _counter("kvi_l2_refused_writes", "L2 writes refused: the cache Redis full or "
+                       "an entry over its tenant's budget", l2.get("refused_writes", 0))
+        for kind, what in (("link", "Conversation links"), ("entry", "Segments and leans")):
+            yield _counter(f"kvi_l2_{kind}_evictions", f"{what} a tenant's own writes deleted "
+                           "from Redis for room", l2.get(f"{kind}_evictions", 0))
         yield GaugeMetricFamily("kvi_l2_writer_bytes", "K/V bytes waiting for the L2 writer",
                                 value=l2.get("inflight_bytes", 0))
 

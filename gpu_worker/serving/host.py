@@ -126,6 +126,7 @@ def _build_executor():
         l2_ttl_seconds=settings.KV_L2_TTL_SECONDS,
         l2_enabled=settings.KV_L2_ENABLED,
         l2_link_tenant_bytes=settings.KV_L2_LINK_TENANT_BYTES,
+        l2_segment_tenant_bytes=settings.KV_L2_SEGMENT_TENANT_BYTES,
         l2_writer_max_bytes=settings.KV_L2_WRITER_MAX_BYTES,
         batch_max=settings.WORKER_BATCH_MAX,
         batch_kv_budget_bytes=settings.WORKER_BATCH_KV_BUDGET_BYTES,

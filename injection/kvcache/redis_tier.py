@@ -18,7 +18,9 @@
 * A full Redis (``maxmemory`` reached, OOM) is not a fault: the write is refused and
   counted (``refused_writes``), reads go on. A conversation link (``link=True``) is
   written within its tenant's link budget (``injection.kvcache.l2.links``): room is made
-  from that tenant's own oldest links (``link_evictions``), never another tenant's.
+  from that tenant's own oldest links (``link_evictions``), never another tenant's. Its
+  other entries (segments, leans) likewise within ``tenant_quota_bytes`` (``entries``,
+  ``entry_evictions``): one tenant cannot fill the shared cache.
 * The writer's queue is bounded in bytes as well as in count (``max_inflight_bytes``).
 """
 
@@ -69,6 +71,8 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
         retry_after_s: after a Redis fault, get/put skip Redis this long.
         max_inflight_bytes: K/V bytes queued + writing before new puts are skipped (0: none).
         link_quota_bytes: a tenant's conversation links in Redis, in bytes (0: no budget).
+        tenant_quota_bytes: a tenant's other entries in Redis (segments, leans), in bytes
+            (0: no budget, no ledger).
     """
 
     def __init__(
@@ -84,6 +88,7 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
         retry_after_s: float = 1.0,
         max_inflight_bytes: int = 0,
         link_quota_bytes: int = 0,
+        tenant_quota_bytes: int = 0,
     ) -> None:
         if ttl_seconds <= 0 or max_inflight <= 0:
             raise ValueError("ttl_seconds and max_inflight must be positive")
@@ -96,7 +101,9 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
         signer = signer.with_namespace(namespace)
         self.links = LinkLedger(client, signer, quota_bytes=link_quota_bytes,
                                 ttl_seconds=int(ttl_seconds))
-        self.signer = signer  # the ledger's too (the setter)
+        self.entries = LinkLedger(client, signer, quota_bytes=tenant_quota_bytes,
+                                  ttl_seconds=int(ttl_seconds), kind="entries")
+        self.signer = signer  # the ledgers' too (the setter)
         self.ttl_seconds, self.max_inflight = int(ttl_seconds), int(max_inflight)
         self.async_writes, self.compress = async_writes, compress
         self.retry_after_s = retry_after_s
@@ -117,7 +124,7 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
     @signer.setter
     def signer(self, signer: CacheKeySigner) -> None:
         """A new key generation (``kvcache rotate-key``): names and ledgers follow it."""
-        self._signer = self.links.signer = signer
+        self._signer = self.links.signer = self.entries.signer = signer
 
     @classmethod
     def from_url(
@@ -134,11 +141,10 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
         name = self.signer.redis_key(key)
         index = self.signer.user_index_key(key.tenant, key.user)
         try:  # a hit refreshes the entry's TTL (and its user index's, which must outlive it;
-            # a link's ledger too)
+            # its ledger's too)
             with self.client.pipeline(transaction=False) as p:
                 p.get(name)
-                for outlives in (name, index, *(self.signer.link_ledger_keys(key.tenant)
-                                                if link else ())):
+                for outlives in (name, index, *self._ledger_keys(key.tenant, link)):
                     p.expire(outlives, self.ttl_seconds)
                 blob = p.execute(raise_on_error=True)[0]
         except FAULTS as e:
@@ -176,7 +182,9 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
         try:
             with self.client.pipeline(transaction=False) as p:
                 p.expire(self.signer.redis_key(key), self.ttl_seconds)
-                p.expire(self.signer.user_index_key(key.tenant, key.user), self.ttl_seconds)
+                for outlives in (self.signer.user_index_key(key.tenant, key.user),
+                                 *self._ledger_keys(key.tenant, False)):
+                    p.expire(outlives, self.ttl_seconds)
                 return bool(p.execute()[0])
         except FAULTS as e:
             self._fault(key.tenant, "touch", e)
@@ -205,8 +213,9 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
         try:
             deleted = bool(self.drop_indexed(self.signer.user_index_key(key.tenant, key.user),
                                              [name]))
-            if link:
-                self.links.forget(key.tenant, [name])
+            ledger = self._ledger(link)
+            if ledger is not None:
+                ledger.forget(key.tenant, [name])
             return deleted
         except FAULTS as e:
             self._fault(key.tenant, "delete", e)

@@ -136,6 +136,12 @@ class CacheKeySigner:
         return (f"{prefix}l:{_hmac(key, b'links', b'bytes').hex()}",
                 f"{prefix}o:{_hmac(key, b'links', b'order').hex()}")
 
+    def entry_ledger_keys(self, tenant: str) -> tuple[str, str]:
+        """The tenant's ledger of its other entries (segments, leans): as the links'."""
+        prefix, key = self.tenant_prefix(tenant), self._tenant_key(tenant)
+        return (f"{prefix}l:{_hmac(key, b'entries', b'bytes').hex()}",
+                f"{prefix}o:{_hmac(key, b'entries', b'order').hex()}")
+
     def entry_match(self, tenant: str | None = None) -> str:
         """SCAN MATCH pattern for entry names of ``tenant`` (or of every tenant)."""
         if tenant is None:

@@ -1,4 +1,5 @@
-"""A tenant's conversation links in Redis, held to a byte budget (the link ledger).
+"""A tenant's conversation links in Redis, held to a byte budget (the link ledger); its
+other entries (segments, leans) likewise, in a ledger of their own (``kind="entries"``).
 
 Links are the bulk of what L2 holds (a conversation's whole K/V after the injected turn,
 rewritten every turn), so each tenant's links are accounted in a ledger under the
@@ -120,23 +121,32 @@ return n
 
 
 class LinkLedger:
-    """One tenant-scoped budget of conversation-link bytes in the cache Redis."""
+    """One tenant-scoped budget of entry bytes in the cache Redis: its conversation links
+    (``kind`` "links"), or its other entries, segments and leans ("entries")."""
 
     def __init__(self, client: redis.Redis, signer: Any, *, quota_bytes: int,
-                 ttl_seconds: int) -> None:
+                 ttl_seconds: int, kind: str = "links") -> None:
         if quota_bytes < 0:
-            raise ValueError("quota_bytes must be >= 0 (0: no per-tenant link budget)")
-        self.client, self.signer = client, signer
+            raise ValueError("quota_bytes must be >= 0 (0: no per-tenant budget)")
+        if kind not in ("links", "entries"):
+            raise ValueError(f"no ledger of {kind!r}")
+        self.client, self.signer, self.kind = client, signer, kind
         self.quota_bytes, self.ttl_seconds = int(quota_bytes), int(ttl_seconds)
         self._write = client.register_script(_WRITE)
         self._forget = client.register_script(_FORGET)
         self._make_room = client.register_script(_MAKE_ROOM)
 
+    def keys(self, tenant: str) -> tuple[str, str]:
+        """The tenant's ledger (HASH, ZSET) of this kind, under its own prefix."""
+        if self.kind == "links":
+            return self.signer.link_ledger_keys(tenant)
+        return self.signer.entry_ledger_keys(tenant)
+
     def write(self, tenant: str, name: str, index: str, blob: Any) -> tuple[bool, int]:
         """Store ``blob`` at ``name`` (indexed under ``index``) within the tenant's budget:
         (stored, own links deleted for room). Not stored: larger than the whole budget.
         Raises Redis errors (``OutOfMemoryError`` when the cache Redis is full)."""
-        ledger, order = self.signer.link_ledger_keys(tenant)
+        ledger, order = self.keys(tenant)
         stored, evicted = self._write(
             keys=[name, index, ledger, order],
             args=[blob, self.ttl_seconds, int(time.time() * 1000), self.quota_bytes])
@@ -146,17 +156,17 @@ class LinkLedger:
         """Take deleted links off the tenant's ledger; returns the bytes freed."""
         if not names:
             return 0
-        return int(self._forget(keys=list(self.signer.link_ledger_keys(tenant)), args=names))
+        return int(self._forget(keys=list(self.keys(tenant)), args=names))
 
     def make_room(self, tenant: str, nbytes: int) -> int:
         """Delete the tenant's oldest links until ``nbytes`` are freed (or none is left);
         returns how many went. Deletes only: Redis runs it even when it is full."""
-        return int(self._make_room(keys=list(self.signer.link_ledger_keys(tenant)),
+        return int(self._make_room(keys=list(self.keys(tenant)),
                                    args=[int(nbytes)]))
 
     def usage(self, tenant: str) -> dict[str, int]:
         """The tenant's links as the ledger has them: count and bytes."""
-        ledger, order = self.signer.link_ledger_keys(tenant)
+        ledger, order = self.keys(tenant)
         with self.client.pipeline(transaction=False) as p:
             p.hget(ledger, TOTAL_FIELD)
             p.zcard(order)

@@ -15,7 +15,7 @@ from injection.kvcache.l2 import scan as l2_scan
 from injection.kvcache.redis_client import FAULTS, wrong_type
 
 COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes",
-            "refused_writes", "link_evictions")
+            "refused_writes", "link_evictions", "entry_evictions")
 
 
 class L2Maintenance:
@@ -60,7 +60,9 @@ class L2Maintenance:
         if not names:
             return 0
         deleted = self.drop_indexed(index, names)  # an empty set goes with its last name
-        self.links.forget(tenant, names)  # the member's links leave the tenant's budget
+        for ledger in (self.links, self._ledger(False)):  # off the tenant's budgets
+            if ledger is not None:
+                ledger.forget(tenant, names)
         return deleted
 
     def evict_all(self) -> int:
@@ -87,7 +89,9 @@ class L2Maintenance:
 
         With ``scan``, each known tenant (and each of ``tenants``) gets
         ``entries``/``bytes`` from a SCAN of its prefix (conversation links included) and
-        ``link_entries``/``link_bytes`` from its link ledger; totals cover every tenant.
+        ``link_entries``/``link_bytes`` from its link ledger, ``ledger_entries``/
+        ``ledger_bytes`` from the ledger of its other entries (with ``tenant_quota_bytes``);
+        totals cover every tenant.
         """
         with self._lock:
             out: dict[str, Any] = dict(self._counts)
@@ -95,13 +99,15 @@ class L2Maintenance:
         out.update(inflight=self._writer.inflight, max_inflight=self.max_inflight,
                    inflight_bytes=self._writer.inflight_bytes,
                    max_inflight_bytes=self._writer.max_bytes,
-                   link_quota_bytes=self.links.quota_bytes)
+                   link_quota_bytes=self.links.quota_bytes,
+                   tenant_quota_bytes=self.entries.quota_bytes)
         if scan:
             for t in set(per) | set(tenants or ()):
-                links = self.links.usage(t)
+                links, budgeted = self.links.usage(t), self.entries.usage(t)
                 per.setdefault(t, dict.fromkeys(COUNTERS, 0)).update(
                     self._sizes(self.signer.entry_match(t)),
                     link_entries=links["entries"], link_bytes=links["bytes"],
+                    ledger_entries=budgeted["entries"], ledger_bytes=budgeted["bytes"],
                 )
             out.update(self._sizes(self.signer.entry_match(None)))
         out["per_tenant"] = per

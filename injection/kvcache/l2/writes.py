@@ -1,7 +1,8 @@
 """The Redis tier's write path (a mixin of ``RedisKVTier``): an entry and its user index
-in one step, a conversation link within its tenant's budget (``links``), and what a failed
-write means: a full Redis (refused, counted; a link first makes room from its own tenant's
-oldest links), a name of the wrong type (dropped, written again), or a fault."""
+in one step, within its tenant's budget of its kind (``links``: conversation links;
+``entries``: segments and leans), and what a failed write means: a full Redis (refused,
+counted; a budgeted entry first makes room from its own tenant's oldest of its kind), a name
+of the wrong type (dropped, written again), or a fault."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from injection.kvcache.packed import PackedKV
 
 __all__ = ["L2Writes"]
+
+_EVICTIONS = {True: "link_evictions", False: "entry_evictions"}  # counted per ledger kind
 
 log = logging.getLogger("injection.kvcache.redis_tier")
 
@@ -30,6 +33,17 @@ def _codec():
 class L2Writes:
     """Writes of :class:`injection.kvcache.redis_tier.RedisKVTier` (its client, signer,
     ledger, counters and fault handling)."""
+
+    def _ledger(self, link: bool) -> Any:
+        """The tenant budget an entry is written within: its links', or its other entries'
+        (None without one: written as they are)."""
+        if link:
+            return self.links
+        return self.entries if self.entries.quota_bytes else None
+
+    def _ledger_keys(self, tenant: str, link: bool) -> tuple[str, ...]:
+        ledger = self._ledger(link)
+        return ledger.keys(tenant) if ledger is not None else ()
 
     def _queued_write(self, key: CacheKey, job: tuple[PackedKV, bool]) -> bool:
         return self._write(key, *job)
@@ -53,11 +67,12 @@ class L2Writes:
         return True
 
     def _store(self, tenant: str, name: str, index: str, blob: Any, link: bool) -> bool:
-        if not link:
+        ledger = self._ledger(link)
+        if ledger is None:
             self._set_indexed(name, index, blob)
             return True
-        stored, evicted = self.links.write(tenant, name, index, blob)
-        self._count(tenant, "link_evictions", evicted)
+        stored, evicted = ledger.write(tenant, name, index, blob)
+        self._count(tenant, _EVICTIONS[link], evicted)
         return stored
 
     def _recover(self, tenant: str, index: str, blob: Any, link: bool,
@@ -65,16 +80,15 @@ class L2Writes:
         """After a failed write: True to write ``again`` (a bad index dropped; a full Redis
         with room made from the tenant's own oldest links), else counted and False."""
         if out_of_memory(e):
-            freed = self._make_room(tenant, len(blob)) if link and again else 0
+            freed = self._make_room(tenant, len(blob), link) if again else 0
             if not freed:
                 self._count(tenant, "refused_writes")
                 log.info("L2 full (maxmemory): write refused")
             return bool(freed)
         if wrong_type(e) and again:
             expected = {index: b"set"}
-            if link:
-                expected.update(zip(self.signer.link_ledger_keys(tenant), (b"hash", b"zset"),
-                                    strict=True))
+            expected.update(zip(self._ledger_keys(tenant, link), (b"hash", b"zset"),
+                                strict=False))
             return self._drop_wrong_types(tenant, expected, e)
         self._fault(tenant, "write", e)
         return False
@@ -99,13 +113,18 @@ class L2Writes:
             self._fault(tenant, "write", e)
         return bool(bad)
 
-    def _make_room(self, tenant: str, nbytes: int) -> int:
+    def _make_room(self, tenant: str, nbytes: int, link: bool) -> int:
+        """The tenant's own oldest entries of the kind deleted for ``nbytes`` (none
+        without a ledger of the kind); returns how many went."""
+        ledger = self._ledger(link)
+        if ledger is None:
+            return 0
         try:
-            evicted = self.links.make_room(tenant, nbytes)
+            evicted = ledger.make_room(tenant, nbytes)
         except FAULTS as e:
             self._fault(tenant, "write", e)
             return 0
-        self._count(tenant, "link_evictions", evicted)
+        self._count(tenant, _EVICTIONS[link], evicted)
         return evicted
 
     def drop_indexed(self, index: str | bytes, names: list[str] | list[bytes]) -> int:
