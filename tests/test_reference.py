@@ -169,7 +169,8 @@ def api_rows() -> dict[str, list[list[str]]]:
     return out
 
 
-@pytest.mark.parametrize("table", ["CHAT_REQUEST", "CHAT_RESPONSE", "V1_EXTENSION"])
+@pytest.mark.parametrize("table", ["CHAT_REQUEST", "CHAT_RESPONSE", "V1_EXTENSION",
+                                   "V1_REQUEST", "NEUTRAL_V1"])
 def test_api_md_tables_say_what_the_schema_says(table):
     rows = api_rows()
     wrong = [name for name, text in getattr(fielddocs, table).items()
@@ -179,7 +180,7 @@ def test_api_md_tables_say_what_the_schema_says(table):
 
 def test_the_schema_uses_the_shared_descriptions():
     from tenants.api.serializers import CacheInfoSerializer, ChatRequestSerializer, UsageSerializer
-    from tenants.v1.shapes import ExtensionSerializer
+    from tenants.v1.shapes import NEUTRAL, CompletionRequestSerializer, ExtensionSerializer
 
     chat, ext = ChatRequestSerializer().fields, ExtensionSerializer().fields
     for name, text in fielddocs.CHAT_REQUEST.items():
@@ -187,6 +188,11 @@ def test_the_schema_uses_the_shared_descriptions():
         if name in ext and name not in fielddocs.V1_EXTENSION:
             assert ext[name].help_text == text, f"kvinject.{name}"
     assert ext["conversation"].help_text == fielddocs.V1_EXTENSION["conversation"]
+    v1 = CompletionRequestSerializer().fields
+    wrong = [name for name, text in fielddocs.V1_REQUEST.items() if v1[name].help_text != text]
+    assert not wrong, f"/v1 fields whose help text is not fielddocs.V1_REQUEST's: {wrong}"
+    assert set(v1) == set(fielddocs.V1_REQUEST), "every /v1 field described, and only those"
+    assert set(NEUTRAL) == set(fielddocs.NEUTRAL_V1)
     shapes = {"usage": UsageSerializer().fields, "cache": CacheInfoSerializer().fields}
     for dotted, text in fielddocs.CHAT_RESPONSE.items():
         part, name = dotted.split(".")
@@ -195,6 +201,6 @@ def test_the_schema_uses_the_shared_descriptions():
 
 def test_field_descriptions_fit_a_table_cell():
     long = [name for table in (fielddocs.CHAT_REQUEST, fielddocs.CHAT_RESPONSE,
-                               fielddocs.V1_EXTENSION)
+                               fielddocs.V1_EXTENSION, fielddocs.V1_REQUEST, fielddocs.NEUTRAL_V1)
             for name, text in table.items() if len(text.split()) > 40]
     assert not long, f"field descriptions over 40 words: {long}"

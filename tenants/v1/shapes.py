@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from rest_framework import serializers
 
-from tenants.api.fielddocs import CHAT_REQUEST, V1_EXTENSION
+from tenants.api.fielddocs import CHAT_REQUEST, V1_EXTENSION, V1_REQUEST
 from tenants.api.fields import RemovedFloatField
 from tenants.api.serializers import PK_MAX
 from tenants.errors import ModelNotFound
@@ -94,43 +94,44 @@ class ExtensionSerializer(StrictSerializer):
 
 class CompletionRequestSerializer(StrictSerializer):
     neutral = NEUTRAL
-    model = serializers.CharField(min_length=1,
-                                  help_text="The served model's id or an alias (GET /v1/models).")
-    messages = ChatMessageSerializer(many=True, allow_empty=False, min_length=1)
+    model = serializers.CharField(min_length=1, help_text=V1_REQUEST["model"])
+    messages = ChatMessageSerializer(many=True, allow_empty=False, min_length=1,
+                                     help_text=V1_REQUEST["messages"])
     max_tokens = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=2**31 - 1,
-        help_text="Default: until the model stops or the context is full (at most "
-                  "CHAT_MAX_NEW_TOKENS). More than fits the context: context_length_exceeded.")
+        help_text=V1_REQUEST["max_tokens"])
     max_completion_tokens = serializers.IntegerField(
         required=False, allow_null=True, min_value=1, max_value=2**31 - 1,
-        help_text="The same as max_tokens.")
+        help_text=V1_REQUEST["max_completion_tokens"])
     temperature = serializers.FloatField(required=False, allow_null=True, min_value=0.0,
-                                         max_value=2.0)
-    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0)
+                                         max_value=2.0, help_text=V1_REQUEST["temperature"])
+    top_p = serializers.FloatField(required=False, allow_null=True, min_value=0.0, max_value=1.0,
+                                   help_text=V1_REQUEST["top_p"])
     seed = serializers.IntegerField(required=False, allow_null=True, min_value=0,
-                                    max_value=2**63 - 1,
-                                    help_text="With temperature > 0: the same seed, the same reply.")
-    stop = serializers.JSONField(required=False, allow_null=True,
-                                 help_text="A string or up to 4 strings.")
-    stream = serializers.BooleanField(required=False, default=False, allow_null=True)
-    stream_options = StreamOptionsSerializer(required=False, allow_null=True)
+                                    max_value=2**63 - 1, help_text=V1_REQUEST["seed"])
+    stop = serializers.JSONField(required=False, allow_null=True, help_text=V1_REQUEST["stop"])
+    stream = serializers.BooleanField(required=False, default=False, allow_null=True,
+                                      help_text=V1_REQUEST["stream"])
+    stream_options = StreamOptionsSerializer(required=False, allow_null=True,
+                                             help_text=V1_REQUEST["stream_options"])
     n = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=1,
-                                 help_text="Only 1.")
+                                 help_text=V1_REQUEST["n"])
     user = serializers.CharField(required=False, allow_blank=True, max_length=256,
-                                 help_text="Your id for your end user (audited).")
-    tools = serializers.JSONField(required=False, allow_null=True,
-                                  help_text="Function tools (accepted; see docs/API.md).")
+                                 help_text=V1_REQUEST["user"])
+    tools = serializers.JSONField(required=False, allow_null=True, help_text=V1_REQUEST["tools"])
     tool_choice = serializers.JSONField(required=False, allow_null=True,
-                                        help_text="'auto' or 'none' (no tool calls).")
-    parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True)
+                                        help_text=V1_REQUEST["tool_choice"])
+    parallel_tool_calls = serializers.BooleanField(required=False, allow_null=True,
+                                                   help_text=V1_REQUEST["parallel_tool_calls"])
     response_format = serializers.JSONField(required=False, allow_null=True,
-                                            help_text='Only {"type": "text"}.')
+                                            help_text=V1_REQUEST["response_format"])
     metadata = serializers.JSONField(required=False, allow_null=True,
-                                     help_text="Up to 16 string pairs (accepted, not used).")
-    logprobs = serializers.BooleanField(required=False, allow_null=True, help_text="Only false.")
+                                     help_text=V1_REQUEST["metadata"])
+    logprobs = serializers.BooleanField(required=False, allow_null=True,
+                                        help_text=V1_REQUEST["logprobs"])
     top_logprobs = serializers.IntegerField(required=False, allow_null=True, min_value=0,
-                                            max_value=20, help_text="Not supported.")
-    kvinject = ExtensionSerializer(required=False, help_text="Platform extras.")
+                                            max_value=20, help_text=V1_REQUEST["top_logprobs"])
+    kvinject = ExtensionSerializer(required=False, help_text=V1_REQUEST["kvinject"])
 
     def validate_n(self, value):
         if value not in (None, 1):
