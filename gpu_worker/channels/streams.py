@@ -29,6 +29,7 @@ import time
 import redis
 from django.conf import settings
 
+from config import signing_keys
 from tenants import sealing
 
 log = logging.getLogger(__name__)
@@ -46,10 +47,17 @@ def cancel_key(request_id: str) -> str:
     return f"kvi:cancel:{request_id}"
 
 
-def _mac(request_id: str, *parts: bytes) -> bytes:
-    key = hmac.new(settings.KV_SIGNING_SECRET.encode(), b"kvi-stream\0" + request_id.encode(),
-                   hashlib.sha256).digest()
+def _mac(request_id: str, *parts: bytes, secret: bytes | None = None) -> bytes:
+    secret = settings.KV_SIGNING_SECRET.encode() if secret is None else secret
+    key = hmac.new(secret, b"kvi-stream\0" + request_id.encode(), hashlib.sha256).digest()
     return hmac.new(key, b"\0".join(parts), hashlib.sha256).hexdigest()[:32].encode()
+
+
+def _genuine(tag: bytes | None, request_id: str, *parts: bytes) -> bool:
+    """``tag`` is the MAC under KV_SIGNING_SECRET or, while a rotation rolls out, a fallback."""
+    return tag is not None and any(
+        hmac.compare_digest(tag, _mac(request_id, *parts, secret=s))
+        for s in signing_keys.secrets_accepted())
 
 
 def sign(request_id: str, fields: dict) -> dict:
@@ -62,7 +70,7 @@ def verify(request_id: str, fields: dict[bytes, bytes]) -> bool:
     """Is this entry (as read back from Redis) the worker's?"""
     tag = fields.get(b"m")
     parts = [k + b"=" + v for k, v in sorted(fields.items()) if k != b"m"]
-    return tag is not None and hmac.compare_digest(tag, _mac(request_id, *parts))
+    return _genuine(tag, request_id, *parts)
 
 
 def seal_piece(request_id: str, offset: int, text: str) -> str:
@@ -100,7 +108,7 @@ class CancelWatch:
             flag = self.client.get(cancel_key(self.request_id))
         except redis.RedisError:
             return False  # cannot tell: keep generating, the result is stored as usual
-        return flag is not None and hmac.compare_digest(flag, cancel_token(self.request_id))
+        return _genuine(flag, self.request_id, b"cancel")
 
 
 class Publisher(CancelWatch):

@@ -99,3 +99,26 @@ def test_the_settings_read_rotation_and_proxy_variables_from_the_environment():
     assert json.loads(out.strip().splitlines()[-1]) == [
         [OLD.strip(), FOREIGN.strip()], [OLD.strip()], ["HTTP_X_FORWARDED_PROTO", "https"],
         ["https://chat.example.com", "https://x.example:8443"], True, True, 3600]
+
+
+def test_a_stream_entry_and_cancel_flag_of_the_previous_kv_secret_are_accepted_as_fallback(
+    settings
+):
+    from gpu_worker.channels import streams
+
+    def as_read(fields):  # what the web reads back from Redis
+        return {k.encode(): v if isinstance(v, bytes) else str(v).encode()
+                for k, v in fields.items()}
+
+    settings.KV_SIGNING_SECRET, settings.KV_SIGNING_SECRET_FALLBACKS = OLD, []
+    entry, flag = as_read(streams.sign("req-rot", {"o": 0, "t": "x"})), \
+        streams.cancel_token("req-rot")
+    settings.KV_SIGNING_SECRET = FOREIGN
+    foreign = as_read(streams.sign("req-rot", {"o": 0, "t": "x"}))
+    settings.KV_SIGNING_SECRET = NEW
+    assert not streams.verify("req-rot", entry)
+    settings.KV_SIGNING_SECRET_FALLBACKS = [OLD]
+    assert streams.verify("req-rot", entry) and not streams.verify("req-rot", foreign)
+    assert not streams.verify("req-other", entry)  # bound to its request
+    assert streams._genuine(flag, "req-rot", b"cancel")
+    assert not streams._genuine(flag, "req-other", b"cancel")
