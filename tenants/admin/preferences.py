@@ -8,6 +8,7 @@ from django.conf import settings
 from django.contrib import admin, messages
 
 from tenants import actions
+from tenants.admin.memories import rules_text
 from tenants.admin.scoping import TenantScopedAdmin
 from tenants.models import Preference
 
@@ -15,6 +16,11 @@ from tenants.models import Preference
 class PreferenceForm(forms.ModelForm):
     # The version the editor saw; a concurrent change (API, another admin) is not overwritten.
     seen_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+    # the preference's rules switch: its first memory's (tenants.actions.memory_rules)
+    rules_enabled = forms.BooleanField(
+        required=False, initial=True, label="Rules on",
+        help_text="Off: the preference stays in replies, but no rule read from it is applied "
+                  "(no decoding constraint, no language guidance, not a standing instruction).")
 
     class Meta:
         model = Preference
@@ -31,6 +37,8 @@ class PreferenceForm(forms.ModelForm):
                f"a higher value is stored as entered but applied as {cap:g}."))
         if self.instance.pk:
             self.fields["seen_version"].initial = self.instance.version
+            self.fields["rules_enabled"].initial = actions.preference_rules(
+                self.instance.member)["enabled"]
 
     def clean_member(self):
         member = self.cleaned_data["member"]
@@ -61,7 +69,7 @@ class PreferenceAdmin(TenantScopedAdmin):
     list_select_related = ("member__user", "member__tenant")
     search_fields = ("member__user__username", "text")
     autocomplete_fields = ("member",)
-    readonly_fields = ("version", "updated_at", "content_hash", "alpha_applied")
+    readonly_fields = ("version", "updated_at", "content_hash", "alpha_applied", "rules_read")
     actions = ("disable_injection", "enable_injection", "delete_selected")
 
     @admin.display(description="text")
@@ -75,8 +83,12 @@ class PreferenceAdmin(TenantScopedAdmin):
             return f"{obj.alpha:g}"
         return f"{cap:g} (stored {obj.alpha:g}, capped by KV_ALPHA_CAP={cap:g})"
 
+    @admin.display(description="rules read")
+    def rules_read(self, obj: Preference) -> str:
+        return rules_text(actions.preference_rules(obj.member), switch=False)
+
     def get_fields(self, request, obj=None):
-        fields = ("member", "text", "enabled", "alpha", "seen_version")
+        fields = ("member", "text", "enabled", "alpha", "rules_enabled", "seen_version")
         return fields + self.readonly_fields if obj is not None else fields
 
     def get_readonly_fields(self, request, obj=None):
@@ -88,6 +100,9 @@ class PreferenceAdmin(TenantScopedAdmin):
         pref = self.run_action(request, actions.do_set_preference, member, text=data["text"],
                                enabled=data["enabled"], alpha=data["alpha"],
                                expected_version=data.get("seen_version") if change else None)
+        if "rules_enabled" in form.changed_data:  # its first memory's, audited
+            self.run_action(request, actions.do_change_preference, member,
+                            rules_enabled=data["rules_enabled"])
         pref.refresh_from_db()
         obj.pk, obj.version, obj.updated_at = pref.pk, pref.version, pref.updated_at
 

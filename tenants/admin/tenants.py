@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.utils.text import slugify
 
 from tenants import actions
+from tenants.admin.memories import rules_text
 from tenants.admin.scoping import TenantScopedAdmin
 from tenants.models import Tenant
+from tenants.rules import shown
 
 
 class TenantForm(forms.ModelForm):
@@ -35,24 +37,50 @@ class TenantAdmin(TenantScopedAdmin):
     list_filter = ("active",)
     superuser_list_filter = ()
     search_fields = ("slug", "name")
-    readonly_fields = ("created_at", "instructions_version")
+    readonly_fields = ("created_at", "instructions_version", "instruction_rules_read")
+    actions = ("instruction_rules_off", "instruction_rules_on")
 
     def member_count(self, obj: Tenant) -> int:
         return obj.members.count()
+
+    @admin.display(description="instruction rules read")
+    def instruction_rules_read(self, obj: Tenant) -> str:
+        """What the saved instructions ask of every member's reply (admins only: members
+        never see the tenant's instructions or their rules)."""
+        return rules_text(shown(obj.instruction_rules, obj.instruction_rules_version,
+                                obj.instructions, obj.instruction_rules_enabled,
+                                instructions=True), switch=False) + (
+            "" if obj.instruction_rules_enabled else " — switched off (list page actions)")
 
     def get_fields(self, request, obj=None):
         return ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
                 "memory_contrast", "memory_reminder", "decoding_constraints",
                 "memory_writes_enabled",
-                "instructions", "instructions_version", "created_at")
+                "instructions", "instruction_rules_read", "instructions_version",
+                "created_at")
 
     def get_readonly_fields(self, request, obj=None):
-        ro = ["created_at", "instructions_version"]
+        ro = ["created_at", "instructions_version", "instruction_rules_read"]
         if obj is not None:
             ro.append("slug")
         if not self.is_superuser(request):
             ro.append("active")  # a tenant admin cannot switch their own tenant off (or on)
         return ro
+
+    def _switch_rules(self, request, queryset, enabled: bool) -> None:
+        for tenant in queryset:
+            self.run_action(request, actions.do_update_tenant, tenant,
+                            instruction_rules_enabled=enabled)
+        state = "on" if enabled else "off"
+        self.message_user(request, f"Instruction rules switched {state}.", messages.SUCCESS)
+
+    @admin.action(description="Switch off the rules of the instructions (they stay)")
+    def instruction_rules_off(self, request, queryset):
+        self._switch_rules(request, queryset, False)
+
+    @admin.action(description="Switch on the rules of the instructions")
+    def instruction_rules_on(self, request, queryset):
+        self._switch_rules(request, queryset, True)
 
     def has_add_permission(self, request):
         return self.is_superuser(request)

@@ -1,7 +1,9 @@
 """Members' memories in the admin (issue 22): tenant admins list, add, edit, enable/disable
 and delete the memories of their own tenant's members; superusers everyone's. Every write
 goes through ``tenants.actions.memories`` (audited with old/new text, the member's cached
-segment invalidated); a member's first memory is their preference."""
+segment invalidated); a member's first memory is their preference. The rules read from
+each memory are shown, and switched off or on per memory (``rules_enabled``, audited:
+``tenants.actions.memory_rules``)."""
 
 from __future__ import annotations
 
@@ -13,12 +15,13 @@ from tenants.actions.memories import clean_text, max_per_member
 from tenants.admin.scoping import TenantScopedAdmin
 from tenants.errors import InvalidInput
 from tenants.models import Memory
+from tenants.rules import memory_shown
 
 
 class MemoryForm(forms.ModelForm):
     class Meta:
         model = Memory
-        fields = ("member", "text", "enabled", "pinned")
+        fields = ("member", "text", "enabled", "pinned", "rules_enabled")
         widgets = {"text": forms.Textarea(attrs={"rows": 3, "cols": 80})}
 
     def clean_text(self):
@@ -40,24 +43,35 @@ class MemoryForm(forms.ModelForm):
 @admin.register(Memory)
 class MemoryAdmin(TenantScopedAdmin):
     form = MemoryForm
-    list_display = ("member", "text_preview", "enabled", "pinned", "position", "source",
-                    "updated_at")
-    list_filter = ("enabled", "pinned", "source")
+    list_display = ("member", "text_preview", "enabled", "pinned", "rules_preview",
+                    "position", "source", "updated_at")
+    list_filter = ("enabled", "pinned", "rules_enabled", "source")
     list_select_related = ("member__user", "member__tenant")
     search_fields = ("member__user__username", "text")
     autocomplete_fields = ("member",)
-    actions = ("disable_memories", "enable_memories", "delete_selected")
+    actions = ("disable_memories", "enable_memories", "rules_off", "rules_on",
+               "delete_selected")
 
     @admin.display(description="text")
     def text_preview(self, obj: Memory) -> str:
         return obj.text if len(obj.text) <= 80 else obj.text[:79] + "…"
 
+    @admin.display(description="rules")
+    def rules_preview(self, obj: Memory) -> str:
+        return rules_text(memory_shown(obj))
+
+    @admin.display(description="rules read")
+    def rules_read(self, obj: Memory) -> str:
+        return rules_text(memory_shown(obj), switch=False)
+
     def get_fields(self, request, obj=None):
-        fields = ("member", "text", "enabled", "pinned")
-        return fields + ("position", "source", "created_at", "updated_at") if obj else fields
+        fields = ("member", "text", "enabled", "pinned", "rules_enabled")
+        return fields + ("rules_read", "position", "source", "created_at",
+                         "updated_at") if obj else fields
 
     def get_readonly_fields(self, request, obj=None):
-        return ("member", "position", "source", "created_at", "updated_at") if obj else ()
+        return ("member", "rules_read", "position", "source", "created_at",
+                "updated_at") if obj else ()
 
     def save_model(self, request, obj, form, change):
         data = form.cleaned_data
@@ -68,6 +82,9 @@ class MemoryAdmin(TenantScopedAdmin):
         else:
             saved = self.run_action(request, actions.do_create_memory, data["member"],
                                     source=Memory.Source.TENANT_ADMIN, **fields)
+        if "rules_enabled" in form.changed_data:  # the switch: its own audited action
+            self.run_action(request, actions.do_set_memory_rules_enabled, saved.member,
+                            saved.pk, data["rules_enabled"])
         obj.pk, obj.position, obj.source = saved.pk, saved.position, saved.source
 
     def delete_model(self, request, obj):
@@ -93,3 +110,32 @@ class MemoryAdmin(TenantScopedAdmin):
     @admin.action(description="Enable selected memories")
     def enable_memories(self, request, queryset):
         self._set_enabled(request, queryset, True)
+
+    def _switch_rules(self, request, queryset, enabled: bool) -> None:
+        count = 0
+        for memory in queryset.select_related("member__user", "member__tenant"):
+            self.run_action(request, actions.do_set_memory_rules_enabled, memory.member,
+                            memory.pk, enabled)
+            count += 1
+        state = "on" if enabled else "off"
+        self.message_user(request, f"Rules switched {state} for {count} memory(ies).",
+                          messages.SUCCESS)
+
+    @admin.action(description="Switch off the rules of selected memories (they stay)")
+    def rules_off(self, request, queryset):
+        self._switch_rules(request, queryset, False)
+
+    @admin.action(description="Switch on the rules of selected memories")
+    def rules_on(self, request, queryset):
+        self._switch_rules(request, queryset, True)
+
+
+def rules_text(shown: dict, *, switch: bool = True) -> str:
+    """The rules read from a text, in a line (``tenants.rules.shown``)."""
+    parts = list(shown["constraints"])
+    if shown["language"]:
+        parts.append(f"language: {shown['language']}")
+    if shown["standing"]:
+        parts.append("standing instruction")
+    text = ", ".join(parts) or "none"
+    return f"{text} (off)" if switch and not shown["enabled"] and parts else text
