@@ -134,6 +134,7 @@ def _worker_row(reply: dict[str, Any], only: list[str] | None) -> dict[str, Any]
         l1 = dict(agg)
     row = {k: reply.get(k) for k in ("worker", "pid", "pool", "model_loaded", "key_generation")}
     row["kv_bytes_per_token"] = (stats.get("kv") or {}).get("bytes_per_token")
+    row["profile"] = stats.get("profile")  # the loaded model's defaults (model/profiles.py)
     row["l1"] = {f: l1.get(f, 0) for f in _L1_FIELDS}
     row["l1"]["hit_rate"] = hit_rate(row["l1"]["hits"], row["l1"]["misses"])
     if only is None:  # engine-wide figures (not per tenant): the whole view only

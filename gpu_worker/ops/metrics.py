@@ -21,7 +21,12 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
 
 log = logging.getLogger(__name__)
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -104,6 +109,19 @@ def _host_pool() -> Iterator[Metric]:
     yield _counter("kvi_host_pool_reused", "K/V copies into a reused pool buffer", s["reused"])
 
 
+def _profile(adapter) -> Metric:
+    """The loaded model's profile (``injection/model/profiles.py``) as an info metric."""
+    from injection.model import profiles
+
+    p = profiles.summary(adapter)
+    info = InfoMetricFamily("kvi_model_profile", "The loaded model's profile: its defaults "
+                            "and whether they were calibrated on it")
+    info.add_metric([], {"name": p["name"], "model_key": p["model_key"],
+                         "calibrated": str(p["calibrated"]).lower(),
+                         "guidance_default": str(p["guidance"])})
+    return info
+
+
 class EngineCollector:
     """This process's executor: requests by tier, per-tier hits/misses/evictions, L1 bytes."""
 
@@ -131,6 +149,7 @@ class EngineCollector:
         if per_token:
             yield GaugeMetricFamily("kvi_kv_bytes_per_token", "K/V bytes of one cached token "
                                     "for the loaded model and dtype", value=per_token)
+        yield _profile(ex.adapter)
         yield from self._batch(stats.get("batch") or {})
         yield from self._l1(stats.get("l1") or {})
         yield from self._l2(stats.get("l2") or {})

@@ -72,9 +72,11 @@ def on_clear_all(message: dict) -> dict[str, Any]:
 
 def on_stats(message: dict) -> dict[str, Any]:
     from injection.hostmem import HOST_POOL
+    from injection.model import profiles
 
     executor = host.current_executor()
-    stats = ({**executor.stats(), "host_pool": HOST_POOL.stats()}
+    stats = ({**executor.stats(), "host_pool": HOST_POOL.stats(),
+              "profile": profiles.summary(executor.adapter)}
              if executor is not None else None)
     return {**_identity(), "stats": stats}
 

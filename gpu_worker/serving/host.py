@@ -103,6 +103,7 @@ def _build_executor():
     from gpu_worker.channels import control, kvstore, linkcast
     from injection import build_executor, load_adapter
     from injection.hostmem import pinned_allocator_options
+    from injection.model import profiles
 
     pinned_allocator_options()  # torch's pinned-memory options, before CUDA starts
 
@@ -112,6 +113,7 @@ def _build_executor():
         path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None,
         cpu_matmul=settings.MODEL_CPU_MATMUL, cpu_threads=settings.MODEL_CPU_THREADS,
     )
+    profiles.attach(adapter, path)  # the model's defaults; none: guidance off (logged once)
     client = (control.make_client(2.0, settings.KV_CACHE_REDIS_URL) if settings.KV_L2_ENABLED
               else None)  # the cache Redis; the key generation is on REDIS_URL
     executor = build_executor(

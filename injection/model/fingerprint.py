@@ -33,7 +33,7 @@ def model_fingerprint(model: Any, tokenizer: Any, dtype: torch.dtype) -> str:
 
 
 def model_key(adapter: Any) -> str:
-    """The model's identity for per-model measured defaults (``guidance/contrast.py``):
+    """The model's identity for its profile of measured defaults (``model/profiles.py``):
     config + tokenizer and chat template, independent of dtype and device (the
     fingerprint is not: it includes the dtype and the weights). Cached on the adapter."""
     cached = getattr(adapter, "_model_key", None)

@@ -93,6 +93,10 @@ def test_stats_reports_tiers_per_tenant_from_every_live_worker(pair, shop):
     call_command("kvcache", "stats", "--tenant", "shop", stdout=out)
     assert "conversation" in out.getvalue() and "member" in out.getvalue()
     assert all(rows[w.hostname]["pool"] == "solo" for w in pair)
+    # the loaded model's profile (the demo model has none: guidance off)
+    assert all(rows[w.hostname]["profile"]["name"] == "none" for w in pair)
+    assert "model profile: none (model key " in out.getvalue()
+    assert "not calibrated), guidance default 0.0" in out.getvalue()
 
     everyone = kvcache("stats")
     pools = [r["host_pool"] for r in everyone["workers"] if r["worker"] in rows]

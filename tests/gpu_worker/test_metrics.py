@@ -113,3 +113,24 @@ def test_web_metrics_show_what_the_cache_redis_holds_by_kind():
         assert 'kvi_l2_kind_entries{kind="conversation"} 1.0' in text
     finally:
         tier.evict(tid)
+
+
+def test_the_loaded_models_profile_is_an_info_metric_and_in_the_workers_stats(
+        loaded_executor, monkeypatch):
+    from gpu_worker.serving.handlers import on_stats
+    from injection.model import profiles
+    from injection.model.fingerprint import model_key
+
+    key = model_key(loaded_executor.adapter)
+    registry = CollectorRegistry()
+    registry.register(metrics.EngineCollector())
+    text = generate_latest(registry).decode()
+    assert "kvi_model_profile_info{" in text  # the demo model has none: guidance off
+    assert f'model_key="{key}"' in text and 'name="none"' in text
+    assert 'calibrated="false"' in text and 'guidance_default="0.0"' in text
+    assert on_stats({})["stats"]["profile"]["name"] == "none"
+    mine = profiles.Profile("mine", key, 0.5, True, "test", {"guidance": {"default": 0.5}})
+    monkeypatch.setattr(loaded_executor.adapter, "_profile", mine, raising=False)
+    text = generate_latest(registry).decode()
+    assert 'name="mine"' in text and 'guidance_default="0.5"' in text
+    assert on_stats({})["stats"]["profile"]["defaults"] == {"guidance": 0.5}

@@ -97,6 +97,10 @@ class Command(CliCommandMixin, BaseCommand):
             w(f"  worker {row['worker']} pid {row['pid']} ({row['pool']}): L1 {l1['entries']} "
               f"entries {_mb(l1['bytes'])} ({_mb(l1.get('pinned_bytes', 0))} pinned), "
               f"hit rate {_pct(l1['hit_rate'])}")
+            if prof := row.get("profile"):
+                w(f"    model profile: {prof['name']} (model key {prof['model_key']}, "
+                  f"{'calibrated' if prof['calibrated'] else 'not calibrated'}), "
+                  f"guidance default {prof['guidance']}")
             pool = row.get("host_pool")
             if pool:
                 w(f"    host pool: {_mb(pool['held_bytes'])} held of {_mb(pool['max_bytes'])}, "
