@@ -129,6 +129,9 @@ class ExecutionRequest:
     # ``prompt_tokens`` will report); returns the tokens it may generate (the generation
     # is capped to it), or raises to refuse it before anything is generated
     admit: Callable[[int], int] | None = field(default=None, compare=False, repr=False)
+    # billing: called once if the generation fails after it was admitted (its caller's time
+    # limit, an OOM, the engine stopping), with the completion tokens generated until then
+    on_failure: Callable[[int], None] | None = field(default=None, compare=False, repr=False)
     history_token_budget: int | None = None  # cap on history tokens (None: context only)
     reuse_conversation: bool = True  # continue the conversation's cached K/V when possible
     # the caller's stable id of the conversation (/api/chat: the stored one); None: the

@@ -10,6 +10,7 @@ from typing import Any, NamedTuple, NoReturn
 from django.conf import settings
 
 from gpu_worker.channels import streams
+from gpu_worker.serving.attempts import Attempt
 from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
 from tenants import rules
@@ -214,17 +215,19 @@ def answer(
         history = recent_history(conv, settings.CHAT_HISTORY_TOKEN_BUDGET)
     messages = [*history, {"role": "user", "content": message}]
     stream = streams.publisher(request_id) if params.get("stream") else None
+    attempt = Attempt(member, request_id)  # a failure bills what it generated
     try:
         # /api/chat continues a stored conversation: its K/V link is keyed by its id
         # (/v1 sends the messages: keyed by their hash chain)
         conv_key = f"api:{conv.pk}" if conv is not None and params.get("history") is None else None
-        result = executor.execute(build_request(
+        result = executor.execute(attempt.watching(build_request(
             member, pref, messages, params, stream, conv_key, memories,
             watch=streams.cancel_watch(request_id),  # the web may stop waiting
-            request_id=request_id))  # the budgets settle on the real prompt
-    except Exception:
+            request_id=request_id)))  # the budgets settle on the real prompt
+    except Exception as exc:
         if stream is not None:
             stream.end("error")
+        attempt.failed(exc)
         raise
     turn = Turn(member, conv, message, params, request_id, pref, memories, stream, started)
     return record(turn, result, executor.adapter.count_tokens(message))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -15,7 +16,9 @@ from injection.engine.sampling import RowSampler
 from injection.engine.stopping import GenerationWatch, admitted
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["RowJob", "hand_over", "wait_for"]
+__all__ = ["RowJob", "hand_over", "report_failure", "wait_for"]
+
+log = logging.getLogger("injection.engine.batch")
 
 _FINISH = threading.Lock()  # finish() is first-wins across threads
 
@@ -63,6 +66,9 @@ class RowJob:
     token_map: Any = None
     phrases: Any = None
     started: float = field(default_factory=time.perf_counter)
+    # told the tokens generated if the row fails (``report_failure``; the request's, popped
+    # from ``sampling`` like ``admit``): billing
+    on_failure: Callable[[int], None] | None = None
     input_ids: list[int] = field(init=False)  # prefix ids + new_ids (__post_init__)
     # -- state (scheduler thread) --
     gen: list[int] = field(default_factory=list)
@@ -85,6 +91,7 @@ class RowJob:
         # the request's ``admit`` (budgets), asked with the prompt it is billed for before
         # the row is queued; it may lower max_new_tokens, or refuse by raising
         self.max_new_tokens = admitted(self.sampling, len(self.input_ids), self.max_new_tokens)
+        self.on_failure = self.sampling.pop("on_failure", self.on_failure)
 
     def reset(self, tokenizer: Any, device: Any) -> None:
         """Fresh generation state (also when a row is put back after an OOM): a guide that
@@ -123,8 +130,13 @@ class RowJob:
 
     def wait(self, poll: float = 0.05) -> GenerationOutput:
         """Block until finished; the row is abandoned (dropped at the next step) when its
-        caller stops waiting (``wait_for``)."""
-        wait_for(self, poll)
+        caller stops waiting (``wait_for``). A row that fails (its caller's time limit, the
+        engine's error) tells its ``on_failure`` the tokens it generated."""
+        try:
+            wait_for(self, poll)
+        except BaseException:
+            report_failure(self)
+            raise
         assert self.output is not None
         return self.output
 
@@ -153,3 +165,16 @@ def wait_for(job: Any, poll: float = 0.05) -> None:
         raise
     if job.error is not None:
         raise job.error
+
+
+def report_failure(job: RowJob) -> None:
+    """Tell a failed row's ``on_failure`` how many tokens it generated, once (a row whose
+    caller stopped: those it had then; the step in flight may add one). Bookkeeping: a
+    failing callback is logged, never raised over the row's own error."""
+    callback, job.on_failure = job.on_failure, None
+    if callback is None:
+        return
+    try:
+        callback(len(job.gen))
+    except Exception as exc:
+        log.warning("a failed row's tokens were not reported (%s)", type(exc).__name__)

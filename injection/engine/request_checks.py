@@ -32,6 +32,8 @@ def sampling_options(req: ExecutionRequest) -> dict[str, Any]:
         sampling["cancelled"] = req.cancelled
     if req.admit is not None:
         sampling["admit"] = req.admit
+    if req.on_failure is not None:
+        sampling["on_failure"] = req.on_failure
     return sampling
 
 

@@ -129,6 +129,7 @@ class ModelAdapter(PreferenceModel):
         started = time.perf_counter()
         watch_opts = {k: sampling.pop(k) for k in ("stop", "on_text", "cancelled")
                       if k in sampling}
+        on_failure = sampling.pop("on_failure", None)
         prompt_ids = self.renderer.encode(prompt, first=injected is None)
         prefix = list(injected.token_ids) if injected is not None else []
         if not prompt_ids:
@@ -140,7 +141,12 @@ class ModelAdapter(PreferenceModel):
             with KVTimer(self.device) as timer:
                 cache = self.build_cache(injected, alpha) if injected is not None else None
             watch = GenerationWatch(self.tokenizer, len(input_ids), **watch_opts)
-            ids = self._run_generate(input_ids, cache, max_new_tokens, sampling, watch)
+            try:
+                ids = self._run_generate(input_ids, cache, max_new_tokens, sampling, watch)
+            except BaseException:  # billing: the tokens it generated (``ExecutionRequest``)
+                if on_failure is not None:
+                    on_failure(watch.steps)
+                raise
             del cache
         gen = ids[len(input_ids):]
         reason = watch.finish(gen, max_new_tokens, self._eos_ids())

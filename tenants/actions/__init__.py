@@ -26,6 +26,7 @@ from tenants.actions.chat import (
     do_record_cancelled,
     do_record_chat,
     do_record_discarded,
+    do_record_failed,
     get_conversation,
 )
 from tenants.actions.exchanges import (
@@ -125,6 +126,7 @@ __all__ = [
     "do_record_cancelled",
     "do_record_chat",
     "do_record_discarded",
+    "do_record_failed",
     "do_record_login",
     "do_record_login_failure",
     "username_unavailable",

@@ -171,18 +171,33 @@ def do_record_discarded(member: Member, request_id: str, *, prompt_tokens: int,
                          cached_tokens=cached_tokens, finish_reason=finish_reason, **guide)
 
 
+@transaction.atomic
+def do_record_failed(member: Member, request_id: str, *, prompt_tokens: int,
+                     completion_tokens: int, error: str) -> bool:
+    """A generation that failed after generating (its soft time limit, an accelerator OOM,
+    the engine's watchdog): nothing is stored, and the tokens it generated (and its prompt)
+    are billed once as a ``chat.failed`` audit row: usage, budgets and TPM, as for a
+    cancelled one. The claim is left to the web, which abandons it when it gets the failure
+    and counts the error there (one error a failed attempt). False when billed already."""
+    return bill_unstored(member, request_id, AuditEvent.CHAT_FAILED, abandon=False,
+                         prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                         cached_tokens=0, error=error)
+
+
 def bill_unstored(member: Member, request_id: str, event: AuditEvent, *, prompt_tokens: int,
                   completion_tokens: int, cached_tokens: int, guide_prefill_tokens: int = 0,
-                  guide_decode_tokens: int = 0, **extra: Any) -> bool:
+                  guide_decode_tokens: int = 0, abandon: bool = True, **extra: Any) -> bool:
     """Bill the tokens of an attempt that stored no reply (call inside a transaction).
 
     Exactly once per attempt: the audit row is unique per (tenant, request id) among the
     billing events (``audit_chat_billed_once``: ``chat.request``, ``chat.cancelled``,
-    ``chat.discarded``), so a duplicate run of the same task, whose first run stored or
-    billed it, bills nothing. Returns whether it billed."""
-    ChatExchange.objects.filter(tenant=member.tenant, member=member, request_id=request_id,
-                                state=ChatExchange.State.PENDING).update(
-        state=ChatExchange.State.ABANDONED)  # its web stopped waiting, or gave up at once
+    ``chat.discarded``, ``chat.failed``), so a duplicate run of the same task, whose first
+    run stored or billed it, bills nothing. Returns whether it billed. ``abandon``: the
+    claim is abandoned too (its web stopped waiting, or gives up at once)."""
+    if abandon:
+        ChatExchange.objects.filter(tenant=member.tenant, member=member, request_id=request_id,
+                                    state=ChatExchange.State.PENDING).update(
+            state=ChatExchange.State.ABANDONED)
     ledger.release(member.pk, request_id)  # the usage below counts instead
     model = served_model()
     guide = {k: v for k, v in (("guide_prefill_tokens", guide_prefill_tokens),

@@ -29,6 +29,7 @@ class AuditEvent(models.TextChoices):
     CHAT_ABANDONED = "chat.abandoned"
     CHAT_CANCELLED = "chat.cancelled"
     CHAT_DISCARDED = "chat.discarded"  # generated after its claim was abandoned: billed only
+    CHAT_FAILED = "chat.failed"  # failed after generating (time limit, OOM): billed only
     CONVERSATION_DELETED = "conversation.deleted"
     PLAYGROUND_USED = "playground.used"
     BUDGET_CHANGED = "budget.changed"
@@ -41,7 +42,7 @@ class AuditEvent(models.TextChoices):
 
 
 BILLED_CHAT_EVENTS = (AuditEvent.CHAT_REQUEST, AuditEvent.CHAT_CANCELLED,
-                      AuditEvent.CHAT_DISCARDED)
+                      AuditEvent.CHAT_DISCARDED, AuditEvent.CHAT_FAILED)
 
 
 class AuditLog(models.Model):
@@ -67,9 +68,10 @@ class AuditLog(models.Model):
         indexes = [models.Index(fields=["tenant", "-created_at"], name="audit_tenant_time")]
         constraints = [
             # Every chat attempt (request id) is billed by at most one of these rows: its
-            # stored reply, its cancelled stream, or its reply generated after the claim
-            # was abandoned (tenants.actions.chat). A second billing of the same attempt
-            # (a duplicate delivery of its task) is refused here, not counted twice.
+            # stored reply, its cancelled stream, its reply generated after the claim was
+            # abandoned, or what it generated before it failed (tenants.actions.chat). A
+            # second billing of the same attempt (a duplicate delivery of its task) is
+            # refused here, not counted twice.
             models.UniqueConstraint(
                 "tenant", KeyTextTransform("request_id", "data"), name="audit_chat_billed_once",
                 condition=Q(event_type__in=BILLED_CHAT_EVENTS)),

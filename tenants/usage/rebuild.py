@@ -1,7 +1,7 @@
 """Recompute the ``UsageDay`` rollup from the audit log (backfill, or after a repair).
 
 Three grouped scans of the chat audit rows (totals, latency buckets, TTFT buckets;
-cancelled and discarded generations add their tokens only),
+cancelled, discarded and failed generations add their tokens only),
 assembled here and written in one transaction. ``tenants.usage.accounting`` keeps the rollup
 current row by row; this is the batch path over the same definition.
 """
@@ -17,7 +17,8 @@ from tenants.usage.accounting import BASE_MS, NBUCKETS, RATIO, TIERS
 
 _FROM = """
 FROM tenants_auditlog a LEFT JOIN tenants_member m ON m.user_id = a.actor_id
-WHERE a.event_type IN ('chat.request', 'chat.abandoned', 'chat.cancelled', 'chat.discarded')
+WHERE a.event_type IN ('chat.request', 'chat.abandoned', 'chat.cancelled', 'chat.discarded',
+                       'chat.failed')
   AND a.tenant_id IS NOT NULL
   {extra}
 GROUP BY a.tenant_id, coalesce(m.id, -a.actor_id), (a.created_at AT TIME ZONE 'UTC')::date,

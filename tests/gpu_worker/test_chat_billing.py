@@ -18,8 +18,16 @@ from gpu_worker.routing.affinity import Route
 from gpu_worker.serving import chat_service
 from injection.base import ExecutionResult, Tier
 from tenants import actions
+from tenants.budgets import ledger
 from tenants.errors import BudgetExceeded, ChatAbandoned, WorkerUnavailable
-from tenants.models import AuditEvent, AuditLog, ChatExchange, Message, UsageDay
+from tenants.models import (
+    AuditEvent,
+    AuditLog,
+    ChatExchange,
+    Message,
+    TokenBudget,
+    UsageDay,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -130,3 +138,26 @@ def test_the_request_settles_the_claims_budget_on_the_real_prompt(member, reques
     plain = chat_service.build_request(member, None, [{"role": "user", "content": "hi"}],
                                        params)
     assert plain.admit is None  # no claim named: nothing to settle
+
+
+def test_a_failed_attempt_is_billed_for_what_it_generated_once(member, request_id):
+    """A generation that failed after 7 tokens (its time limit, an OOM): billed as
+    chat.failed, never twice (a duplicate delivery of its task fails alike); the claim is
+    left to the web, whose abandon counts the one error."""
+    from gpu_worker.serving.attempts import Attempt
+
+    actions.do_set_budget(member.tenant, member=member, tokens=10_000, period="month")
+    attempt = Attempt(member, request_id)
+    attempt.prompt_tokens, attempt.completion_tokens = 20, 7
+    attempt.failed(TimeoutError("soft time limit"))
+    Attempt(member, request_id).failed(RuntimeError("not admitted, nothing generated"))
+    again = Attempt(member, request_id)
+    again.prompt_tokens, again.completion_tokens = 20, 7
+    again.failed(TimeoutError("the same task, delivered twice"))
+    row = AuditLog.objects.get(event_type=AuditEvent.CHAT_FAILED)
+    assert (row.data["request_id"], row.data["error"]) == (request_id, "TimeoutError")
+    assert billed(member) == (0, 20, 0, 7)
+    assert ChatExchange.objects.get(request_id=request_id).state == "pending"
+    actions.do_abandon_chat(member, request_id, reason="generation_failed")
+    assert UsageDay.objects.get(member_ref=member.pk).errors == 1
+    assert ledger.standing(TokenBudget.objects.get(member=member))[2:] == (27, 0)
