@@ -6,7 +6,7 @@
   and every URL under /api/ and /v1/ is in the table.
 - docs/API.md's error table and the code's error family name the same codes.
 - The field tables of docs/API.md say what the OpenAPI help texts say (one source:
-  ``tenants/api/fielddocs.py``).
+  ``tenants/api/fielddocs/``).
 """
 
 from __future__ import annotations
@@ -170,7 +170,7 @@ def api_rows() -> dict[str, list[list[str]]]:
 
 
 @pytest.mark.parametrize("table", ["CHAT_REQUEST", "CHAT_RESPONSE", "V1_EXTENSION",
-                                   "V1_REQUEST", "NEUTRAL_V1"])
+                                   "V1_REQUEST", "NEUTRAL_V1", "MEMORY_RULES"])
 def test_api_md_tables_say_what_the_schema_says(table):
     rows = api_rows()
     wrong = [name for name, text in getattr(fielddocs, table).items()
@@ -197,10 +197,19 @@ def test_the_schema_uses_the_shared_descriptions():
     for dotted, text in fielddocs.CHAT_RESPONSE.items():
         part, name = dotted.split(".")
         assert shapes[part][name].help_text == text, dotted
+    from tenants.api.memories.serializers import MemoryPatchSerializer, MemorySerializer
+    from tenants.api.serializers import PreferenceSerializer, PreferenceWriteSerializer
+
+    for shape in (MemorySerializer, PreferenceSerializer):
+        assert shape().fields["rules"].help_text == fielddocs.MEMORY_RULES["rules"]
+    for shape in (MemoryPatchSerializer, PreferenceWriteSerializer):
+        assert (shape().fields["rules_enabled"].help_text
+                == fielddocs.MEMORY_RULES["rules_enabled"])
 
 
 def test_field_descriptions_fit_a_table_cell():
     long = [name for table in (fielddocs.CHAT_REQUEST, fielddocs.CHAT_RESPONSE,
-                               fielddocs.V1_EXTENSION, fielddocs.V1_REQUEST, fielddocs.NEUTRAL_V1)
+                               fielddocs.V1_EXTENSION, fielddocs.V1_REQUEST, fielddocs.NEUTRAL_V1,
+                               fielddocs.MEMORY_RULES)
             for name, text in table.items() if len(text.split()) > 40]
     assert not long, f"field descriptions over 40 words: {long}"
