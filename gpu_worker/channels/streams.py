@@ -30,6 +30,7 @@ import redis
 from django.conf import settings
 
 from config import signing_keys
+from gpu_worker.channels import cancels
 from tenants import sealing
 
 log = logging.getLogger(__name__)
@@ -91,24 +92,26 @@ def cancel_token(request_id: str) -> bytes:
 
 class CancelWatch:
     """Worker side of one request's cancel flag, for a generation that is not streamed.
-    Redis faults never fail the generation (it runs on, and its result is stored)."""
+    Read with every other running request's in one round (``cancels.CancelBoard``: one MGET
+    per step for the whole batch, behind a circuit breaker). Redis faults never fail the
+    generation (it runs on, and its result is stored)."""
 
     def __init__(self, client: redis.Redis, request_id: str, *, cancel_every: int = 2) -> None:
         self.client, self.request_id = client, request_id
+        self.key, self.seen = cancel_key(request_id), 0  # the board's round last read
         self.cancel_every = max(1, cancel_every)
         self._polls = 0
+        self._board = cancels.board_for(client)
+        self._board.add(self)
 
     def cancelled(self) -> bool:
         """Has the client gone away, or the web stopped waiting? (polled by the stopping
-        criterion every token; Redis is asked every ``cancel_every`` polls)"""
+        criterion every token; the flag is read every ``cancel_every`` polls; a Redis that
+        fails or is slow reads as not cancelled: the generation goes on to its own end)"""
         self._polls += 1
         if self._polls % self.cancel_every:
             return False
-        try:
-            flag = self.client.get(cancel_key(self.request_id))
-        except redis.RedisError:
-            return False  # cannot tell: keep generating, the result is stored as usual
-        return _genuine(flag, self.request_id, b"cancel")
+        return _genuine(self._board.flag(self), self.request_id, b"cancel")
 
 
 class Publisher(CancelWatch):
@@ -117,7 +120,7 @@ class Publisher(CancelWatch):
 
     def __init__(self, client: redis.Redis, request_id: str, *, cancel_every: int = 2) -> None:
         super().__init__(client, request_id, cancel_every=cancel_every)
-        self.key = stream_key(request_id)
+        self.stream = stream_key(request_id)
         self.sent = 0
         self.broken = False
         self._buf, self._last = "", 0.0
@@ -143,13 +146,13 @@ class Publisher(CancelWatch):
             return
         try:
             pipe = self.client.pipeline(transaction=False)
-            pipe.xadd(self.key, sign(self.request_id, fields), maxlen=MAX_ENTRIES,
+            pipe.xadd(self.stream, sign(self.request_id, fields), maxlen=MAX_ENTRIES,
                       approximate=True)
-            pipe.expire(self.key, STREAM_TTL)
+            pipe.expire(self.stream, STREAM_TTL)
             pipe.execute()
         except redis.RedisError as exc:  # the final result still carries the whole reply
             self.broken = True
-            log.warning("stream %s: Redis unavailable, streaming stops: %s", self.key, exc)
+            log.warning("stream %s: Redis unavailable, streaming stops: %s", self.stream, exc)
 
 
 _client: redis.Redis | None = None
