@@ -22,10 +22,12 @@ from django.views.decorators.http import require_GET, require_POST
 
 from tenants import actions, playground
 from tenants.actions import PREFERENCE_MAX_CHARS
+from tenants.admin.memories import rules_text
 from tenants.admin.scoping import admin_scope, scope_queryset
 from tenants.api.streaming import event_stream
 from tenants.errors import PlatformError
 from tenants.models import Member, Preference
+from tenants.rules import memory_shown
 
 MESSAGE_MAX_CHARS = 4000
 SESSION_KEY = "kvi_playground"
@@ -82,6 +84,15 @@ def _override(member: Member, text: str, alpha: float | None):
     return text, alpha
 
 
+def _member_rules(member: Member | None) -> list[dict]:
+    """The rules read from each of ``member``'s memories (issue 57), as the page lists them."""
+    if member is None:
+        return []
+    return [{"id": m.pk, "text": m.text if len(m.text) <= 60 else m.text[:59] + "…",
+             "rules": rules_text(memory_shown(m)), "enabled": m.enabled}
+            for m in actions.member_memories(member)]
+
+
 def playground_view(request):
     members = _members(request)
     context = {**admin.site.each_context(request), "title": "Playground"}
@@ -95,6 +106,8 @@ def playground_view(request):
         form = PlaygroundForm(members, request.POST)
         if form.is_valid():
             context.update(_run(request, form.cleaned_data))
+            initial = {"member": form.cleaned_data["member"]}
+    context["member_rules"] = _member_rules(initial.get("member"))
     return TemplateResponse(request, "admin/kvi_playground.html", {**context, "form": form})
 
 

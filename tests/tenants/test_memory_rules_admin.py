@@ -1,6 +1,7 @@
 """The rules read from memories, preferences and tenant instructions in the scoped admin
-(issue 57): shown read-only, switched off and on per memory (change page or list action),
-audited as the admin; another tenant's memories and tenant stay untouched and unseen.
+(issue 57): shown read-only (and in the playground), switched off and on per memory (change
+page or list action), audited as the admin; another tenant's memories and tenant stay
+untouched and unseen.
 Real Django client, Postgres."""
 
 from __future__ import annotations
@@ -85,3 +86,14 @@ def test_instruction_rules_shown_to_the_admin_and_switched_for_their_tenant_only
     assert acme_admin.get(f"/admin/tenants/tenant/{globex.tenant.pk}/change/").status_code == 404
     page = acme_admin.get(f"/admin/tenants/tenant/{acme.tenant.pk}/change/").content.decode()
     assert "switched off" in page
+
+
+def test_the_playground_lists_the_members_memory_rules(acme_admin, acme):
+    memory = actions.member_memories(acme.user).get()
+    actions.do_set_memory_rules_enabled(acme.user, memory.pk, False)
+    page = acme_admin.get(f"/admin/playground/?member={acme.user.pk}")
+    assert page.context["member_rules"] == [{
+        "id": memory.pk, "text": LOWER, "rules": "lowercase, standing instruction (off)",
+        "enabled": True}]
+    assert "lowercase, standing instruction (off)" in page.content.decode()
+    assert acme_admin.get("/admin/playground/").context["member_rules"] == []  # no member
