@@ -31,7 +31,7 @@ __all__ = ["CancelBoard", "board_for"]
 
 log = logging.getLogger(__name__)
 
-SLOW_S = 0.05  # a round slower than this opens the breaker (its answer is still used)
+SLOW_S = 0.1  # a round slower than this opens the breaker (its answer is still used)
 OPEN_S = 5.0  # how long an open breaker keeps Redis unasked
 
 
