@@ -163,20 +163,23 @@ def _warm(member) -> str:
 
 
 @shared_task(name="gpu_worker.tasks.playground", **GPU_TASK)
-def playground_reply(self, member_id: int, message: str, variant: str,
-                     preference_text: str | None = None, alpha: float | None = None,
+def playground_reply(self, member_id: int, turn: str, variant: str, alpha: float | None = None,
                      max_new_tokens: int | None = None, stream: bool = False,
-                     contrast: float | None = None) -> dict[str, Any]:
+                     contrast: float | None = None) -> str:
     """One admin-playground reply (personalised or plain); stores nothing, logs no text.
-    ``stream``: publish the pieces on the task id's stream (gpu_worker.channels.streams)."""
+    ``turn``: the message and an unsaved preference text, sealed (``tenants.sealing``), as
+    is the reply returned. ``stream``: publish the pieces on the task id's stream
+    (gpu_worker.channels.streams)."""
     with serving(self):
+        asked = sealing.open_sealed(sealing.PLAYGROUND_TURN, self.request.id, turn)
+        message, preference_text = asked["message"], asked.get("preference_text")
         host.sync_key_generation()
         out = playground.reply(member_id, message, variant, preference_text, alpha,
                                max_new_tokens, stream_id=self.request.id if stream else None,
                                contrast=contrast)
     log.info("playground member=%s variant=%s tier=%s tokens=%s+%s", member_id, variant,
              out["tier"], out["prompt_tokens"], out["completion_tokens"])
-    return out
+    return sealing.seal(sealing.PLAYGROUND_RESULT, self.request.id, out)
 
 
 def _keeps_conversations() -> bool:

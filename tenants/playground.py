@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 
-from tenants import ports
+from tenants import ports, sealing
 from tenants.errors import WorkerUnavailable
 from tenants.faults import outage
 
@@ -26,18 +26,23 @@ VARIANTS = ("personalised", "plain")
 
 def _send(member_id: int, message: str, variant: str, preference_text: str | None,
           alpha: float | None, task_id: str | None = None, contrast: float | None = None):
+    """Enqueue one reply; the texts sealed for its task id (``tenants.sealing``)."""
     from config.celery import app
 
-    kwargs = {"preference_text": preference_text, "alpha": alpha, "stream": bool(task_id)}
+    kwargs = {"alpha": alpha, "stream": bool(task_id)}
     if contrast is not None:  # sent only when set (None: the tenant's, else the model's)
         kwargs["contrast"] = contrast
-    return app.send_task(PLAYGROUND_TASK, args=(member_id, message, variant), kwargs=kwargs,
+    task_id = task_id or uuid.uuid4().hex
+    turn = sealing.seal(sealing.PLAYGROUND_TURN, task_id,
+                        {"message": message, "preference_text": preference_text})
+    return app.send_task(PLAYGROUND_TASK, args=(member_id, turn, variant), kwargs=kwargs,
                          task_id=task_id)
 
 
 def _wait(async_result, timeout: float, forget: bool = True) -> dict[str, Any]:
     try:
-        return async_result.get(timeout=timeout, propagate=True)
+        sealed = async_result.get(timeout=timeout, propagate=True)
+        return sealing.open_sealed(sealing.PLAYGROUND_RESULT, async_result.id, sealed)
     except Exception as exc:  # shown next to the other reply; the page never crashes
         name = type(exc).__name__
         service = outage(exc)

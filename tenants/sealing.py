@@ -2,8 +2,9 @@
 
 The broker Redis keeps an append-only file, so whatever a task message, a task result or a
 reply's stream carries in the clear lands on its disk. What of a chat is member text (the
-message, a ``/v1`` request's history and parameters, the reply, the streamed pieces) is
-sealed here with AES-256-GCM before it is written to Redis and opened after it is read:
+message, a ``/v1`` request's history and parameters, the reply, the streamed pieces; the
+admin playground's message, unsaved preference text and replies) is sealed here with
+AES-256-GCM before it is written to Redis and opened after it is read:
 
 * the key is derived (HKDF-SHA256, its own ``info``) from ``KV_SIGNING_SECRET``, which web
   and workers share from their environment and Redis never holds; the task signature
@@ -42,14 +43,15 @@ from django.conf import settings
 
 from tenants.errors import SealedPayloadRejected
 
-__all__ = ["CHAT_RESULT", "CHAT_TURN", "STREAM_PIECE", "key_id", "open_bytes", "open_sealed",
-           "seal", "seal_bytes"]
+__all__ = ["CHAT_RESULT", "CHAT_TURN", "PLAYGROUND_RESULT", "PLAYGROUND_TURN", "STREAM_PIECE",
+           "key_id", "open_bytes", "open_sealed", "seal", "seal_bytes"]
 
 VERSION = "1"
 _INFO = b"kvinject sealed redis payload v1"
 _NONCE = 12  # bytes: AES-GCM's standard nonce, random per box
 # what a box is for (its associated data, with the request id)
 CHAT_TURN, CHAT_RESULT, STREAM_PIECE = "chat.turn", "chat.result", "stream.piece"
+PLAYGROUND_TURN, PLAYGROUND_RESULT = "playground.turn", "playground.result"
 
 
 @lru_cache(maxsize=4)

@@ -1,9 +1,9 @@
 """Members' words never sit readable in the broker Redis, in memory or on its disk.
 
 Chats through the real path (uvicorn -> Redis broker -> real Celery worker -> Redis results
-and streams): ``/api/chat``, ``/v1`` with a history, and a ``/v1`` stream. Their message,
-history, ``user`` and stop strings carry a marker unique to this run; the member's
-preference carries another. Afterwards neither marker (nor a reply) is in any value of
+and streams): ``/api/chat``, ``/v1`` with a history, a ``/v1`` stream, and the admin
+playground's two replies. Their message, history, ``user`` and stop strings carry a marker
+unique to this run; the member's preference (and the playground's unsaved edit) another. Afterwards neither marker (nor a reply) is in any value of
 the broker db (strings, lists, hashes, sets, streams; base64 bodies decoded) nor in the
 broker's append-only file, which holds every write ever made, deleted keys included
 (tenants.sealing: task arguments, results and stream pieces are sealed).
@@ -22,7 +22,7 @@ import pytest
 import redis
 from django.conf import settings
 
-from tenants import actions
+from tenants import actions, playground
 from tests.e2e.chat_http import post
 from tests.workers import wait_for
 
@@ -115,6 +115,9 @@ def test_member_text_is_nowhere_in_the_broker(asgi_server, gpu_worker):
     tenant = actions.do_create_tenant("sealed")
     member = actions.do_add_member(tenant, "alice", preference=f"I am vegetarian, {PREF}.")
     replies = chat_every_way(asgi_server.url, actions.do_create_api_token(member))
+    # the admin playground's web side: a message and an unsaved preference edit
+    both = playground.compare(member.pk, f"Try {MARK} here.", preference_text=f"{PREF} now")
+    replies += [both[v]["reply"] for v in playground.VARIANTS]
     secrets = [MARK, PREF] + [re.sub(r"\s+", " ", r).strip()[:32] for r in replies
                               if len(re.sub(r"\s", "", r)) >= 16]  # long enough to be unique
     client = redis.Redis.from_url(settings.CELERY_BROKER_URL)
