@@ -21,12 +21,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import (
-    CounterMetricFamily,
-    GaugeMetricFamily,
-    InfoMetricFamily,
-    Metric,
-)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpu_worker.ops.l2metrics import L2Collector
 
 log = logging.getLogger(__name__)
 _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
@@ -35,8 +32,7 @@ _SECONDS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120)
 CHAT_DISPATCH = Counter("kvi_chat_dispatch", "Chat requests dispatched, by route", ["route"])
 CHAT_REQUESTS = Counter("kvi_chat_requests", "Chat requests answered, by outcome", ["outcome"])
 CHAT_SECONDS = Histogram("kvi_chat_seconds", "Chat round trip seen by the web", buckets=_SECONDS)
-STREAMS = Counter("kvi_chat_streams", "Streamed chats relayed by the web, by outcome",
-                  ["outcome"])
+STREAMS = Counter("kvi_chat_streams", "Streamed chats relayed by the web, by outcome", ["outcome"])
 # worker side
 CHAT_CANCELLED = Counter("kvi_chat_cancelled", "Generations stopped because the client left "
                          "or the web stopped waiting")
@@ -109,23 +105,11 @@ def _host_pool() -> Iterator[Metric]:
     yield _counter("kvi_host_pool_reused", "K/V copies into a reused pool buffer", s["reused"])
 
 
-def _profile(adapter) -> Metric:
-    """The loaded model's profile (``injection/model/profiles.py``) as an info metric."""
-    from injection.model import profiles
-
-    p = profiles.summary(adapter)
-    info = InfoMetricFamily("kvi_model_profile", "The loaded model's profile: its defaults "
-                            "and whether they were calibrated on it")
-    info.add_metric([], {"name": p["name"], "model_key": p["model_key"],
-                         "calibrated": str(p["calibrated"]).lower(),
-                         "guidance_default": str(p["guidance"])})
-    return info
-
-
 class EngineCollector:
     """This process's executor: requests by tier, per-tier hits/misses/evictions, L1 bytes."""
 
     def collect(self) -> Iterator[Metric]:
+        from gpu_worker.ops.modelinfo import profile_info  # imports torch: workers only
         from gpu_worker.serving import host
 
         ex = host.current_executor()
@@ -142,14 +126,13 @@ class EngineCollector:
         for tier in ("l1", "l2"):
             hits.add_metric([tier], c.get(f"{tier}_hits", 0))
             misses.add_metric([tier], c.get(f"{tier}_misses", 0))
-        yield from (requests, hits, misses)
+        yield from (requests, hits, misses, profile_info(ex.adapter))
         yield _counter("kvi_cache_computes", "Preference K/V recomputed", c.get("computes", 0))
         yield _counter("kvi_invalidations", "Invalidations handled", c.get("invalidations", 0))
         per_token = (stats.get("kv") or {}).get("bytes_per_token")
         if per_token:
             yield GaugeMetricFamily("kvi_kv_bytes_per_token", "K/V bytes of one cached token "
                                     "for the loaded model and dtype", value=per_token)
-        yield _profile(ex.adapter)
         yield from self._batch(stats.get("batch") or {})
         yield from self._l1(stats.get("l1") or {})
         yield from self._l2(stats.get("l2") or {})
@@ -224,48 +207,6 @@ class EngineCollector:
                            "from Redis for room", l2.get(f"{kind}_evictions", 0))
         yield GaugeMetricFamily("kvi_l2_writer_bytes", "K/V bytes waiting for the L2 writer",
                                 value=l2.get("inflight_bytes", 0))
-
-
-class L2Collector:
-    """What the cache Redis holds, by kind (tenant segments, member segments, conversation
-    links; entries and bytes), from a SCAN made at most every ``METRICS_L2_SCAN_SECONDS``."""
-
-    def __init__(self) -> None:
-        self._at, self._kinds = -1e18, None
-
-    def collect(self) -> Iterator[Metric]:
-        import time
-
-        from django.conf import settings
-
-        if time.monotonic() - self._at >= settings.METRICS_L2_SCAN_SECONDS:
-            self._kinds, self._at = self._scan(), time.monotonic()
-        if self._kinds is None:
-            return
-        size = GaugeMetricFamily("kvi_l2_kind_bytes", "Bytes in the cache Redis by kind",
-                                 labels=["kind"])
-        count = GaugeMetricFamily("kvi_l2_kind_entries", "Entries in the cache Redis by kind",
-                                  labels=["kind"])
-        for kind, row in self._kinds.items():
-            size.add_metric([kind], row["bytes"])
-            count.add_metric([kind], row["entries"])
-        yield from (size, count)
-
-    @staticmethod
-    def _scan() -> dict[str, dict[str, int]] | None:
-        from django.db import DatabaseError
-
-        from gpu_worker.channels import kvstore
-        from gpu_worker.ops.cachestats import l2_kind_sizes
-        from tenants.models import Tenant
-
-        try:
-            ids = [str(pk) for pk in Tenant.objects.values_list("pk", flat=True)]
-            tier = kvstore.l2_tier()
-            return l2_kind_sizes(tier, ids, tier.stats(scan=True, tenants=ids))
-        except (redis.RedisError, DatabaseError) as exc:
-            log.warning("metrics: cache sizes unavailable: %s", exc)
-            return None  # a scrape never fails for them
 
 
 def web_registry() -> CollectorRegistry:
