@@ -88,7 +88,8 @@ class L2Maintenance:
         """Counters (total and per tenant seen by this process); ``scan`` adds Redis sizes.
 
         With ``scan``, each known tenant (and each of ``tenants``) gets
-        ``entries``/``bytes`` from a SCAN of its prefix (conversation links included) and
+        ``entries``/``bytes`` (conversation links included), from one SCAN of every
+        tenant's entries bucketed by tenant (not a pass per tenant), and
         ``link_entries``/``link_bytes`` from its link ledger, ``ledger_entries``/
         ``ledger_bytes`` from the ledger of its other entries (with ``tenant_quota_bytes``);
         totals cover every tenant.
@@ -102,14 +103,16 @@ class L2Maintenance:
                    link_quota_bytes=self.links.quota_bytes,
                    tenant_quota_bytes=self.entries.quota_bytes)
         if scan:
+            by_tag = l2_scan.sizes_by_tag(self.client, self.signer.entry_match(None),
+                                          self._tag)
             for t in set(per) | set(tenants or ()):
                 links, budgeted = self.links.usage(t), self.entries.usage(t)
                 per.setdefault(t, dict.fromkeys(COUNTERS, 0)).update(
-                    self._sizes(self.signer.entry_match(t)),
+                    by_tag.get(self.signer.tenant_tag(t), {"entries": 0, "bytes": 0}),
                     link_entries=links["entries"], link_bytes=links["bytes"],
                     ledger_entries=budgeted["entries"], ledger_bytes=budgeted["bytes"],
                 )
-            out.update(self._sizes(self.signer.entry_match(None)))
+            out.update({f: sum(row[f] for row in by_tag.values()) for f in ("entries", "bytes")})
         out["per_tenant"] = per
         return out
 
@@ -124,8 +127,12 @@ class L2Maintenance:
         live = [x for x in lengths if isinstance(x, int) and x > 0]  # expired: 0
         return {"entries": len(live), "bytes": sum(live)}
 
-    def _sizes(self, match: str) -> dict[str, int]:
-        return l2_scan.sizes(self.client, match)
+    def _tag(self, name: bytes) -> str:
+        """The tenant tag of an entry's name ("" for a name of another form)."""
+        try:
+            return self.signer.tag_of(name)
+        except ValueError:
+            return ""
 
     def _scan(self, match: str):
         return l2_scan.batches(self.client, match)

@@ -6,7 +6,7 @@ tenant and ``stats(scan=True)``; these raise ``redis.RedisError`` to their calle
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any
 
 import redis
@@ -14,7 +14,7 @@ import redis
 if TYPE_CHECKING:  # pragma: no cover
     from injection.kvcache.signing import CacheKeySigner
 
-__all__ = ["batches", "sizes", "verify"]
+__all__ = ["batches", "sizes", "sizes_by_tag", "verify"]
 
 SCAN_BATCH = 500
 VERIFY_BATCH = 16  # values fetched per pipeline while verifying (bounded memory)
@@ -34,15 +34,23 @@ def batches(client: redis.Redis, match: str, batch: int = SCAN_BATCH) -> Iterato
 
 def sizes(client: redis.Redis, match: str) -> dict[str, int]:
     """Number of names matching ``match`` and the bytes of their string values."""
-    entries = nbytes = 0
+    return sizes_by_tag(client, match, lambda _: "").get("", {"entries": 0, "bytes": 0})
+
+
+def sizes_by_tag(client: redis.Redis, match: str, tag_of: Callable[[bytes], str]
+                 ) -> dict[str, dict[str, int]]:
+    """``sizes`` bucketed by ``tag_of(name)`` (a tenant's tag), in one SCAN pass."""
+    out: dict[str, dict[str, int]] = {}
     for batch in batches(client, match):
         with client.pipeline(transaction=False) as p:
             for n in batch:
                 p.strlen(n)
             lengths = p.execute(raise_on_error=False)
-        entries += len(batch)
-        nbytes += sum(x for x in lengths if isinstance(x, int))
-    return {"entries": entries, "bytes": nbytes}
+        for n, size in zip(batch, lengths, strict=True):
+            row = out.setdefault(tag_of(n), {"entries": 0, "bytes": 0})
+            row["entries"] += 1
+            row["bytes"] += size if isinstance(size, int) else 0
+    return out
 
 
 def verify(client: redis.Redis, signer: CacheKeySigner, match: str) -> dict[str, Any]:
