@@ -5,60 +5,24 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from config import deadlines, embedded
-from config.envvars import env_auto_bool, env_bool, env_float, env_int, env_list
+from config import deadlines, embedded, security
+from config.envvars import env_auto_bool, env_bool, env_float, env_int
 from config.version import VERSION
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = embedded.VAR_DIR
 
-
-def _dev_secret(name: str) -> str:
-    """Secrets: from the environment; in DEBUG a per-checkout random one under var/."""
-    path = VAR_DIR / "secrets" / name
-    if path.exists():
-        return path.read_text().strip()
-    import secrets
-    path.parent.mkdir(parents=True, exist_ok=True)
-    value = secrets.token_urlsafe(48)
-    path.write_text(value)
-    path.chmod(0o600)
-    return value
-
-
 DEBUG = env_bool("DJANGO_DEBUG", True)
-SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY") or (_dev_secret("django") if DEBUG else "")
-if not SECRET_KEY:
-    raise RuntimeError("DJANGO_SECRET_KEY must be set when DJANGO_DEBUG is off")
-# Rotation (docs/OPERATIONS.md, "Rotating secrets"): earlier keys that still verify sessions
-# and signed values (never used to sign); comma-separated.
-SECRET_KEY_FALLBACKS = env_list("DJANGO_SECRET_KEY_FALLBACKS")
-# HMAC secret for Redis K/V keys and payloads; never the Django secret.
-KV_SIGNING_SECRET = os.environ.get("KV_SIGNING_SECRET") or (_dev_secret("kv") if DEBUG else "")
-if not KV_SIGNING_SECRET:
-    raise RuntimeError("KV_SIGNING_SECRET must be set when DJANGO_DEBUG is off")
-# Rotation: other KV secrets whose task messages and control-channel requests are still
-# accepted (never used to sign); comma-separated (docs/OPERATIONS.md, "Rotating secrets").
-KV_SIGNING_SECRET_FALLBACKS = env_list("KV_SIGNING_SECRET_FALLBACKS")
+# Django's secret, and the HMAC secret of Redis K/V keys, payloads and messages (never the
+# Django secret): from the environment, required with DEBUG off (config/security.py)
+SECRET_KEY, KV_SIGNING_SECRET = security.read_secrets(DEBUG, VAR_DIR)
 
 ALLOWED_HOSTS = [h for h in os.environ.get("ALLOWED_HOSTS", "127.0.0.1,localhost").split(",") if h]
 if DEBUG:
     ALLOWED_HOSTS += ["testserver"]
 
-# --- Behind a TLS proxy (docs/OPERATIONS.md, "Behind a TLS proxy") -------------------
-# on: a request the proxy marks "X-Forwarded-Proto: https" is secure. The proxy must set that
-# header itself on every request (never pass a client's through).
-BEHIND_TLS_PROXY = env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False)
-if BEHIND_TLS_PROXY:
-    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
-# The public origins the admin's forms are posted from (https://chat.example.com): CSRF
-# accepts a POST whose Origin is one of them, or is the request's own scheme://host.
-CSRF_TRUSTED_ORIGINS = env_list("DJANGO_CSRF_TRUSTED_ORIGINS")
-# Session and CSRF cookies sent over https only (default: on behind the TLS proxy).
-SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = env_bool("DJANGO_SECURE_COOKIES", BEHIND_TLS_PROXY)
-# Strict-Transport-Security on https responses (0: none; set it once https works everywhere).
-SECURE_HSTS_SECONDS = env_int("DJANGO_HSTS_SECONDS", 0)
-SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("DJANGO_HSTS_INCLUDE_SUBDOMAINS", False)
+# Behind a TLS proxy, static files, secrets' rotation fallbacks (config/security.py)
+globals().update(security.settings(VAR_DIR))
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -121,10 +85,6 @@ TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
-# collected at image build (platform/Dockerfile); served by the web when DEBUG is off
-STATIC_ROOT = Path(os.environ.get("DJANGO_STATIC_ROOT") or VAR_DIR / "static")
-# DEBUG off: the web serves STATIC_ROOT under STATIC_URL itself (0: the ingress or a CDN does)
-SERVE_STATIC = env_bool("DJANGO_SERVE_STATIC", True)
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [

@@ -27,14 +27,14 @@ import hmac
 import json
 from typing import Any
 
-from config import signing_keys
+from config import security
 
 HEADER = "kvi_sig"
 _CONTEXT = b"kvinject celery task message v1"
 
 
 def _key() -> bytes:
-    return signing_keys.derived_keys(_CONTEXT)[0]
+    return security.derived_keys(_CONTEXT)[0]
 
 
 def canonical(name: str, task_id: str, args: Any, kwargs: Any) -> bytes:
@@ -52,7 +52,7 @@ def is_authentic(name: str, task_id: str, args: Any, kwargs: Any, sig: Any) -> b
     if not isinstance(sig, str) or not task_id:
         return False
     body = canonical(name, task_id, args, kwargs)
-    return signing_keys.matches(signing_keys.derived_keys(_CONTEXT), body, sig)
+    return security.matches(security.derived_keys(_CONTEXT), body, sig)
 
 
 def sign_message(sender: str | None = None, body: Any = None, headers: dict | None = None,

@@ -22,7 +22,7 @@ from urllib.parse import urlparse
 import redis
 from django.conf import settings
 
-from config import signing_keys
+from config import security
 from injection.kvcache.redis_client import connect
 
 log = logging.getLogger(__name__)
@@ -44,7 +44,7 @@ Handler = Callable[[dict[str, Any]], dict[str, Any] | None]
 
 
 def _key() -> bytes:
-    return signing_keys.derived_keys(b"control-channel")[0]
+    return security.derived_keys(b"control-channel")[0]
 
 
 def sign(message: dict[str, Any]) -> bytes:
@@ -59,7 +59,7 @@ def verify(raw: bytes) -> dict[str, Any] | None:
         outer = json.loads(raw)
         body = outer["body"].encode()
         # the current secret's key, or a fallback's while a rotation rolls out
-        if not signing_keys.matches(signing_keys.derived_keys(b"control-channel"), body,
+        if not security.matches(security.derived_keys(b"control-channel"), body,
                                     str(outer["mac"])):
             raise ValueError("bad mac")
         return json.loads(body)

@@ -29,7 +29,7 @@ import time
 import redis
 from django.conf import settings
 
-from config import signing_keys
+from config import security
 from gpu_worker.channels import cancels
 from tenants import sealing
 
@@ -58,7 +58,7 @@ def _genuine(tag: bytes | None, request_id: str, *parts: bytes) -> bool:
     """``tag`` is the MAC under KV_SIGNING_SECRET or, while a rotation rolls out, a fallback."""
     return tag is not None and any(
         hmac.compare_digest(tag, _mac(request_id, *parts, secret=s))
-        for s in signing_keys.secrets_accepted())
+        for s in security.secrets_accepted())
 
 
 def sign(request_id: str, fields: dict) -> dict:
