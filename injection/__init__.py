@@ -80,19 +80,18 @@ def build_executor(
     L2 (with ``l2_enabled`` and ``redis_client``) needs ``signing_secret`` (fail closed) and
     the ``key_generation`` maintenance signs with; a tenant's links there are held to
     ``l2_link_tenant_bytes``, its segments and leans to ``l2_segment_tenant_bytes`` (0: no
-    budget), the L2 writer's queue to ``l2_writer_max_bytes`` (0: by count only).
-    ``batch_max`` >= 1 puts a BatchEngine in front of the model (0: one request at a time);
-    ``batch_*``: its K/V budget, join wait,
-    prefill chunk, pace and group (``injection.engine.prefill``). ``conversation_*``:
-    conversation K/V reuse in an L1 of its own, one member's share of it (None: a quarter,
-    at least one conversation), the next turn's opening prefilled (None: on a CPU,
-    ``injection.engine.turns``). A tenant segment is protected from eviction while its
+    budget), the L2 writer's queue to ``l2_writer_max_bytes`` (0: by count only). ``batch_max``
+    >= 1 puts a BatchEngine in front of the model (0: one request at a time); ``batch_*``: its
+    K/V budget, join wait, prefill chunk, pace and group (``injection.engine.prefill``).
+    ``conversation_*``: conversation K/V reuse in an L1 of its own, one member's share of it
+    (None: a quarter, at least one conversation), the next turn's opening prefilled (None: on a
+    CPU, ``injection.engine.turns``). A tenant segment is protected from eviction while its
     tenant has members in L1 or used it within ``tenant_protect_idle_seconds``. Host copies
     reuse a pool of pinned buffers of ``pinned_pool_max_bytes`` (None: L1's bound and a
     quarter; ``injection.hostmem``). ``memory_*``: the member segment's budget and recall
     (``injection.memory``). ``memory_lean``: a one-memory first turn leans with the member's
-    lean measured once (``injection.engine.guidance.probe``; False: a guide row). Models with layers other than full or sliding-window attention
-    never batch.
+    lean measured once (``injection.engine.guidance.probe``; False: a guide row). Models with
+    layers other than full or sliding-window attention never batch.
     """
     from injection.engine.executor import InjectionExecutor
     from injection.hostmem import HOST_POOL

@@ -62,11 +62,12 @@ class L2Collector:
 
         try:
             client = kvstore.cache_client()
+            every = settings.METRICS_L2_SCAN_SECONDS
             with self._lock:
                 shared = _read(client)
-                if shared is None or self.clock() - shared["at"] >= settings.METRICS_L2_SCAN_SECONDS:
-                    if client.set(LOCK_KEY, b"1", nx=True, ex=LOCK_TTL):
-                        shared = self._scan_and_share(client, settings.METRICS_L2_SCAN_SECONDS)
+                stale = shared is None or self.clock() - shared["at"] >= every
+                if stale and client.set(LOCK_KEY, b"1", nx=True, ex=LOCK_TTL):
+                    shared = self._scan_and_share(client, every)
             return shared["kinds"] if shared is not None else None
         except redis.RedisError as exc:
             log.warning("metrics: cache sizes unavailable: %s", exc)
