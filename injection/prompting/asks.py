@@ -13,6 +13,7 @@ from injection.prompting.readers import (
     bullet_count,
     capped,
     choice,
+    denied,
     forbids,
     highlight_count,
     keywords,
@@ -54,10 +55,18 @@ PS = re.compile(r"(?<![A-Za-z]\.)\bP\.\s?(?P<pp>P\.\s?)?S\b\.?|\bpost-?scripts?\
 ABBREVIATION = re.compile(r"\b(?:e\.\s?g|i\.\s?e|etc|vs|cf)\.", re.I)
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
-_SHOUT = re.compile(r"(?:all|block)$", re.I)  # the word before "caps"/"capitals"
+_STYLE = re.compile(r"(?:in|into|all|block)$", re.I)  # "in capitals", "all caps": a style
 SENTENCE = re.compile(r"[.;!?]+\s*")
 SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
 _CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|without|only)\b)", re.I)
+
+
+def _letters(clause: str, m: re.Match) -> bool:
+    """Whether the capitals at ``m`` are letters ("never use capital letters", "no
+    capitals": lowercase asked), not a style ("not in capitals", "never all caps")."""
+    before = (clause[:m.start()].split() or [""])[-1]
+    return not (_STYLE.match(m.group().split()[0]) or _STYLE.match(before)
+                or re.search(r"caps\b", m.group(), re.I))
 
 
 def asked(text: str) -> set[str]:
@@ -65,16 +74,13 @@ def asked(text: str) -> set[str]:
     out: set[str] = set()
     lower = upper = False
     for clause in _CLAUSE.split(text):
-        for m in _LOWER.finditer(clause):
-            lower, upper = lower or not negated(clause, m.start()), upper or negated(
-                clause, m.start())
-        for m in _UPPER.finditer(clause):
-            neg = negated(clause, m.start())  # "never in all caps": no shouting, that is all
-            before = clause[:m.start() + m.group().find(m.group().split()[-1])].split() or [""]
-            lower = lower or (neg and not _SHOUT.match(before[-1]))
-            upper = upper or not neg
-        lower = lower or any(negated(clause, m.start()) for m in _CAPITALS.finditer(clause)
-                             if not _SHOUT.match((clause[:m.start()].split() or [""])[-1]))
+        for m in _LOWER.finditer(clause):  # "not in lowercase": no rule, never capitals
+            lower = lower or not denied(clause, m.start())
+        for m in _UPPER.finditer(clause):  # "never in capitals": no shouting, that is all
+            neg = denied(clause, m.start())
+            upper, lower = upper or not neg, lower or (neg and _letters(clause, m))
+        lower = lower or any(denied(clause, m.start()) and _letters(clause, m)
+                             for m in _CAPITALS.finditer(clause))
     for sentence in SENTENCE.split(text):
         if NEG.search(sentence) and any(forbids(sentence, *m.span())
                                         for m in _COMMA.finditer(sentence)):

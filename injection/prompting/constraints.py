@@ -65,7 +65,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from injection.prompting.asks import ABBREVIATION, PS, SENTENCE, SENTENCES, asked
-from injection.prompting.readers import QUOTED
+from injection.prompting.intent import requests
+from injection.prompting.readers import QUOTED, forbids
 from injection.prompting.reminder import standing
 from injection.prompting.verdicts import phrase, required, violates
 
@@ -86,7 +87,7 @@ def detect(memories: Sequence[str], instructions: str = "") -> tuple[str, ...]:
     """The constraints the tenant's ``instructions`` and the member's ``memories`` ask for,
     sorted: ``merge`` of each one's own (``asked`` of each standing memory, ``instructed``)."""
     tenant, literals = instructed(instructions)
-    own = [asked(t) for t in memories if t and standing(t)]
+    own = [asked(requests(t)) for t in memories if t and standing(t)]
     return tuple(sorted(set().union(*merge(own, tenant, literals))))
 
 
@@ -98,10 +99,12 @@ def sentences(instructions: str) -> list[str]:
 def instructed(instructions: str) -> tuple[set[str], list[str]]:
     """The constraints a tenant's ``instructions`` ask for (its standing sentences'),
     without contradictions and those a quoted literal of the instructions breaks, and
-    those literals."""
+    those literals: the quoted phrases its replies may hold ("Start every reply with
+    'Acme:'"), not a word it forbids ("Never use the word 'basically'": kept as a ban)."""
     tenant = consistent(set().union(*(asked(s) for s in sentences(instructions)
                                        if standing(s))))
-    literals = QUOTED.findall(instructions or "")
+    literals = [m.group(1) for s in sentences(instructions) for m in QUOTED.finditer(s)
+                if not forbids(s, *m.span())]  # "never use the word 'x'": not the reply's
     return {c for c in tenant if not _broken(c, literals)}, literals
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "bullet_count", "capped", "choice", "forbids", "highlight_count",
+__all__ = ["NEG", "QUOTED", "asked_language", "bullet_count", "capped", "choice", "denied",
+           "forbids", "highlight_count",
            "keywords", "language_of", "names_language", "negated", "placeholder_count",
            "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
@@ -34,6 +35,33 @@ def negated(clause: str, at: int) -> bool:
     before = " ".join(clause[:at].split()[-6:])
     neg = list(NEG.finditer(before))
     return bool(neg) and not _BUT.search(before[neg[-1].end():])
+
+
+_LEADING = re.compile(r"^\s*(?:please\s+)?(?:don'?t|do\s+not|never|stop|avoid)\b", re.I)
+_TURN = re.compile(r"[,;:]|\b(?:and|but|so|then|instead|only|except)\b", re.I)  # a new clause
+_NOT_LAPSE = re.compile(r"\b(?:don'?t|do\s+not|never)\s+(?:forget|fail)\b", re.I)
+
+
+def denied(clause: str, at: int) -> bool:
+    """Whether what comes at ``at`` in ``clause`` is asked NOT to be (``negated``, or a
+    clause opened by a negation: "Don't write your answers to me in all lowercase"); "don't
+    forget to ..." asks for it."""
+    before = clause[:at]
+    if _NOT_LAPSE.search(before):
+        return False
+    return negated(clause, at) or (_LEADING.match(before) is not None
+                                   and not _TURN.search(before))
+
+
+def asked_language(text: str) -> str | None:
+    """The language ``text`` (a request) asks replies in: the first it names that is not
+    denied ("Don't reply in German": none), capitalised; None for none."""
+    for pattern in (_IN_LANGUAGE, _LANGUAGE):
+        for m in pattern.finditer(text):
+            cut = max(text.rfind(p, 0, m.start()) for p in ".;:!?,") + 1  # its clause
+            if not denied(text[cut:], m.start() - cut):
+                return m.group().split()[-1].capitalize()
+    return None
 
 
 _LAPSE = re.compile(r"\b(?:forget(?:ting|s)?|forgot|fail(?:s|ing)?|miss(?:es|ing)?|"

@@ -28,9 +28,10 @@ the messages are returned unchanged.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Sequence
 from typing import Any
+
+from injection.prompting.intent import requests
 
 __all__ = ["DEFAULT_AFTER", "DEFAULT_ON", "RELEVANT_TOP", "REMINDER_TOKENS", "Reminder",
            "reminder_text", "standing", "turns_before", "with_reminders"]
@@ -48,15 +49,6 @@ RELEVANT_TOP = 2
 # ... and their first reminder comes after this many exchanges (None: DEFAULT_AFTER):
 # measured with 20 memories, a reminder of the relevant ones from the first turn on
 MANY_AFTER: int | None = 0
-# a memory that tells the assistant how to answer, whatever the question: it is always
-# relevant (an embedding finds no topic in "Reply in French." to match a question with)
-_STANDING = re.compile(
-    r"^\s*(?:please\s+)?(?:always|never|only|reply|respond|answer|write|speak|talk|use|"
-    r"keep|start|begin|end|finish|mention|address|call|do\s+not|don't|avoid|explain|give|"
-    r"format|translate|include|add|sign|be|make|tell|show|list|summari[sz]e|cite|spell|"
-    r"assume|treat|stick|limit|refer|put|stop|switch|ask|remind|greet|prefer)\b"
-    r"|\b(?:reply|replies|answer|answers|answered|respond|response|responses)\b",
-    re.IGNORECASE)
 PREFIX = "Remember: "  # of the system-message form
 ROLE: str | None = "user"  # "user" | "system" (None: "system" where the template renders it)
 
@@ -213,8 +205,10 @@ def turns_before(messages: Sequence[Message]) -> int:
 
 
 def standing(text: str) -> bool:
-    """Whether a memory is a standing instruction on how to answer (``_STANDING``)."""
-    return bool(_STANDING.search(text))
+    """Whether a memory is a standing instruction on how to answer: a request to the
+    assistant about its replies (``intent.py``), not a complaint, someone else's habit, a
+    past one, something hypothetical or a rule for some messages only."""
+    return bool(requests(text))
 
 
 def _counter(renderer: Any) -> Callable[[str], int] | None:

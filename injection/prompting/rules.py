@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 from injection.prompting import constraints as _c
-from injection.prompting.readers import language_of
+from injection.prompting.intent import requests
+from injection.prompting.readers import asked_language
 from injection.prompting.reminder import standing as _standing
 
 __all__ = ["NONE", "READER_VERSION", "MemoryRules", "TurnRules", "for_request", "from_json",
@@ -26,7 +27,7 @@ __all__ = ["NONE", "READER_VERSION", "MemoryRules", "TurnRules", "for_request", 
 
 # Bumped whenever the readers change what they read from a text: stored rules of an older
 # version are read again from their text.
-READER_VERSION = 1
+READER_VERSION = 2
 
 
 class MemoryRules(NamedTuple):
@@ -51,13 +52,14 @@ NONE = MemoryRules()
 
 
 def read(text: str) -> MemoryRules:
-    """The rules of a member's memory ``text`` (``NONE`` where it asks nothing)."""
-    text = text or ""
-    if not text.strip() or not _standing(text):
+    """The rules of a member's memory ``text``: read from its requests to the assistant
+    (``intent.py``) alone; ``NONE`` where it asks nothing."""
+    asking = requests(text)
+    if not asking:
         return NONE
-    found = _c.asked(text)
-    return MemoryRules(tuple(sorted(found)), True, language_of(text),
-                       not _c.kept(text, tuple(found)))
+    found = _c.asked(asking)
+    return MemoryRules(tuple(sorted(found)), True, asked_language(asking),
+                       not _c.kept(asking, tuple(found)))
 
 
 def read_instructions(text: str) -> MemoryRules:
@@ -68,7 +70,7 @@ def read_instructions(text: str) -> MemoryRules:
     if not parts:
         return NONE
     found, literals = _c.instructed(text)
-    language = next((lang for s in parts if (lang := language_of(s))), None)
+    language = next((lang for s in parts if (lang := asked_language(s))), None)
     return MemoryRules(tuple(sorted(found)), True, language,
                        not all(_c.kept(s, tuple(found)) for s in parts), tuple(literals))
 
@@ -104,7 +106,8 @@ def guided(rules: MemoryRules, found: tuple[str, ...] | list[str]) -> bool:
     names a language or asks for a constraint, not kept whole by ``found``."""
     if not rules.standing:
         return False
-    kept = not rules.unkept and bool(rules.constraints) and set(rules.constraints) <= set(found)
+    kept = (rules.language is None and not rules.unkept and bool(rules.constraints)
+            and set(rules.constraints) <= set(found))  # a language: never the decoder's
     return not kept and (rules.language is not None or bool(_c.consistent(
         set(rules.constraints))))
 

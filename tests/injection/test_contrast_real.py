@@ -26,7 +26,7 @@ CASES = [("I am vegetarian and I do not like spicy food.", "Suggest a dinner rec
          ("My cat is called Whiskers.", "What is my cat's name?"),
          ("I like short answers.", "What should I cook tonight?")]
 # guided by default: a standing instruction naming a language; "I like short answers." is a
-# standing instruction too, of no kind guidance was measured to pay for (``contrast._measured``)
+# standing instruction too, of no kind guidance was measured to pay for (``rules.guided``)
 GUIDED = {"Always answer in French."}
 # reply tokens checked against the step-by-step references (a full forward per token): past
 # the guide's LEAN_AFTER steps and the lean's PROBE_STEPS, well inside a reply

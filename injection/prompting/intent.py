@@ -1,0 +1,115 @@
+"""Whether a memory asks the assistant something about its replies (issue 57).
+
+Members write about answer styles, words and languages without asking for them: a complaint
+("answers in capitals feel like shouting"), someone else's habit ("my sister types in
+lowercase"), a past job's format, something imagined, a rule for some messages only ("if I
+ask about football, ..."). Only a request addressed to the assistant about its replies is a
+standing instruction (``reminder.standing``) and may become a rule (``rules.py``).
+
+A sentence is a request when it is not conditional (``CONDITION``: a topic, a weekday, a
+message's language; conditions are not honoured, so such a memory gets no rule at all), not
+about the past (``PAST``) and not hypothetical (``HYPOTHETICAL``), and either
+
+* one of its clauses is an imperative ("reply in lowercase", "so leave them out of your
+  answers", "never use commas": ``_IMPERATIVE``), or
+* it asks in another form ("I'd like your answers in French", "your replies must ...",
+  "every answer in German, thanks", "could you ...": ``_ASKS``), and is neither a complaint
+  (``_COMPLAINT``) nor about someone else (it opens with "my sister ...").
+
+``requests(text)`` is the text's request sentences ('' where none); readers read rules from
+them alone.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = ["CONDITION", "HYPOTHETICAL", "PAST", "is_request", "requests"]
+
+_REPLY = r"(?:answers?|repl(?:y|ies)|responses?)"
+_DAYS = (r"(?:mon|tues|wednes|thurs|fri|satur|sun|week)days?|weekends?|holidays?|"
+         r"(?:my\s+)?birthdays?|rainy\s+days?|(?:\w+\s+)?(?:mornings?|evenings?|nights?)")
+CONDITION = re.compile(
+    r"(?<!even )\b(?:if|unless|in\s+case|as\s+long\s+as)\b(?!\s+(?:you\s+can|possible|needed|"
+    r"necessary|you\s+(?:reply|answer|respond|write)))"
+    r"|(?<!even )\b(?:when|whenever|every\s+time|each\s+time|any\s+time|once)\s+(?:I|I'm|my|the|"
+    r"it|it's|we|someone|there|a|an)\b"
+    r"|\b(?:on|at|during)\s+(?:the\s+)?(?:" + _DAYS + r")\b|\bduring\s+\w+"
+    r"|\bin\s+the\s+(?:mornings?|evenings?|afternoons?)\b|\bat\s+night\b"
+    r"|\bfor\s+(?:\w+\s+){0,2}?(?:questions?|topics?|requests?)\s+(?:about|on)\b"
+    r"|\b(?:sometimes|occasionally|now\s+and\s+then|from\s+time\s+to\s+time|at\s+times|"
+    r"once\s+in\s+a\s+while|every\s+so\s+often)\b", re.I)
+PAST = re.compile(
+    r"\bused\s+to\b|\b(?:years?|months?|weeks?)\s+(?:ago|back)\b|\bback\s+(?:then|in\s+(?:the|my|\d{4}|school|college)|when)\b"
+    r"|\bwhen\s+I\s+was\b|\b(?:at|in)\s+my\s+(?:old|last|previous|former|first)\b"
+    r"|\b(?:former|previous)\s+\w+|\b(?:previously|formerly)\b|\bas\s+an?\s+(?:teenager|kid|child|intern|student)\b"
+    r"|\bbefore\s+I\s+(?:retired|left|moved|quit)\b|\blast\s+(?:year|month|week|summer)\b"
+    r"|\bin\s+my\s+(?:twenties|thirties|forties|teens|youth|childhood)\b|\bfor\s+a\s+while\b"
+    r"|(?<!as )\b(?:I|we)\s+(?:\w+ly\s+)?(?:wrote|answered|signed|spoke|replied|kept|typed|stopped|"
+    r"had\s+to|spent|closed|added|avoided|made|said|was|were|did|started|ended|responded|"
+    r"began)\b", re.I)
+HYPOTHETICAL = re.compile(
+    r"\b(?:imagine|suppose|supposing|picture|pretend|hypothetically|daydream\w*|wonder(?:s|ed|ing)?|"
+    r"someday|one\s+day|what\s+if|curious|dared?|fictional)\b"
+    r"|\b(?:would|might|could)\s+(?:be|happen|look|seem|read|sound|learn|try)\b"
+    r"|\bthought\s+about\b|\bin\s+(?:a|an|my|the|our|his|her)\s+(?:\w+\s+)?(?:story|novel|"
+    r"game|play|dream|screenplay|comic|cartoon|book|fiction|role-?play\w*)\b", re.I)
+_LEAD = (r"(?:(?:please|kindly|always|also|just|only|and|so|then|simply|now|from\s+now\s+on|"
+         r"going\s+forward|in\s+future|from\s+today|at\s+all\s+times|every\s+time|"
+         r"for\s+(?:every|each|all)\s+(?:\w+\s+)?" + _REPLY + r"|(?:when|whenever)\s+(?:you\s+)?"
+         r"(?:reply|answer|respond|write|talk)\w*(?:\s+(?:to\s+)?me)?|whatever\s+I\s+\w+|"
+         r"no\s+matter\s+what(?:\s+I\s+\w+)?)[\s,]+)*")
+_VERBS = (r"(?:reply|respond|answer|write|speak|talk|use|keep|start|begin|open|end|finish|close|"
+          r"conclude|sign|mention|address|call|explain|give|format|translate|include|add|put|"
+          r"limit|cap|make|tell|show|list|summari[sz]e|cite|spell|stick|refer|stop|switch|greet|"
+          r"avoid|leave|wrap|enclose|surround|quote|repeat|restate|copy|echo|say|type|work|"
+          r"insert|highlight|emphasi[sz]e|mark|communicate|structure|title|pick|choose|be|"
+          r"capitali[sz]e|recommend|suggest|forget|prefer|"
+          r"(?:don'?t|do\s+not|never)(?=\s+(?:ever\s+)?" + "(?:reply|respond|answer|write|speak|talk|"
+          r"use|keep|start|begin|open|end|finish|close|conclude|sign|mention|address|call|"
+          r"explain|give|format|translate|include|add|put|limit|cap|make|tell|show|list|say|"
+          r"type|stop|switch|avoid|leave|wrap|enclose|quote|repeat|forget|be|ever|highlight|"
+          r"emphasi[sz]e|mark|go|exceed|shout|bother|add|sign)\b))\b")
+_IMPERATIVE = re.compile(r"^\s*" + _LEAD + _VERBS, re.I)
+# a reply's verb: an imperative of it after "so", "and", ... is the assistant's to do
+_WRITES = re.compile(r"\b(?:reply|respond|answer|write|speak|talk|type|say|address|greet|"
+                     r"sign|communicate)\b|\bme\b", re.I)
+_CLAUSE = re.compile(r"[,;:\u2013\u2014]\s*|\s+-\s+|\b(?:and|so|but|then)\s+", re.I)
+_ADDRESS = re.compile(r"\b(?:you|your|yours)\b|\b" + _REPLY + r"\b", re.I)
+_ASKS = re.compile(
+    r"\b(?:could|can|would|will)\s+you\b|\byou\s+(?:should|must|shall|need\s+to|have\s+to|"
+    r"are\s+to|ought\s+to|always|never|only)\b"
+    r"|\bI(?:'d|\s+would)?\s+(?:really\s+|much\s+)?(?:like|love|prefer|want|need|ask|expect|"
+    r"appreciate|rather)\b|\b(?:please|thanks|thank\s+you)\b|\bmake\s+sure\b"
+    r"|\b(?:every|each|all(?:\s+of)?|per|only|just|nothing\s+but)\b"
+    r"|\b(?:prefer|want|need|like)\s+(?:my|your|all|every|the)\s+(?:\w+\s+)?" + _REPLY + r"\b"
+    r"|\b" + _REPLY + r"\b(?:\s+\S+){0,6}?\s+(?:should|must|needs?|has\s+to|have\s+to|shall|"
+    r"may\s+only|are\s+to|ought\s+to)\b|\b(?:every\s+time|whenever|when)\s+you\s+"
+    r"(?:reply|answer|respond|write)", re.I)
+_COMPLAINT = re.compile(
+    r"\b(?:feels?|looks?|seems?|sounds?|annoy\w*|irritat\w*|bother\w*|bugs?|hate|dislike|"
+    r"detest|loathe|can'?t\s+(?:stand|bear)|cannot\s+(?:stand|bear)|headaches?|tiring|"
+    r"hard\s+(?:for\s+me\s+)?to|drives?\s+me|stress\w*|anxious|rude|lazy|sloppy|"
+    r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
+    r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*)\b", re.I)
+_SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
+_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+
+
+def is_request(sentence: str) -> bool:
+    """Whether ``sentence`` asks the assistant something about its replies (see module)."""
+    if CONDITION.search(sentence) or PAST.search(sentence) or HYPOTHETICAL.search(sentence):
+        return False
+    clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]
+    if clauses and _IMPERATIVE.match(clauses[0]):
+        return True
+    if any(_IMPERATIVE.match(c) for c in clauses[1:]) and (
+            _WRITES.search(sentence) or _ADDRESS.search(sentence)):
+        return True
+    return (bool(_ASKS.search(sentence)) and bool(_ADDRESS.search(sentence))
+            and not _COMPLAINT.search(sentence) and not _SOMEONE.match(sentence))
+
+
+def requests(text: str) -> str:
+    """The request sentences of ``text`` (see module), joined; '' where there are none."""
+    return " ".join(s for s in _SPLIT.split((text or "").strip()) if s and is_request(s))
