@@ -2,7 +2,8 @@
 
 The test writes a self-signed certificate (``openssl``) and an nginx config under a tmp
 dir and runs nginx in the foreground on free loopback ports: one ``server`` per upstream,
-TLS terminated there, ``X-Forwarded-Proto: https`` and the client's ``Host`` passed on,
+TLS terminated there, ``X-Forwarded-Proto: https`` and the client's ``Host`` passed on
+(or another, as a proxy that rewrites it),
 no buffering (streams pass through as they are written). nginx connects to the web from
 127.0.0.2, so the web's uvicorn (which trusts proxy headers from 127.0.0.1 only, as
 deployed) sees what it sees behind an ingress on another address: a plain-http request
@@ -31,7 +32,7 @@ SERVER = """
             proxy_pass http://127.0.0.1:{upstream};
             proxy_bind 127.0.0.2;
             proxy_http_version 1.1;
-            proxy_set_header Host $http_host;
+            proxy_set_header Host {host};
             proxy_set_header X-Forwarded-Proto $scheme;
             proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;
             proxy_buffering off;
@@ -76,12 +77,15 @@ class TlsProxy:
     """nginx terminating TLS on one free port per upstream port: ``url(upstream)``."""
 
     def __init__(self, directory: Path, upstreams: list[int],
-                 ports: dict[int, int] | None = None) -> None:
-        """``ports``: the listening port of an upstream chosen ahead (its public origin)."""
+                 ports: dict[int, int] | None = None,
+                 hosts: dict[int, str] | None = None) -> None:
+        """``ports``: the listening port of an upstream chosen ahead (its public origin);
+        ``hosts``: the Host an upstream is sent (default ``$http_host``, the client's)."""
         self.dir = directory
         self.cert = self_signed_cert(directory)
         self.ports = {up: (ports or {}).get(up) or free_port() for up in upstreams}
-        servers = "".join(SERVER.format(port=p, upstream=up, dir=directory)
+        servers = "".join(SERVER.format(port=p, upstream=up, dir=directory,
+                                        host=(hosts or {}).get(up, "$http_host"))
                           for up, p in self.ports.items())
         user = "user root root;\n" if os.geteuid() == 0 else ""  # tmp dirs are the test's
         (directory / "nginx.conf").write_text(CONFIG.format(user=user, dir=directory,
