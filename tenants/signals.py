@@ -3,6 +3,10 @@
 An edit of what a member's segment is rendered from also warms the member again in the
 background (``actions.warm_on_commit``, ``KV_WARM_ON_EDIT``).
 
+A save that changes nothing the member's segment is rendered from (the same text, enabled
+flag, pin and order: an alpha-only change, an admin form saved as it was) invalidates and
+warms nothing: the member's segment and lean would be computed again exactly as they are.
+
 Correctness never depends on these: the worker reads the preference fresh from Postgres
 and keys K/V by the SHA-256 of its text, so a changed text (even via ``QuerySet.update()``,
 which sends no signal) can never hit an old entry. Invalidation frees the memory and
@@ -12,16 +16,44 @@ removes deleted or superseded preference data from L2 and every worker's L1.
 from __future__ import annotations
 
 from django.contrib.auth.signals import user_logged_in, user_login_failed
-from django.db.models.signals import post_delete, post_save
+from django.db.models.signals import post_delete, post_init, post_save
 from django.dispatch import receiver
 
 from tenants import actions
 from tenants.models import Conversation, Member, Memory, Preference, Tenant
 
+# what a member's segment (and so their lean) is rendered from, per model
+_RENDERED = {Preference: ("text", "enabled"), Memory: ("text", "enabled", "pinned", "position")}
+_LOADED = "_kvi_rendered"  # the instance's rendered fields as loaded or last saved
+
+
+def _rendered(instance) -> tuple | None:
+    """The instance's rendered fields (None when one is deferred: never read from here)."""
+    values = instance.__dict__
+    names = _RENDERED[type(instance)]
+    return tuple(values[n] for n in names) if all(n in values for n in names) else None
+
+
+@receiver(post_init, sender=Preference, dispatch_uid="kvi-preference-loaded")
+@receiver(post_init, sender=Memory, dispatch_uid="kvi-memory-loaded")
+def _loaded(sender, instance, **kwargs) -> None:
+    instance.__dict__[_LOADED] = _rendered(instance) if instance.pk is not None else None
+
+
+def _unchanged(instance, kwargs) -> bool:
+    """A save of a loaded row whose rendered fields are as they were (kept as saved)."""
+    if "created" not in kwargs:  # a deletion
+        return False
+    before, now = instance.__dict__.get(_LOADED), _rendered(instance)
+    instance.__dict__[_LOADED] = now
+    return not kwargs["created"] and now is not None and before == now
+
 
 @receiver(post_save, sender=Preference, dispatch_uid="kvi-preference-saved")
 @receiver(post_delete, sender=Preference, dispatch_uid="kvi-preference-deleted")
 def _preference_changed(sender, instance: Preference, **kwargs) -> None:
+    if _unchanged(instance, kwargs):
+        return
     row = actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
     actions.warm_on_commit(instance.member_id, row)  # what is left is cached again
 
@@ -30,6 +62,8 @@ def _preference_changed(sender, instance: Preference, **kwargs) -> None:
 @receiver(post_delete, sender=Memory, dispatch_uid="kvi-memory-deleted")
 def _memory_changed(sender, instance: Memory, **kwargs) -> None:
     # the member's segment is rendered from their memories (issue 22)
+    if _unchanged(instance, kwargs):
+        return
     row = actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
     actions.warm_on_commit(instance.member_id, row)
 
