@@ -6,6 +6,8 @@ where stale, ``NONE`` where switched off)."""
 
 from __future__ import annotations
 
+import uuid
+
 import pytest
 
 from gpu_worker.serving.chat_service import build_request, instruction_rules, load_memories
@@ -13,6 +15,7 @@ from injection.prompting import rules as reader
 from tenants import actions
 from tenants.errors import Forbidden, InvalidInput, NotFound
 from tenants.models import AuditEvent, AuditLog, KVInvalidation, Memory, Preference, Tenant
+from tests.tenants.test_warm_on_edit import drop, sent
 
 pytestmark = pytest.mark.django_db
 
@@ -133,3 +136,27 @@ def test_instruction_rules_are_read_when_saved_and_switchable():
     assert instruction_rules(tenant) == reader.NONE
     assert AuditLog.objects.filter(event_type=AuditEvent.TENANT_CHANGED,
                                    data__new={"instruction_rules_enabled": False}).exists()
+
+
+@pytest.fixture
+def warm_queue(settings):
+    """A warm queue of this test's own (as ``test_warm_on_edit``'s): no worker reads it."""
+    name = f"kvi-test-warm-{uuid.uuid4().hex[:8]}"
+    settings.KV_WARM_ON_EDIT, settings.KV_WARM_QUEUE = True, name
+    yield name
+    drop(name)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_switching_rules_on_warms_the_member_and_off_does_not(warm_queue):
+    """Back on, a memory asking for guidance needs the member's lean: a worker measures it
+    ahead (the warm after an edit); off, nothing is to be computed, nothing is sent."""
+    alice = actions.do_add_member(actions.do_create_tenant("acme"), "alice",
+                                  preference="Reply in French.")
+    first = actions.member_memories(alice).get()
+    drop(warm_queue)
+    actions.do_set_memory_rules_enabled(alice, first.pk, False)
+    assert sent(warm_queue) == []
+    actions.do_set_memory_rules_enabled(alice, first.pk, True)
+    (msg,) = sent(warm_queue)
+    assert msg["args"] == [alice.pk] and msg["kwargs"] == {"background": True}
