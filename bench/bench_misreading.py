@@ -17,7 +17,8 @@ Reported per kind and split with a Wilson 95 % interval, and the positive contro
 same surface forms asked as requests): how many keep the rule they ask for. No model is
 loaded: the reading is what decides a rule.
 
-Run: ``.venv/bin/python bench/bench_misreading.py [--split tuning] [--show tuning|validation]``
+Run: ``.venv/bin/python bench/bench_misreading.py [--split tuning] [--show tuning|validation]
+[--write-docs]``
 (``--show`` lists the memories read as rules; look at validation once, after tuning).
 """
 
@@ -25,13 +26,16 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
+from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+from mdsection import table, write_section  # noqa: E402
 from misreading_cases import KINDS, cases, controls  # noqa: E402
-from quality_stats import share  # noqa: E402
+from quality_stats import share, wilson  # noqa: E402
 
 from injection.prompting import rules  # noqa: E402
 
@@ -85,12 +89,49 @@ def report(show: str | None, splits: tuple[str, ...]) -> list[str]:
     return lines
 
 
+def read_cost(repeats: int = 20) -> float:
+    """Microseconds ``rules.read`` takes per memory (what a memory's save pays once)."""
+    texts = [c.memory for c in cases()] + [c.memory for c, _ in controls()]
+    start = time.perf_counter()
+    for _ in range(repeats):
+        for t in texts:
+            rules.read(t)
+    return 1e6 * (time.perf_counter() - start) / (repeats * len(texts))
+
+
+def section() -> str:
+    """docs/BENCHMARKS.md's section: rules per kind and split, the controls kept."""
+    rows = []
+    for split in ("tuning", "validation"):
+        mine = cases(split)
+        got = {k: [reading(c.memory)["rule"] for c in mine if c.kind == k] for k in KINDS}
+        every = [r for k in KINDS for r in got[k]]
+        lo, hi = wilson(sum(every), len(every))
+        ctl = [kept(c.memory, want) for c, want in controls(split)]
+        rows.append([split, *(f"{sum(got[k])}/{len(got[k])}" for k in KINDS),
+                     f"**{sum(every)}/{len(every)}** [{100 * lo:.1f}-{100 * hi:.1f} %]",
+                     f"{sum(ctl)}/{len(ctl)}"])
+    return "\n".join([
+        "## Misreading: memories that are not instructions, read as rules (issue 57)",
+        f"`.venv/bin/python bench/bench_misreading.py --write-docs`, {date.today()}, readers "
+        f"`READER_VERSION` {rules.READER_VERSION}; no model: the memories of "
+        "bench/misreading_cases.py that become a rule on the defaults (a decoding constraint, or "
+        "guidance toward them) as a member's only memory; controls: standing instructions of the "
+        f"same forms that keep the rule they ask. Reading costs {read_cost():.0f} µs a memory, "
+        "once, when it is saved.", "",
+        table(["split", *KINDS, "all (Wilson 95 %)", "controls kept"], rows)])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", choices=("tuning", "validation"),
                     help="only this split (default: both)")
     ap.add_argument("--show", choices=("tuning", "validation"))
+    ap.add_argument("--write-docs", action="store_true",
+                    help="rewrite docs/BENCHMARKS.md's misreading section")
     args = ap.parse_args()
+    if args.write_docs:
+        write_section("misreading", section())
     print(f"readers: READER_VERSION {rules.READER_VERSION}")
     splits = (args.split,) if args.split else ("tuning", "validation")
     print("\n".join(report(args.show, splits)))

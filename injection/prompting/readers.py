@@ -8,7 +8,7 @@ import re
 
 __all__ = ["NEG", "QUOTED", "asked_language", "bullet_count", "capped", "choice", "denied",
            "forbids", "highlight_count",
-           "keywords", "language_of", "names_language", "negated", "placeholder_count",
+           "keywords", "names_language", "negated", "placeholder_count",
            "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
@@ -194,13 +194,6 @@ def names_language(text: str) -> bool:
     Portuguese"; lower-case after "in": "reply in german"), where a standing instruction
     asks for replies in it."""
     return _LANGUAGE.search(text) is not None or _IN_LANGUAGE.search(text) is not None
-
-
-def language_of(text: str) -> str | None:
-    """The language ``text`` names ("French"; ``names_language``), capitalised; None for
-    none."""
-    m = _LANGUAGE.search(text) or _IN_LANGUAGE.search(text)
-    return None if m is None else m.group(m.lastindex or 0).split()[-1].capitalize()
 
 
 _COUNT = r"(\d+|" + "|".join(_NUMBERS) + r"|a\s+single|single)"
