@@ -47,6 +47,7 @@ def read_secrets(debug: bool, var_dir: Path) -> tuple[str, str]:
 
 
 def settings(var_dir: Path) -> dict[str, Any]:
+    """The Django settings this module owns (settings.py applies them to its globals)."""
     # on: a request the proxy marks "X-Forwarded-Proto: https" is secure. The proxy must set
     # that header itself on every request (never pass a client's through).
     behind_tls_proxy = env_bool("DJANGO_SECURE_PROXY_SSL_HEADER", False)
