@@ -71,7 +71,7 @@ class MemoryPatchSerializer(MemoryWriteSerializer):
 
 
 class RulesSerializer(serializers.Serializer):
-    """The rules read from a text (``tenants.rules.shown``)."""
+    """The rules read from a text, and whether they are applied."""
 
     constraints = serializers.ListField(
         child=serializers.CharField(), help_text="Decoding constraints, e.g. `lowercase`, "
