@@ -209,7 +209,9 @@ class PreferenceTextField(StrictCharField):
         return "" if data == "" else super().run_validation(data)
 
 
-class PreferenceWriteSerializer(serializers.Serializer):
+class PreferenceWriteSerializer(StrictSerializer):
+    """PUT/PATCH /api/preference: unknown fields are refused (a 400 naming them)."""
+
     text = PreferenceTextField( trim_whitespace=False,
                            max_length=PREFERENCE_MAX_CHARS, pattern=NO_NUL,
                            pattern_message="Text cannot contain NUL characters.")
@@ -246,7 +248,9 @@ class InstructionsSerializer(serializers.Serializer):
     version = serializers.IntegerField(source="instructions_version")
 
 
-class InstructionsWriteSerializer(serializers.Serializer):
+class InstructionsWriteSerializer(StrictSerializer):
+    """PUT /api/tenant/instructions: unknown fields are refused (a 400 naming them)."""
+
     instructions = StrictCharField(allow_blank=True, trim_whitespace=False,
                                    max_length=INSTRUCTIONS_MAX_CHARS, pattern=NO_NUL)
     expected_version = StrictIntegerField(

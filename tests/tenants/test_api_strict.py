@@ -170,3 +170,26 @@ def test_schema_declares_every_status(schema):
     assert responses(schema, "/api/me", "get") == {"200"} | common
     assert responses(schema, "/api/tenant/instructions", "get") == {"200"} | common
     assert responses(schema, "/api/tenant/instructions", "put") == {"200", "409"} | common | body
+
+
+@pytest.mark.parametrize("method, url, key, body", [
+    ("put", "/api/preference", "user_key", {"text": "tea", "colour": "red"}),
+    ("patch", "/api/preference", "user_key", {"alpah": 0.5}),
+    ("put", "/api/tenant/instructions", "admin_key", {"instructions": "Be brief.", "versoin": 1}),
+])
+def test_unknown_fields_are_400_on_preference_and_instructions(acme, method, url, key, body):
+    """A typo is never silently dropped: 400 naming the field, and nothing stored."""
+    from tenants.models import Tenant
+
+    audits, pref = AuditLog.objects.count(), Preference.objects.get(member=acme.user)
+    instructions = Tenant.objects.get(slug="acme").instructions
+    response = send(token_client(getattr(acme, key)), method, url, body)
+    assert response.status_code == 400, response.content
+    err = error(response)
+    assert err["code"] == "invalid_input"
+    unknown = set(body) - {"text", "alpha", "instructions"}
+    assert set(err["fields"]) == unknown
+    after = Preference.objects.get(member=acme.user)
+    assert (after.version, after.text) == (pref.version, pref.text)
+    assert Tenant.objects.get(slug="acme").instructions == instructions
+    assert AuditLog.objects.count() == audits
