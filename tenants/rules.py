@@ -19,8 +19,8 @@ from typing import Any
 
 from injection.prompting import rules as reader
 
-__all__ = ["applied", "current", "fields", "instruction_fields", "memory_shown", "shown",
-           "store"]
+__all__ = ["applied", "current", "fields", "instruction_fields", "memory_shown", "read_stale",
+           "shown", "store"]
 
 
 def fields(text: str) -> dict[str, Any]:
@@ -78,3 +78,19 @@ def store(member: Any) -> int:
     stale = mine.exclude(rules_version=reader.READER_VERSION, rules__isnull=False)
     return sum(mine.filter(pk=pk, text=text).update(**fields(text))
                for pk, text in stale.values_list("pk", "text"))
+
+
+def read_stale() -> tuple[int, int]:
+    """Read again every memory's and tenant's rules not stored by this reader (after an
+    upgrade that changed ``READER_VERSION``, or texts the database emptied); how many
+    ``(memories, tenants)``. Plain updates: nothing cached depends on the rules."""
+    from tenants.models import Memory, Tenant
+
+    stale = Memory.objects.exclude(rules_version=reader.READER_VERSION, rules__isnull=False)
+    memories = sum(Memory.objects.filter(pk=pk, text=text).update(**fields(text))
+                   for pk, text in stale.values_list("pk", "text").iterator())
+    stale_t = Tenant.objects.exclude(instruction_rules_version=reader.READER_VERSION,
+                                     instruction_rules__isnull=False)
+    tenants = sum(Tenant.objects.filter(pk=pk, instructions=text).update(
+        **instruction_fields(text)) for pk, text in stale_t.values_list("pk", "instructions"))
+    return memories, tenants

@@ -160,3 +160,20 @@ def test_switching_rules_on_warms_the_member_and_off_does_not(warm_queue):
     actions.do_set_memory_rules_enabled(alice, first.pk, True)
     (msg,) = sent(warm_queue)
     assert msg["args"] == [alice.pk] and msg["kwargs"] == {"background": True}
+
+
+def test_read_rules_reads_what_an_older_reader_stored(alice):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    first = actions.member_memories(alice).get()
+    Memory.objects.filter(pk=first.pk).update(rules={"constraints": ["uppercase"]},
+                                              rules_version=reader.READER_VERSION - 1)
+    Tenant.objects.filter(pk=alice.tenant_id).update(instruction_rules_version=0)
+    out = StringIO()
+    call_command("read_rules", stdout=out)
+    assert "1 memories, 1 tenants" in out.getvalue()
+    assert stored(first.pk)[:2] == (reader.to_json(reader.read(LOWER)), reader.READER_VERSION)
+    call_command("read_rules", stdout=out)
+    assert "0 memories, 0 tenants" in out.getvalue()
