@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from gpu_worker.client.dispatch import wait_chat
 from tests.e2e.conftest import member_with_preference, only_these_consume, send_chat, worker_stats
 from tests.workers import wait_for
 
@@ -44,7 +45,7 @@ def test_concurrent_chats_share_batches_and_each_reply_is_the_one_alone(batching
     members = [member_with_preference(f"batch-t{i % 2}", f"b{i}", p) for i, p in enumerate(prefs)]
     with only_these_consume([batching_worker]):
         sent = [send_chat(m, "What should I cook?", max_new_tokens=TOKENS) for m in members]
-        replies = [s.result.get(timeout=120) for s in sent]
+        replies = [wait_chat(s, 120) for s in sent]  # the result is sealed
         stats = worker_stats(batching_worker.hostname)["stats"]["batch"]
         assert stats["max_batch"] == 4 and stats["peak_batch"] >= 2
         assert stats["batched_steps"] > 0
@@ -56,12 +57,12 @@ def test_concurrent_chats_share_batches_and_each_reply_is_the_one_alone(batching
         # K/V on the same worker
         conv = replies[0]["conversation"]
         nxt = send_chat(members[0], "And for dessert?", max_new_tokens=8, conversation=conv)
-        second = nxt.result.get(timeout=120)
+        second = wait_chat(nxt, 120)
         assert nxt.route.reason == "affinity"
         assert second["cache"]["tier"] == "l1" and second["cache"]["history_messages"] == 2
         assert second["cache"]["cached_tokens"] == second["cache"]["kv_tokens"] > 0
-        third = send_chat(members[0], "And a drink?", max_new_tokens=8,
-                          conversation=conv).result.get(timeout=120)
+        third = wait_chat(send_chat(members[0], "And a drink?", max_new_tokens=8,
+                                    conversation=conv), 120)
         assert third["cache"]["reused_tokens"] > second["cache"]["reused_tokens"]
         assert third["cache"]["reused_tokens"] > replies[0]["cache"]["kv_tokens"]
         assert third["usage"]["cached_tokens"] == (third["cache"]["kv_tokens"]

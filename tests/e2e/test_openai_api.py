@@ -9,6 +9,7 @@ import urllib.request
 import openai
 import pytest
 
+from gpu_worker.client.dispatch import wait_chat
 from tenants.models import AuditEvent, AuditLog, Conversation
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
@@ -169,7 +170,7 @@ def test_overload_is_refused_before_anything_is_claimed(client, gpu_worker, memb
         assert err.value.type == "service_unavailable_error"
         assert err.value.response.headers["Retry-After"] == "2"
         assert ChatExchange.objects.count() == claims  # nothing claimed for the refusal
-    assert waiting.result.get(timeout=120)["reply"] is not None  # the queued one is served
+    assert wait_chat(waiting, 120)["reply"] is not None  # the queued one is served
 
 
 def test_streaming_under_wsgi_falls_back_to_django_streaming(client, gpu_worker):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_worker.channels import kvstore
+from gpu_worker.client.dispatch import wait_chat
 from gpu_worker.routing import registry
 from gpu_worker.tasks import warm_member
 from tests.e2e.conftest import (
@@ -42,7 +43,7 @@ def test_second_request_goes_to_the_worker_holding_the_members_kv(pair):
         sent = send_chat(m, "And tomorrow?")
         assert sent.route.reason == "affinity"
         assert sent.route.queue == registry.worker_queue(first[m.pk]["worker"])
-        second = sent.result.get(timeout=120)
+        second = wait_chat(sent, 120)  # the result is sealed
         assert second["worker"] == first[m.pk]["worker"]
         assert second["cache"]["tier"] == "l1"
         assert second["cache"]["content_hash"] == first[m.pk]["cache"]["content_hash"]
@@ -64,10 +65,10 @@ def test_busy_affine_worker_is_bypassed_and_the_other_serves_from_l2(pair, setti
                                                       blocker.result.id), 60, "blocker running")
     sent = send_chat(member)
     assert sent.route.reason == "busy"
-    reply = sent.result.get(timeout=120)
+    reply = wait_chat(sent, 120)
     assert reply["worker"] == other.hostname
     assert reply["cache"]["tier"] == "l2"  # written by the busy worker when it warmed
-    blocker.result.get(timeout=120)
+    wait_chat(blocker, 120)
 
 
 def test_affinity_to_a_dead_worker_falls_back_to_the_shared_queue(pair):
@@ -75,7 +76,7 @@ def test_affinity_to_a_dead_worker_falls_back_to_the_shared_queue(pair):
     registry.record_affinity(member.pk, "ghost@nowhere")
     sent = send_chat(member)
     assert sent.route == (registry.SHARED_QUEUE, "worker_gone", "ghost@nowhere")
-    assert sent.result.get(timeout=120)["worker"] in {w.hostname for w in pair}
+    assert wait_chat(sent, 120)["worker"] in {w.hostname for w in pair}
 
 
 def test_invalidation_reaches_the_l1_of_both_workers(pair):
