@@ -8,7 +8,8 @@ trigger empties them whenever the text changes by any other path (the preference
 ``QuerySet.update()``), so stored rules are the text's whenever ``rules_version`` is the
 current ``READER_VERSION``. Where they are used (the worker's request, the API, the admin)
 ``current`` takes them as stored, or reads the text again when they are missing or were
-read by an older reader (the row is left as it is: the next save stores them).
+read by an older reader (the row is left as it is: the next save, or ``manage.py read_rules``,
+stores them).
 ``applied`` is what the engine gets: ``NONE`` where the member or the admin switched the
 memory's rules off (``rules_enabled``; the memory itself stays in replies).
 """
