@@ -107,7 +107,7 @@ def warms(port: int) -> dict[str, int]:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as resp:
         text = resp.read().decode()
     out = {}
-    for outcome in ("asked", "ran", "deferred"):
+    for outcome in ("asked", "ran", "held"):
         m = re.search(r'^kvi_warms_total\{outcome="' + outcome + r'"\} ([0-9.e+]+)$', text, re.M)
         out[outcome] = int(float(m.group(1))) if m else 0
     return out
@@ -161,7 +161,7 @@ def bulk(base: str, members: list, keys: list[str], on: bool, tag: str, port: in
     drained = drain() + time.monotonic() - t0
     after = warms(port)
     return {"ttft": [c["ttft"] for c in chats], "drained": drained,
-            **{k: after[k] - before[k] for k in ("ran", "deferred")}}
+            **{k: after[k] - before[k] for k in ("ran", "held")}}
 
 
 def main() -> None:
@@ -198,7 +198,7 @@ def main() -> None:
         before = warms(port)
         after = next_chat(base, members, args.think, args.rounds)
         ran = warms(port)
-        after["warms"] = {k: ran[k] - before[k] for k in ("ran", "deferred")}
+        after["warms"] = {k: ran[k] - before[k] for k in ("ran", "held")}
         drain()
         bulks = {on: bulk(base, bulked, live, on, f"-{on}", port) for on in (False, True)}
     finally:
@@ -219,19 +219,19 @@ def report(after: dict, bulks: dict, args, seconds: float) -> None:
                    "on (ms)", "on / off", "guide tokens in that chat, off / on"], rows)
     b_rows = [[("on" if on else "off"), f"{med(b['ttft']) * 1000:.0f}",
                f"{max(b['ttft']) * 1000:.0f}", f"{b['drained']:.0f}",
-               f"{b['ran']} / {b['deferred']}"]
+               f"{b['ran']} / {b['held']}"]
               for on, b in bulks.items()]
     second = table([f"warm on edit, {args.bulk} members edited at once", "8 live chats' first "
                     "token, median (ms)", "slowest (ms)", "until the backlog drained (s)",
-                    "warms run / times put back (busy)"], b_rows)
+                    "warms run / held (until the worker was idle)"], b_rows)
     ratio = med(bulks[True]["ttft"]) / med(bulks[False]["ttft"])
     body = "\n".join([
         f"`.venv/bin/python bench/bench_warm_on_edit.py --members {args.members} --rounds "
         f"{args.rounds} --think {args.think:g} --bulk {args.bulk}` — {machine()}; one `celery "
         "worker --pool threads`, the web under uvicorn, platform defaults, SmolLM2, greedy, "
         f"64 tokens, streamed `/v1`; {seconds:.0f} s.", "", first, "", second, "",
-        f"- the edits of the first table: {after['warms']['ran']} warms ran, put back "
-        f"{after['warms']['deferred']} times (the worker busy).",
+        f"- the edits of the first table: {after['warms']['ran']} warms ran of "
+        f"{after['warms']['held']} held (until the worker was idle).",
         f"- the live chats beside a bulk edit's warms: first token **{ratio:.2f}x** the same "
         "chats beside the same edit without warms (medians)."])
     print(body)

@@ -8,19 +8,19 @@ and fail as poison after ``WORKER_MAX_DELIVERIES`` deliveries (gpu_worker.servin
 from __future__ import annotations
 
 import logging
-import random
-import threading
 import time
 from typing import Any
 
 import redis
 from celery import shared_task
 from django.conf import settings
+from django.db import close_old_connections
 
 from gpu_worker.ops import metrics
 from gpu_worker.ops.taskauth import SignedTask
 from gpu_worker.routing import registry
 from gpu_worker.serving import chat_service, handlers, host, playground
+from gpu_worker.serving.idlewarms import Held, IdleWarms
 from gpu_worker.serving.runtime import serving, worker_id
 from tenants import sealing
 from tenants.actions import claim_is_live
@@ -91,42 +91,49 @@ def chat(
     return sealing.seal(sealing.CHAT_RESULT, request_id, {**result, "worker": worker})
 
 
-# A warm queued after an edit (``background``) runs one at a time per process, and only when
-# the batch engine has nothing else to do; otherwise it is put back for a few seconds
-# (``retry``, held by the worker, not in the queue) until it finds the worker idle or its
-# message expires (``KV_WARM_EXPIRES``: the member's next chat computes what it would have).
-# Measured: the 200 warms of a bulk edit run as they came took the chats beside them from
-# 0.18 s to 7.2 s to the first token (docs/BENCHMARKS.md, warm on edit).
-_BACKGROUND = threading.Lock()
-BACKGROUND_RETRY_S = (5.0, 15.0)  # the wait before a busy worker's warm looks again
+# A warm queued after an edit (``background``) is held in this process and runs one at a
+# time, only once the batch engine has had nothing else to do for ``BACKGROUND_QUIET_S``
+# (``serving.idlewarms``: one held a member, at most ``BACKGROUND_MAX_HELD``, dropped after
+# ``KV_WARM_EXPIRES``; lost on a restart: the member's next chat computes what it would
+# have). Measured: the 200 warms of a bulk edit run as they came took the chats beside them
+# from 0.18 s to 7.2 s to the first token (docs/BENCHMARKS.md, warm on edit).
 BACKGROUND_QUIET_S = 0.5  # how long the engine must stay idle before a warm starts
+BACKGROUND_MAX_HELD = 4096  # members whose warm a process holds at most
 
 
-@shared_task(name="gpu_worker.tasks.warm_member", max_retries=None, **GPU_TASK)
+@shared_task(name="gpu_worker.tasks.warm_member", **GPU_TASK)
 def warm_member(self, member_id: int, after_outbox: int | None = None,
                 background: bool = False) -> dict[str, Any]:
     """Make sure the member's enabled preference K/V is cached (L1 here, and L2).
     ``after_outbox``: the invalidation of the edit that queued it (``KV_WARM_ON_EDIT``),
     applied here first if its broadcast has not arrived yet, so it cannot evict the warm.
-    ``background``: deferred (``celery.exceptions.Retry``) unless this process is idle."""
-    if background and not _BACKGROUND.acquire(blocking=False):
-        _defer(self, member_id)
-    try:
-        if background and not _idle():
-            _defer(self, member_id)
-        with serving(self):
-            host.sync_key_generation()
-            member = chat_service.load_member(member_id)
-            if after_outbox is not None:
-                handlers.apply_outbox(int(after_outbox), str(member.tenant_id), str(member.pk))
-            tier = _warm(member)
-    finally:
-        if background:
-            _BACKGROUND.release()
+    ``background``: acknowledged at once and held until this process is idle."""
     worker = worker_id(self)
+    if background:
+        IDLE_WARMS.add(member_id, after_outbox, worker)
+        log.info("background warm of member %s held until the worker is idle", member_id)
+        return {"member": member_id, "tier": "held", "worker": worker}
+    with serving(self):
+        host.sync_key_generation()
+        member = chat_service.load_member(member_id)
+        if after_outbox is not None:
+            handlers.apply_outbox(int(after_outbox), str(member.tenant_id), str(member.pk))
+        tier = _warm(member)
     _remember(member_id, worker, tier)
-    metrics.BACKGROUND_WARMS.labels("ran" if background else "asked").inc()
+    metrics.BACKGROUND_WARMS.labels("asked").inc()
     return {"member": member_id, "tenant": member.tenant_id, "tier": tier, "worker": worker}
+
+
+def _run_held(held: Held) -> None:
+    """A held background warm, on the idle-warms thread (its own database connection)."""
+    host.sync_key_generation()
+    member = chat_service.load_member(held.member_id)
+    if held.after_outbox is not None:
+        handlers.apply_outbox(int(held.after_outbox), str(member.tenant_id), str(member.pk))
+    tier = _warm(member)
+    _remember(held.member_id, held.worker, tier)
+    metrics.BACKGROUND_WARMS.labels("ran").inc()
+    log.info("background warm of member %s ran (%s)", held.member_id, tier)
 
 
 def _idle() -> bool:
@@ -142,11 +149,10 @@ def _idle() -> bool:
     return ex.idle()
 
 
-def _defer(task, member_id: int) -> None:
-    """Put a background warm back for a few seconds (before ``serving``: no delivery counted)."""
-    metrics.BACKGROUND_WARMS.labels("deferred").inc()
-    log.info("background warm of member %s deferred: the worker is busy", member_id)
-    raise task.retry(countdown=random.uniform(*BACKGROUND_RETRY_S))
+IDLE_WARMS = IdleWarms(_run_held, _idle, max_members=BACKGROUND_MAX_HELD,
+                       quiet_s=BACKGROUND_QUIET_S, expires_s=settings.KV_WARM_EXPIRES,
+                       count=lambda outcome: metrics.BACKGROUND_WARMS.labels(outcome).inc(),
+                       tidy=close_old_connections)
 
 
 def _warm(member) -> str:

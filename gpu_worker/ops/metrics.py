@@ -37,8 +37,8 @@ STREAMS = Counter("kvi_chat_streams", "Streamed chats relayed by the web, by out
 CHAT_CANCELLED = Counter("kvi_chat_cancelled", "Generations stopped because the client left "
                          "or the web stopped waiting")
 TASKS = Counter("kvi_worker_tasks", "GPU tasks run, by task and outcome", ["task", "outcome"])
-BACKGROUND_WARMS = Counter("kvi_warms", "warm_member tasks: asked (an admin's), ran or deferred "
-                           "(queued after an edit: run only on an idle worker)", ["outcome"])
+BACKGROUND_WARMS = Counter("kvi_warms", "warm_member tasks: asked (an admin's); queued after an "
+                           "edit: held, merged, ran, dropped, expired or failed", ["outcome"])
 TASKS_REFUSED = Counter("kvi_worker_task_messages_refused",
                         "Task messages refused unrun: missing or bad signature", ["task"])
 TASK_SECONDS = Histogram("kvi_worker_task_seconds", "GPU task run time", ["task"],
