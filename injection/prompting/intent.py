@@ -64,7 +64,7 @@ _VERBS = (r"(?:reply|respond|answer|write|speak|talk|use|keep|start|begin|open|e
           r"limit|cap|make|tell|show|list|summari[sz]e|cite|spell|stick|refer|stop|switch|greet|"
           r"avoid|leave|wrap|enclose|surround|quote|repeat|restate|copy|echo|say|type|work|"
           r"insert|highlight|emphasi[sz]e|mark|communicate|structure|title|pick|choose|be|"
-          r"capitali[sz]e|recommend|suggest|forget|prefer|"
+          r"capitali[sz]e|recommend|suggest|forget|prefer|skip|omit|drop|spare|"
           r"(?:don'?t|do\s+not|never)(?=\s+(?:ever\s+)?" + "(?:reply|respond|answer|write|speak|talk|"
           r"use|keep|start|begin|open|end|finish|close|conclude|sign|mention|address|call|"
           r"explain|give|format|translate|include|add|put|limit|cap|make|tell|show|list|say|"
@@ -72,8 +72,9 @@ _VERBS = (r"(?:reply|respond|answer|write|speak|talk|use|keep|start|begin|open|e
           r"emphasi[sz]e|mark|go|exceed|shout|bother|add|sign)\b))\b")
 _IMPERATIVE = re.compile(r"^\s*" + _LEAD + _VERBS, re.I)
 # a reply's verb: an imperative of it after "so", "and", ... is the assistant's to do
-_WRITES = re.compile(r"\b(?:reply|respond|answer|write|speak|talk|type|say|address|greet|"
-                     r"sign|communicate)\b|\bme\b", re.I)
+_WRITES = re.compile(r"\b(?:repl(?:y|ies|ying|ied)|respond\w*|answer\w*|writ(?:e|es|ing)|"
+                     r"speak\w*|talk\w*|typ(?:e|ing)|say\w*|greet\w*|communicat\w*)\b|\bme\b",
+                     re.I)
 _CLAUSE = re.compile(r"[,;:\u2013\u2014]\s*|\s+-\s+|\b(?:and|so|but|then)\s+", re.I)
 _ADDRESS = re.compile(r"\b(?:you|your|yours)\b|\b" + _REPLY + r"\b", re.I)
 _ASKS = re.compile(
@@ -93,6 +94,7 @@ _COMPLAINT = re.compile(
     r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
     r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*)\b", re.I)
 _SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
+_PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 
@@ -104,7 +106,7 @@ def is_request(sentence: str) -> bool:
     if clauses and _IMPERATIVE.match(clauses[0]):
         return True
     if any(_IMPERATIVE.match(c) for c in clauses[1:]) and (
-            _WRITES.search(sentence) or _ADDRESS.search(sentence)):
+            _WRITES.search(sentence) or _ADDRESS.search(sentence) or _PLEASE.search(sentence)):
         return True
     return (bool(_ASKS.search(sentence)) and bool(_ADDRESS.search(sentence))
             and not _COMPLAINT.search(sentence) and not _SOMEONE.match(sentence))
