@@ -11,8 +11,9 @@ import threading
 
 import pytest
 
-from injection import InjectionExecutor, TenantLRU, build_executor
+from injection import build_executor
 from injection.base import ExecutionRequest, Tier
+from injection.engine.steps import kv_format
 from injection.metrics import Metrics
 from injection.model import profiles
 
@@ -38,6 +39,8 @@ def test_the_default_system_prompt_is_qwens_own_until_something_is_injected(qwen
         assert QWEN_SYSTEM not in parts.segment + parts.prompt
         assert parts.segment + parts.prompt == qwen.plain_prompt(context, ASK)
     assert qwen.renderer.encode("hi", first=True) == qwen.tokenizer("hi")["input_ids"]  # no BOS
+    # a cached token: K and V of 24 layers x 2 KV heads x 64 dims, float32 (SmolLM2: 30 x 3)
+    assert kv_format(qwen)["bytes_per_token"] == 2 * 24 * 2 * 64 * 4 == 24_576
 
 
 def test_injected_kv_at_alpha_one_is_the_system_message_reply_token_for_token(qwen):
@@ -46,15 +49,19 @@ def test_injected_kv_at_alpha_one_is_the_system_message_reply_token_for_token(qw
     injected = qwen.generate(parts.prompt, qwen.compute_kv(parts.segment), 1.0, TOKENS)
     prompted = qwen.generate(qwen.plain_prompt(pref, ASK), None, 1.0, TOKENS)
     assert injected.token_ids == prompted.token_ids, (injected.text, prompted.text)
-    # through the executor, every mechanism off: computed, then served from L1
-    ex = InjectionExecutor(qwen, l1=TenantLRU(max_bytes=1024**3), l2=None, alpha_cap=1.0,
-                           metrics=Metrics())
-    first = ex.execute(ExecutionRequest("t", "u", ASK, pref, max_new_tokens=TOKENS, **PARITY))
-    again = ex.execute(ExecutionRequest("t", "u", ASK, pref, max_new_tokens=TOKENS, **PARITY))
+    # through the worker's executor (batch engine), every mechanism off: computed, then from L1
+    ex = build_executor(qwen, batch_max=2, metrics=Metrics())
+    try:
+        first = ex.execute(ExecutionRequest("t", "u", ASK, pref, max_new_tokens=TOKENS,
+                                            **PARITY))
+        again = ex.execute(ExecutionRequest("t", "u", ASK, pref, max_new_tokens=TOKENS,
+                                            **PARITY))
+        bare = ex.execute(ExecutionRequest("t", "u2", ASK, "", max_new_tokens=TOKENS, **PARITY))
+    finally:
+        ex.close()
     assert (first.tier, again.tier) == (Tier.COMPUTE, Tier.L1)
     assert first.text == again.text == prompted.text
     plain = qwen.generate(qwen.render_chat(ASK), None, 1.0, TOKENS)
-    bare = ex.execute(ExecutionRequest("t", "u2", ASK, "", max_new_tokens=TOKENS, **PARITY))
     assert bare.text == plain.text  # no memory: Qwen's own system prompt
 
 
