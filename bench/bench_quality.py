@@ -19,8 +19,9 @@ settings: batch engine, one-pass segments, conversation reuse, memory recall) ex
 ``/v1`` sends them (the history in the request), sent ``--workers`` at a time so the batch
 engine serves them (greedy replies do not depend on it).
 
-Adherence = the check passes and the reply is neither a recitation of the memory (not
-counted for facts) nor a non-answer (bench/memory_cases.py). Per family x cell: the share
+Adherence = the check passes and the reply is fluent (not empty, no loop: a fifth or more of
+its word 4-grams said again, and no recitation of the memory, not counted for facts:
+``quality_stats.fluent``, since 2026-12-04) and no non-answer (bench/memory_cases.py). Per family x cell: the share
 with its 95 % Wilson interval, and paired differences (wins/losses, exact McNemar p)
 against the system message and the platform without each mechanism. Cost per mechanism:
 extra forward tokens per reply (guide rows, reminder tokens) from the results.
@@ -51,8 +52,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 import quality_report  # noqa: E402
-from memory_cases import conversation, evades, memory_list, recites  # noqa: E402
+from memory_cases import conversation, evades, memory_list  # noqa: E402
 from quality_cases import CASES, Case  # noqa: E402
+from quality_stats import fluent  # noqa: E402
 
 QUALITY_DOC = ROOT / "docs" / "benchmarks" / "quality.md"  # every run's full tables
 QUALITY_HEAD = ("# Quality runs (bench/bench_quality.py)\n\nEach run's full tables, written by "
@@ -176,8 +178,10 @@ def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int)
 
 
 def adheres(case: Case, reply: str) -> bool:
-    recited = case.family != "fact" and recites(case.memory, reply)
-    return bool(case.check(reply)) and not recited and not evades(reply)
+    """The verdict: the case's check passes, the reply is fluent (``quality_stats.fluent``:
+    not empty, no loop, no recitation of the memory but a fact's) and answers."""
+    return (bool(case.check(reply)) and fluent(reply, case.memory, case.family != "fact")
+            and not evades(reply))
 
 
 def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "",

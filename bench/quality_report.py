@@ -10,7 +10,7 @@ import sys
 
 from mdsection import machine, table
 from memory_cases import evades, recites
-from quality_stats import diff, repeats, share
+from quality_stats import diff, fluent, loops, share
 
 FAMILIES = ("standing", "preference", "fact")
 # the paired comparisons reported: (row, against it); "platform" over its variants is what
@@ -64,8 +64,11 @@ def fluency(scored, cases, names) -> str:
         texts = [r[5]["text"] for r in mine]
         recited = sum(cases[r[0]].family != "fact" and recites(cases[r[0]].memory, r[5]["text"])
                       for r in mine)
+        unfluent = sum(not fluent(r[5]["text"], cases[r[0]].memory,
+                                  cases[r[0]].family != "fact") for r in mine)
         rows.append([c, str(len(mine)), _pct(sum(not t.strip() for t in texts), mine),
-                     _pct(sum(repeats(t) for t in texts), mine), _pct(recited, mine),
+                     _pct(sum(loops(t) for t in texts), mine), _pct(recited, mine),
+                     _pct(unfluent, mine),
                      _pct(sum(evades(t) for t in texts), mine),
                      f"{statistics.mean(r[5]['prompt'] for r in mine):.0f}",
                      f"{statistics.mean(r[5]['completion'] for r in mine):.1f}",
@@ -73,7 +76,7 @@ def fluency(scored, cases, names) -> str:
                      str(sum(r[5].get("lean") == "probe" for r in mine))])
     # a reply that measured its member's lean counts the probes' tokens (once per member: in
     # this benchmark every case is a new member) in its guide forward tokens
-    return table(["condition", "replies", "empty", "repeats", "recites", "non-answers",
+    return table(["condition", "replies", "empty", "loops", "recites", "not fluent", "non-answers",
                   "prompt tokens (mean)", "reply tokens (mean)",
                   "guide forward tokens (mean)", "replies measuring a lean"], rows)
 
@@ -96,8 +99,8 @@ def render(scored, cases, profile, args, secs, path, adapter) -> str:
         + ", ".join(f"{sizes[s]} {s}" for s in splits)
         + f"; greedy, max_new_tokens={args_tokens()})",
         f"Machine: {machine()}; model {path.name} ({adapter.device}, {str(adapter.dtype)[6:]})",
-        f"Cells: share passing [95 % Wilson interval]; `{base} vs X`: paired difference in "
-        f"cases (+{base} wins/-losses, exact McNemar p).",
+        "Cells: share passing (the check, a fluent reply, an answer) [95 % Wilson interval]; "
+        f"`{base} vs X`: paired difference in cases (+{base} wins/-losses, exact McNemar p).",
     ]
     out = ["## Quality: adherence per family, depth and mechanism", "", "  \n".join(head)]
     for s in splits:

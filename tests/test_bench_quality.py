@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import bench_quality  # noqa: E402
 import quality_cases  # noqa: E402
-from quality_stats import mcnemar, paired, wilson  # noqa: E402
+from quality_stats import fluent, loop_share, loops, mcnemar, paired, wilson  # noqa: E402
 
 CASES = quality_cases.CASES
 
@@ -113,3 +113,78 @@ def test_a_reply_without_guidance_is_copied_only_where_the_platform_ran_no_guide
     assert bench_quality._derive(late, done) == {"1|0|1|- guidance"}
     assert done["1|0|1|- guidance"] == {"text": "unguided", "guide": 0, "derived": True}
     assert "2|0|1|- guidance" not in done  # its guide ran: generated without guidance
+
+
+# issue 57: replies the guided languages gave ("…": the reply went on as it started)
+LOOPS = [
+    "Bees préférer les bœufs pour les bœufs, les bœufs pour les bœufs…",
+    "Deutsch: Für Deutsch: German: German: German: German: German: German: German: German:",
+    "1. I should not panic.\n2. I should not panic.\n3. I should not panic.\n4. I should not",
+    "Mochi, my cat, I'm not sure what to say. I'm not sure what to say.",
+    "Die köpern von menschen würden die köpern von menschen können darauf können können "
+    "können können können können",
+]
+NOT_LOOPS = [
+    "1. Water them twice a week.\n2. Keep them in the sun.\n3. Feed them in spring.\n"
+    "4. Repot them every two years.\n5. Check the leaves for pests.",
+    "- Use a soft brush.\n- Use warm water.\n- Use a mild soap.\n- Rinse and dry it well.",
+    "A great way to relax is a walk. It's also a great way to meet people, and a great way "
+    "to see the city.",  # a phrase said three times in ordinary prose
+    "Yes.",
+    "",
+]
+
+
+@pytest.mark.parametrize("reply", LOOPS)
+def test_a_looping_reply_is_not_fluent(reply):
+    assert loops(reply) and not fluent(reply, "Always answer in German.")
+
+
+@pytest.mark.parametrize("reply", NOT_LOOPS)
+def test_ordinary_lists_and_prose_do_not_loop(reply):
+    assert not loops(reply)
+
+
+def test_loop_share_counts_repeated_word_4grams_of_letters():
+    # 9 4-grams, the last two said before; digits and punctuation are no words
+    assert loop_share("Bees préférer les bœufs pour les bœufs, les bœufs pour les bœufs") == \
+        pytest.approx(2 / 9)
+    assert loop_share("1. a b c d 2. a b c d") == pytest.approx(1 / 5)  # abcd said again
+    assert loop_share("one two three") == 0.0  # no 4-gram
+
+
+def test_fluent_is_not_empty_and_recites_no_memory_but_a_facts():
+    memory = "My cat is called Mochi and she is three years old."
+    assert not fluent("  ", memory)
+    assert not fluent("Your cat is called Mochi and she is three years old.", memory)
+    assert fluent("Your cat is called Mochi and she is three years old.", memory,
+                  recital_counts=False)
+    assert fluent("Water them twice a week and keep them in the sun.", memory)
+
+
+def test_the_verdict_of_every_family_needs_a_fluent_reply():
+    french = next(c for c in CASES if c.kind == "language" and "French" in c.memory)
+    loop = ("Je suis toujou dans les toileux pour faire troupeau pour les toileux.\n\n"
+            "Je suis toujou dans les toileux pour faire troupeau pour les toileux.\n\n"
+            "Je suis toujou dans les toileux pour faire troupeau pour les toileux.")
+    assert french.check(loop) and not bench_quality.adheres(french, loop)
+    fine = ("Je pense que vous devriez arroser les plantes deux fois par semaine et les garder "
+            "au soleil.")
+    assert bench_quality.adheres(french, fine)
+    fact = next(c for c in CASES if c.family == "fact")
+    looped = " ".join([fact.memory] * 3)
+    assert fact.check(looped) and not bench_quality.adheres(fact, looped)
+
+
+def test_rescoring_stored_replies_pairs_each_condition_with_the_platform_before_and_now():
+    import quality_rescore
+
+    i = next(k for k, c in enumerate(CASES) if c.kind == "language" and "French" in c.memory)
+    fine = "Je pense que vous devriez arroser les plantes deux fois par semaine."
+    loop = " ".join(["Je suis toujou dans les toileux pour faire troupeau."] * 3)
+    replies = {(i, 0, 1, "platform"): loop, (i, 0, 1, "- guidance"): fine}
+    [row] = quality_rescore.compare(replies, "platform", ("standing",))
+    assert row[:4] == ["0x1", "standing", f"{CASES[i].split} (1)", "platform vs - guidance"]
+    assert row[4].startswith("1 vs 1: +0")  # before: both pass the language check
+    assert row[5].startswith("0 vs 1: -1")  # now: the loop is not fluent
+    assert row[6] == "1 / 0"
