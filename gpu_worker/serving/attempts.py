@@ -1,7 +1,7 @@
 """What a chat attempt has used so far, so that one failing after it generated is billed.
 
 A generation can fail after its stream delivered text: the task's soft time limit, an
-accelerator OOM, the engine's watchdog. The engine reports the tokens it had generated
+accelerator OOM, the engine's watchdog (or its reply can fail to be stored). The engine reports the tokens it had generated
 (``ExecutionRequest.on_failure``) and the budgets' ``admit`` the prompt it was admitted
 with; :meth:`Attempt.failed` bills them once (``tenants.actions.do_record_failed``, a
 ``chat.failed`` audit row, unique per request id with the other billing rows). An attempt
@@ -40,9 +40,13 @@ class Attempt:
     def generated(self, tokens: int) -> None:
         self.completion_tokens = max(0, int(tokens))
 
-    def failed(self, exc: BaseException) -> None:
-        """The generation failed with ``exc``: bill what it generated, if anything. Never
-        raises over ``exc`` (Postgres down: logged, the reservation lapses on its own)."""
+    def failed(self, exc: BaseException, result=None) -> None:
+        """The attempt failed with ``exc`` (``result``: the reply it had generated, when
+        storing it failed): bill what it generated, if anything, unless it was billed
+        already. Never raises over ``exc`` (Postgres down: logged, the reservation lapses)."""
+        if result is not None:
+            self.prompt_tokens, self.completion_tokens = (result.prompt_tokens,
+                                                          result.completion_tokens)
         if self.completion_tokens <= 0:
             return
         try:

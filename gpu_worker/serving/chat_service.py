@@ -230,7 +230,13 @@ def answer(
         attempt.failed(exc)
         raise
     turn = Turn(member, conv, message, params, request_id, pref, memories, stream, started)
-    return record(turn, result, executor.adapter.count_tokens(message))
+    try:
+        return record(turn, result, executor.adapter.count_tokens(message))
+    except ChatAbandoned:  # cancelled or discarded: billed by record itself
+        raise
+    except Exception as exc:  # e.g. the time limit while storing: generated, not stored
+        attempt.failed(exc, result)
+        raise
 
 
 def record(turn: Turn, result, message_tokens: int) -> dict[str, Any]:

@@ -70,10 +70,13 @@ LIMITS = {"CHAT_SOFT_TIME_LIMIT": str(SOFT_LIMIT), "CHAT_HARD_TIME_LIMIT": "120"
 
 @pytest.fixture
 def web(worker_base_env, tmp_path):
-    """A web process of its own: the time limits a task runs under are its sender's."""
+    """A web process of its own: the time limits a task runs under are its sender's. It
+    routes by no affinity: a member id an earlier test's worker served could be sent to that
+    worker's own queue (only this test's worker consumes the shared one)."""
     from tests.workers import AsgiServer
 
-    server = AsgiServer({**worker_base_env, **LIMITS}, tmp_path)
+    server = AsgiServer({**worker_base_env, **LIMITS, "WORKER_AFFINITY_ENABLED": "0"},
+                        tmp_path)
     server.wait_ready()
     yield server
     server.stop()

@@ -161,3 +161,21 @@ def test_a_failed_attempt_is_billed_for_what_it_generated_once(member, request_i
     actions.do_abandon_chat(member, request_id, reason="generation_failed")
     assert UsageDay.objects.get(member_ref=member.pk).errors == 1
     assert ledger.standing(TokenBudget.objects.get(member=member))[2:] == (27, 0)
+
+
+def test_a_reply_whose_storing_failed_is_billed_once_and_a_stored_one_not_again(member,
+                                                                               request_id):
+    """A reply generated whole whose store failed (the time limit inside the transaction):
+    billed as chat.failed; a reply already stored is never billed a second time that way."""
+    from gpu_worker.serving.attempts import Attempt
+
+    Attempt(member, request_id).failed(TimeoutError("while storing"), result("stop"))
+    assert billed(member) == (0, 20, 0, 9)
+    assert AuditLog.objects.get(event_type=AuditEvent.CHAT_FAILED).data["request_id"] == request_id
+
+    other = uuid.uuid4().hex
+    actions.do_claim_chat(member, other, other, "h", 60.0)
+    chat_service.record(turn(member, other), result("stop"), 4)  # stored and billed
+    Attempt(member, other).failed(RuntimeError("after the commit"), result("stop"))
+    assert AuditLog.objects.filter(data__request_id=other).count() == 1
+    assert billed(member) == (1, 40, 15, 18)
