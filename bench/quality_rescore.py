@@ -7,7 +7,8 @@ a fluent reply too, ``quality_stats.fluent``). A default still wins where its pa
 over the condition without it stays positive on tuning, and validation confirms it.
 
 Run: ``.venv/bin/python bench/quality_rescore.py bench/results/quality-full-2026-12-01-memory-lean.json.gz
-[--family standing] [--base platform]``.
+[--family standing] [--base platform] [--write-docs SLUG]`` (``--write-docs``: the tables as
+section SLUG of docs/benchmarks/quality.md).
 """
 
 from __future__ import annotations
@@ -15,13 +16,15 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import shlex
 import sys
+from datetime import date
 from pathlib import Path
 
 sys.path[:0] = [str(Path(__file__).resolve().parent)]
 
-from bench_quality import adheres  # noqa: E402
-from mdsection import table  # noqa: E402
+from bench_quality import QUALITY_DOC, adheres  # noqa: E402
+from mdsection import table, write_section  # noqa: E402
 from memory_cases import evades, recites  # noqa: E402
 from quality_cases import CASES  # noqa: E402
 from quality_stats import diff, loops  # noqa: E402
@@ -83,13 +86,24 @@ def main() -> None:
     ap.add_argument("--base", default="platform")
     ap.add_argument("--family", default="", help="standing, preference, fact or all "
                     "(default: each family)")
+    ap.add_argument("--write-docs", default="", metavar="SLUG",
+                    help="write the tables as section SLUG of docs/benchmarks/quality.md")
     args = ap.parse_args()
     fams = (args.family,) if args.family else ("standing", "preference", "fact")
+    out = [f"## {args.write_docs or 'rescore'}: stored replies re-scored with the fluency verdict",
+           "", f"`.venv/bin/python bench/quality_rescore.py {shlex.join(sys.argv[1:])}`, "
+           f"{date.today()}: each pair's passing replies and paired gain (+base wins/-losses, "
+           "exact McNemar p) before fluency counted and now; loops: replies of each side that "
+           "loop (`quality_stats.loops`)."]
     for path in args.files:
-        print(f"\n{path}\n")
-        print(table(["cell (depth x memories)", "family", "split (cases)", "pair",
-                     "before: passing, paired gain", "now (fluent): passing, paired gain",
-                     "loops (base / other)"], compare(load(path), args.base, fams)))
+        out += ["", f"{Path(path).name}:", "", table(
+            ["cell (depth x memories)", "family", "split (cases)", "pair",
+             "before: passing, paired gain", "now (fluent): passing, paired gain",
+             "loops (base / other)"], compare(load(path), args.base, fams))]
+    text = "\n".join(out)
+    print(text)
+    if args.write_docs:
+        write_section(f"quality-{args.write_docs}", text, QUALITY_DOC)
 
 
 if __name__ == "__main__":
