@@ -188,3 +188,18 @@ def test_rescoring_stored_replies_pairs_each_condition_with_the_platform_before_
     assert row[4].startswith("1 vs 1: +0")  # before: both pass the language check
     assert row[5].startswith("0 vs 1: -1")  # now: the loop is not fluent
     assert row[6] == "1 / 0"
+
+
+def test_the_fluency_table_counts_loops_and_replies_that_are_not_fluent():
+    import quality_report
+
+    row = {"prompt": 10, "completion": 5, "guide": 0}
+    loop = " ".join(["Je suis toujou dans les toileux pour faire troupeau."] * 3)
+    scored = [(0, 0, 1, "platform", False, {**row, "text": loop}),
+              (1, 0, 1, "platform", False, {**row, "text": ""}),
+              (2, 0, 1, "platform", True, {**row, "text": "Water them twice a week."}),
+              (3, 0, 1, "platform", True, {**row, "text": "Keep them in the sun."})]
+    header, _, line = quality_report.fluency(scored, CASES, ["platform"]).splitlines()
+    cols = dict(zip(header.strip("|").split(" | "), line.strip("|").split(" | "), strict=True))
+    assert cols["loops"].strip() == "25.0 %" and cols["empty"] == "25.0 %"
+    assert cols["not fluent"] == "50.0 %"
