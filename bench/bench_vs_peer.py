@@ -1,0 +1,159 @@
+"""The platform against the peer a user would run instead (issue 59): vLLM's CPU build with
+automatic prefix caching, the member's context as the system message, on the same model,
+machine and workload, one after the other (never at once).
+
+    .venv/bin/python bench/bench_vs_peer.py [--quick] [--peer vllm|llamacpp|none]
+                                            [--reps N] [--tenant-members N] [--turns N]
+
+The peer runs from a venv of its own (``make peer-vllm``, bench/peers.py); where it is not
+installed this prints one line saying so and exits 0 (``make bench`` passes). ``--peer
+none``: the platform's figures alone. The platform: embedded PostgreSQL + Redis under
+var/bench-vs-peer, one ``celery worker --pool threads`` as deployed, the web under uvicorn,
+its defaults (rate limits off; members made without a warm on creation), the real default
+model (``MODEL_PATH`` for another); members of one tenant with one preference each,
+injected. The peer gets, per member, the same text as the system message
+(``compose_context``: the tenant's instructions, then the preference).
+Every request is a streamed greedy ``/v1/chat/completions`` turn; each question is new to
+both servers ("Question k: ..."), so neither serves a whole prompt from a cache. Measured
+(bench/vs_peer_workloads.py): a warm member's and a new member's batch-1 time to the first
+token, batch-1 streamed decode, 8 and 16 members at once against one after another, a
+16-client soak (bounded in seconds and streams), turn ``--turns`` of a conversation, and
+``--tenant-members`` members of a second tenant with ~3,900-character instructions (a new
+member's first token; memory held: RSS of the server processes, and the platform's Redis).
+Replies: the platform with its mechanisms off (contrast 0, constraints off, reminder off)
+against the peer, greedy, token for token (the first differing position where they differ).
+Output: a table (ratios platform / peer of this run) and JSON under bench/results/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import peers  # noqa: E402
+import vs_peer_report as report  # noqa: E402
+import vs_peer_workloads as wl  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+VAR = ROOT / "var" / "bench-vs-peer"
+
+
+def setup_django() -> None:
+    os.environ["VAR_DIR"] = str(VAR)
+    for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        os.environ.pop(var, None)
+    os.environ.setdefault("MODEL_PATH", str(ROOT / "var" / "models" / "smollm2-135m-instruct"))
+    os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", CHAT_RATE_PER_MEMBER="",
+                      CHAT_RATE_PER_TENANT="", API_RATE_PER_MEMBER="", API_RATE_PER_TENANT="")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
+
+
+def platform_members(plan: wl.Plan) -> dict[str, list[wl.Member]]:
+    """The plan's members as platform members (an API key each) of two new tenants; not
+    warmed on creation (``KV_WARM_ON_EDIT`` off while they are made), so a new member is new
+    on both sides and no background warm runs beside the timed requests."""
+    from django.conf import settings
+
+    from tenants import actions
+
+    settings.KV_WARM_ON_EDIT = False
+
+    stamp = int(time.time())
+    out: dict[str, list[wl.Member]] = {}
+    for group, (instructions, prefs) in plan.groups.items():
+        tenant = actions.do_create_tenant(f"vs-peer-{group}-{stamp}")
+        if instructions:
+            tenant = actions.do_set_tenant_instructions(tenant, instructions)
+        out[group] = [wl.Member(actions.do_create_api_token(actions.do_add_member(
+            tenant, f"{tenant.slug}-{i}", preference=p)), "") for i, p in enumerate(prefs)]
+    return out
+
+
+def platform_memory(procs: list) -> dict[str, int]:
+    """Resident bytes of the web and the worker (with children), and what both Redis hold."""
+    import redis
+    from django.conf import settings
+
+    held = {"processes": peers.tree_rss([p.pid for p in procs])}
+    urls = {settings.REDIS_URL, settings.KV_CACHE_REDIS_URL}
+    held["redis"] = sum(int(redis.Redis.from_url(u).info("memory")["used_memory"]) for u in urls)
+    return held
+
+
+def run_platform(plan: wl.Plan) -> dict:
+    from django.conf import settings
+    from servers import stop, worker_and_web
+
+    members = platform_members(plan)
+    env = dict(os.environ, TOKENIZERS_PARALLELISM="false")
+    VAR.mkdir(parents=True, exist_ok=True)
+    procs, base = worker_and_web("vp1", env, VAR / "servers.log", pool="threads", wait_s=600)
+    side = wl.Side("platform", base, "kvinject", platform=True)
+    try:
+        return wl.run_all(side, members, plan, lambda: platform_memory(procs)) | {
+            "batch_max": settings.WORKER_BATCH_MAX}
+    finally:
+        stop(procs)
+
+
+def run_peer(kind: str, plan: wl.Plan, model: Path) -> dict:
+    from injection.prompting.template import compose_context
+
+    members = {g: [wl.Member("", compose_context(instructions, p)) for p in prefs]
+               for g, (instructions, prefs) in plan.groups.items()}
+    with open(VAR / f"peer-{kind}.log", "ab") as log:
+        peer = peers.start_vllm(model, log)
+    side = wl.Side(peer.name, peer.base, peer.model, platform=False)
+    try:
+        return wl.run_all(side, members, plan,
+                          lambda: {"processes": peers.tree_rss([peer.proc.pid])}) | {
+            "name": peer.name, "notes": list(peer.notes)}
+    finally:
+        peers.stop(peer.proc)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny counts: proves it runs")
+    ap.add_argument("--peer", choices=["vllm", "llamacpp", "none"], default="vllm")
+    ap.add_argument("--reps", type=int, help="batch-1 streams per figure (5; --quick 2)")
+    ap.add_argument("--tenant-members", type=int, help="members of the big tenant (200)")
+    ap.add_argument("--turns", type=int, help="the conversation's measured turn (20)")
+    args = ap.parse_args()
+    if args.peer != "none" and (why := peers.missing(args.peer)):
+        print(why)
+        return
+    plan = wl.Plan.make(args.quick, args.reps, args.tenant_members, args.turns)
+    VAR.mkdir(parents=True, exist_ok=True)
+    setup_django()
+    from django.conf import settings
+
+    model = Path(settings.MODEL_PATH)
+    t0 = time.monotonic()
+    results = {"platform": run_platform(plan)}
+    if args.peer != "none":
+        results["peer"] = run_peer(args.peer, plan, model)
+    results["replies"] = report.compare_replies(results, model)
+    text = report.render(results, plan, args, model.name, time.monotonic() - t0)
+    print(text)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"vs-peer-{args.peer}-{time.strftime('%Y-%m-%d-%H%M')}{'-quick' * args.quick}.json"
+    out.write_text(json.dumps({"args": vars(args), "plan": plan._asdict(), **results}, indent=1))
+    print(f"\nraw figures: {out.relative_to(ROOT)}")
+
+
+if __name__ == "__main__":
+    main()
