@@ -109,8 +109,9 @@ def render(results: dict, plan, args, model_name: str, seconds: float) -> str:
     lines = [f"`.venv/bin/python bench/bench_vs_peer.py --peer {args.peer}"
              f"{' --quick' if args.quick else ''}` — {machine()}; model {model_name}; "
              "the platform: one `celery worker --pool threads` (WORKER_BATCH_MAX "
-             f"{results['platform'].get('batch_max')}), the web under uvicorn, then the peer, "
-             f"one after the other; {plan.tokens} new tokens per timed reply, greedy, streamed "
+             f"{results['platform'].get('batch_max')}), the web under uvicorn"
+             f"{', then the peer, one after the other' if 'peer' in results else ''}; "
+             f"{plan.tokens} new tokens per timed reply, greedy, streamed "
              "`/v1`; "
              f"medians of {plan.reps}; {seconds / 60:.1f} min.", "", table(head, body)]
     rep = results.get("replies")
