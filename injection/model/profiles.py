@@ -27,7 +27,7 @@ from typing import Any, NamedTuple
 from injection.model.fingerprint import model_key
 
 __all__ = ["PROFILE_FILE", "Profile", "ProfileError", "attach", "find", "for_adapter",
-           "guidance_default", "packaged", "read", "summary"]
+           "guidance_default", "guides_by_default", "packaged", "read", "summary"]
 
 log = logging.getLogger(__name__)
 PROFILES_DIR = Path(__file__).with_name("profiles")
@@ -112,6 +112,19 @@ def guidance_default(adapter: Any) -> float:
     """The model's default guidance strength (0 without a profile)."""
     profile = for_adapter(adapter)
     return profile.guidance if profile is not None else 0.0
+
+
+def guides_by_default(adapter: Any, where: str) -> bool:
+    """Whether the model's default guidance runs ``where``: "first_turns" (the member's lean
+    or the guide row on a conversation's first turns: ``guidance.first_turns``) or
+    "deep_lean" (an anchored deep turn leaning after its first token: ``anchor.deep_lean``).
+    Only for a turn whose strength is the default; a request's or tenant's strength
+    guides as before. Absent from a profile: on (as the strength says)."""
+    profile = for_adapter(adapter)
+    if profile is None:
+        return False
+    entry = profile.mechanisms.get("guidance" if where == "first_turns" else "anchor")
+    return bool(entry.get(where, True)) if isinstance(entry, dict) else True
 
 
 def summary(adapter: Any) -> dict[str, Any]:

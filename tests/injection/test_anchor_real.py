@@ -42,6 +42,9 @@ def ex(smollm):
 
 
 def _ask(ex, memory: str = FRENCH, msgs=None, **kw):
+    """A turn at the guidance strength asked explicitly (the profile's default strength,
+    where the deep lean runs; by default SmolLM2's profile anchors without it: below)."""
+    kw.setdefault("contrast", resolve(ex.adapter, None, [memory]))
     return ex.execute(ExecutionRequest("t", "u", msgs or _deep(), memory, max_new_tokens=N,
                                        **kw))
 
@@ -92,7 +95,7 @@ def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_leaning(ex, s
     res = _ask(ex)  # ... then cached
     assert res.text == first.text and res.tier.value != "compute"
     assert (first.extra["lean"], res.extra["lean"]) == ("probe", "l1")
-    req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
+    req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N, contrast=strength)
     plan = ex.planner.plan(req)
     assert plan.guide is None and plan.anchor is not None  # reminded: no guide row
     assert plan.lean is not None
@@ -106,13 +109,19 @@ def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_leaning(ex, s
 
 
 def test_without_the_lean_a_deep_turn_goes_on_as_the_row(ex, smollm, monkeypatch):
-    monkeypatch.setattr(probe, "DEEP", False)
+    """What SmolLM2's profile does by default (``anchor.deep_lean`` false: re-decided with the
+    fluency verdict), and what ``probe.DEEP`` off does at any strength: the anchor picks the
+    first token, the row goes on greedy, and no probes run."""
     strength = resolve(smollm, None, [FRENCH])
+    default = ex.execute(ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N))
+    monkeypatch.setattr(probe, "DEEP", False)
     res = _ask(ex)
     req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
     assert ex.planner.plan(req).lean is None and "lean" not in res.extra
     want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, strength))
     assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
+    assert (default.text, default.contrast_effective) == (res.text, strength)
+    assert "lean" not in default.extra
 
 
 def test_anchoring_off_is_the_reply_without_it_token_for_token(ex, monkeypatch):
@@ -145,8 +154,10 @@ def test_an_anchor_is_planned_only_where_it_applies(ex):
     deep = plan_many(_deep())
     assert deep.guide is None and deep.anchor.guide.head == "segment"
     assert deep.anchor.ids != deep.anchor.guide.ids  # with its reminder, and without
-    early = plan_many(_deep()[-3:])  # one exchange before: guided, not anchored
+    early = plan_many(_deep()[-3:], contrast=1.0)  # one exchange before: guided, not anchored
     assert early.guide is not None and early.anchor is None
+    default = plan_many(_deep()[-3:])  # by default (SmolLM2's profile) neither: unguided
+    assert default.guide is None and default.anchor is None and default.lean is None
     assert plan_many(_deep(), instructions="Be brief.").anchor is None
 
 

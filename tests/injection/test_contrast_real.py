@@ -1,9 +1,9 @@
-"""Contrastive guidance on the prepared default model (SmolLM2-135M-Instruct): on by
-default at its measured strength for language instructions, each first turn leaning with the
-member's lean (measured once on probes: the references of test_probe.py) or, with that off,
-guided by a guide row (the formula's step-by-step reference computed from the two prompts
-with the model itself); off where a turn is reminded (which is anchored instead:
-test_anchor_real.py)."""
+"""Contrastive guidance on the prepared default model (SmolLM2-135M-Instruct): asked for (a
+request's or tenant's strength), each first turn leans with the member's lean (measured once
+on probes: the references of test_probe.py) or, with that off, is guided by a guide row (the
+formula's step-by-step reference computed from the two prompts with the model itself). By
+default its profile leaves first turns unguided (``guidance.first_turns``: re-decided with
+the fluency verdict) and anchors reminded turns at its strength (test_anchor_real.py)."""
 
 from __future__ import annotations
 
@@ -33,11 +33,12 @@ GUIDED = {"Always answer in French."}
 TOKENS = 16
 
 
-def test_the_default_guides_first_turns_as_the_formula_says(smollm):
-    """By default only a standing instruction guidance was measured to pay for ("Always
-    answer in French.") is guided, at the measured strength, with the member's lean
-    (``probe.py``: measured once on its probes, the reply the lean's reference); asked for
-    (a request's or tenant's strength), any memory is."""
+def test_first_turns_guide_as_the_formula_says_when_asked_and_by_default_do_not(smollm):
+    """The strength resolves to the measured one only for a standing instruction guidance
+    was measured to pay for ("Always answer in French."; the anchor's on deep turns). Asked
+    for, any memory's first turn is guided, with the member's lean (``probe.py``: measured
+    once on its probes, the reply the lean's reference). By default SmolLM2's profile leaves
+    first turns unguided: the reply without a guide, token for token, and no probes."""
     strength = resolve(smollm, None, ["Always answer in French."])
     assert strength > 0  # measured for this model (docs/BENCHMARKS.md, quality)
     assert all(resolve(smollm, None, [c[0]]) == 0.0 for c in CASES if c[0] not in GUIDED)
@@ -46,25 +47,26 @@ def test_the_default_guides_first_turns_as_the_formula_says(smollm):
     try:
         for pref, question in CASES:
             msgs = [{"role": "user", "content": question}]
+            default = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS))
+            assert "lean" not in default.extra  # no probes measured by default
             req = ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS, contrast=strength)
             asked = ex.execute(req)
-            default = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS))
             ids = smollm.renderer.encode(smollm.plain_prompt(pref, msgs), first=True)
             lean = cached_lean(ex, req)
             want = lean_reference(smollm, ids, TOKENS, strength, lean)
             assert asked.contrast_effective == strength and asked.extra["lean"] == "probe"
             assert asked.text.strip() == smollm.tokenizer.decode(
                 want, skip_special_tokens=True).strip()
-            if pref in GUIDED:
-                assert (default.contrast_effective, default.text) == (strength, asked.text)
-                assert default.extra["lean"] == "l1" and default.guide_decode_tokens == 0
+            if pref in GUIDED:  # asked again: the lean from L1, the same reply
+                again = ex.execute(req)
+                assert (again.text, again.extra["lean"]) == (asked.text, "l1")
+                assert again.guide_decode_tokens == 0
                 ref = member_lean(smollm, pref, strength)  # each probe alone, step by step
                 assert torch.allclose(lean.rest.float(), ref.rest.float(), atol=2e-2)
-            else:  # not guided: the reply without a guide, and no guide row's tokens
-                off = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS,
-                                                  contrast=0.0))
-                assert default.contrast_effective == 0.0 and default.text == off.text
-                assert default.guide_prefill_tokens == default.guide_decode_tokens == 0
+            off = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS,
+                                              contrast=0.0))
+            assert default.contrast_effective == 0.0 and default.text == off.text
+            assert default.guide_prefill_tokens == default.guide_decode_tokens == 0
         deep = [{"role": "user", "content": f"Question {k}?"} if j == 0 else
                 {"role": "assistant", "content": f"Answer {k}."}
                 for k in range(2) for j in range(2)] + [{"role": "user", "content": "Hi?"}]
@@ -77,8 +79,9 @@ def test_the_default_guides_first_turns_as_the_formula_says(smollm):
 
 def test_an_instruction_the_decoder_keeps_is_not_guided_unless_its_constraints_are_off(smollm):
     """By default a standing instruction the decoding constraints keep ("in lowercase") gets
-    no guide row (its reply: the unguided one, token for token); with the constraints off
-    it is guided again, as any other standing instruction."""
+    no guidance (its reply: the unguided one, token for token; its strength 0, so no anchor
+    either); with the constraints off its strength is the measured one, and a first turn
+    asked for it is guided as any other standing instruction."""
     memory, msgs = "Always answer in lowercase.", [{"role": "user", "content": "Hi?"}]
     strength = resolve(smollm, None, [memory])
     assert strength > 0 and resolve(smollm, None, [memory], ("lowercase",)) == 0.0
@@ -91,9 +94,10 @@ def test_an_instruction_the_decoder_keeps_is_not_guided_unless_its_constraints_a
         assert default.contrast_effective == 0.0 and default.constraints == ["lowercase"]
         assert default.guide_prefill_tokens == default.guide_decode_tokens == 0
         assert default.text == unguided.text and default.text == default.text.lower()
-        off = run(constrain=False)
-        assert off.contrast_effective == strength and off.guide_decode_tokens > 0
-        assert off.text == run(constrain=False, contrast=strength).text
+        off = run(constrain=False)  # a first turn: by default unguided (the profile)
+        assert off.contrast_effective == 0.0 and off.guide_decode_tokens == 0
+        asked = run(constrain=False, contrast=strength)  # asked: guided as any other
+        assert asked.contrast_effective == strength and asked.guide_decode_tokens > 0
     finally:
         ex.close()
 
@@ -110,8 +114,9 @@ def test_the_guide_leaves_after_its_first_steps_and_off_it_guides_the_whole_repl
     default = lean.LEAN_AFTER
     ex = build_executor(smollm, batch_max=4, metrics=Metrics(), memory_lean=False)
     try:
-        def run():
-            return ex.execute(ExecutionRequest("t", "u", msgs, memory, max_new_tokens=TOKENS))
+        def run():  # asked for (by default SmolLM2's first turns are not guided)
+            return ex.execute(ExecutionRequest("t", "u", msgs, memory, max_new_tokens=TOKENS,
+                                               contrast=resolve(smollm, None, [memory])))
 
         leaned = run()
         monkeypatch.setattr(lean, "LEAN_AFTER", None)

@@ -40,6 +40,7 @@ from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
+from injection.model.profiles import guides_by_default
 from injection.prompting import rules as memory_rules
 from injection.prompting.constraints import opening, transform
 from injection.prompting.history import fit_history
@@ -91,6 +92,13 @@ def own_constraints(found: tuple[str, ...], rules: memory_rules.TurnRules,
 
 def _transformed(found: tuple[str, ...], sink: Any, piece: str) -> None:
     sink(transform(found, piece))
+
+
+def defaulted_here(adapter: Any, req: ExecutionRequest, where: str) -> bool:
+    """Whether guidance runs ``where`` ("first_turns", "deep_lean") on this turn: always at a
+    strength the request or tenant set, else as the model's profile says
+    (``model/profiles.guides_by_default``: chosen on it by measurement)."""
+    return req.contrast is not None or guides_by_default(adapter, where)
 
 
 def fit_messages(adapter: Any, req: ExecutionRequest, context: str,
@@ -195,10 +203,13 @@ class TurnPlanner:
                   "keep_instructions": self.guide_keeps_instructions}
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            prompt_ids=link.prompt_ids, done=link.done, **common)
+        if guide is not None and not defaulted_here(self.adapter, req, "first_turns"):
+            guide, common["on"] = None, False  # a first turn the profile leaves unguided
         anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
                              segment=parts.segment, **common)
+        deep = probe.DEEP and defaulted_here(self.adapter, req, "deep_lean")
         lean = self.leans.plan(  # a first turn's, instead of its guide; an anchored one's too
-            req, guide or (anchor.guide if anchor and probe.DEEP else None),
+            req, guide or (anchor.guide if anchor and deep else None),
             on=self.memory_lean, context=system.context, segment=parts.segment,
             keep_instructions=self.guide_keeps_instructions)  # one lean a member, any alpha
         # one-pass miss: a missing member segment is computed in this turn's own prefill
