@@ -82,9 +82,19 @@ def web(worker_base_env, tmp_path):
     server.stop()
 
 
-def test_a_stream_failing_after_content_bills_what_it_generated_once(web, start_workers):
+@pytest.fixture
+def fb_worker(start_workers):
+    """A worker of this test's limits, stopped after it: left running, it would consume the
+    shared queue beside later tests' workers and take their tasks (their logs never see
+    them)."""
     # paused, the worker is not taken for dead by its peers (heartbeat TTL)
     (worker,) = start_workers("fb1", WORKER_HEARTBEAT_TTL=60, **LIMITS)
+    yield worker
+    worker.stop()
+
+
+def test_a_stream_failing_after_content_bills_what_it_generated_once(web, fb_worker):
+    worker = fb_worker
     tenant = actions.do_create_tenant("failbill")
     member = actions.do_add_member(tenant, "alice", preference="I am vegetarian.")
     actions.do_set_budget(tenant, member=member, tokens=100_000, period="month")

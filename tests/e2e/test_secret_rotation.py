@@ -21,7 +21,8 @@ def step2_worker(start_workers):
 
     (worker,) = start_workers("rot2", KV_SIGNING_SECRET=NEW,
                               KV_SIGNING_SECRET_FALLBACKS=settings.KV_SIGNING_SECRET)
-    return worker
+    yield worker
+    worker.stop()  # left running, it would take later tests' tasks from the shared queue
 
 
 def test_a_worker_on_the_next_step_serves_a_web_on_the_step_before(step2_worker, settings):
