@@ -53,8 +53,6 @@ import statistics
 import subprocess
 import sys
 import time
-import urllib.error
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -72,6 +70,7 @@ import django  # noqa: E402
 
 django.setup()
 
+import v1stream  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from mdsection import machine, table, write_section  # noqa: E402
@@ -136,12 +135,7 @@ def start(model: Path) -> tuple[list[subprocess.Popen], str, Path]:
 
 
 def _post(url: str, key: str, body: dict, timeout: float = 600):
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), headers={
-        "Authorization": f"Bearer {key}", "Content-Type": "application/json"})
-    try:
-        return urllib.request.urlopen(req, timeout=timeout)
-    except urllib.error.HTTPError as exc:
-        raise SystemExit(f"{url} answered {exc.code}: {exc.read()[:400]!r}") from None
+    return v1stream.post(url, body, {"Authorization": f"Bearer {key}"}, timeout)
 
 
 def history(depth: int) -> list[dict]:
@@ -163,30 +157,10 @@ def v1_body(question: str, extra: dict, depth: int, **more) -> dict:
 def stream(base: str, key: str, extra: dict, depth: int = 0) -> dict:
     """One streamed ``/v1`` turn (after ``depth`` exchanges): first content chunk, decode
     rate, guide tokens."""
-    body = v1_body(STREAM_QUESTION, extra, depth, stream=True,
-                   stream_options={"include_usage": True})
-    t0 = time.perf_counter()
-    first, text, usage = None, [], {}
-    with _post(f"{base}/v1/chat/completions", key, body) as resp:
-        for line in resp:
-            data = line.decode().removeprefix("data: ").strip()
-            if not data or data == "[DONE]":
-                continue
-            chunk = json.loads(data)
-            if "error" in chunk:
-                raise SystemExit(f"/v1 stream failed: {data[:400]}")
-            for choice in chunk.get("choices") or []:
-                piece = (choice.get("delta") or {}).get("content")
-                if piece:
-                    first = first if first is not None else time.perf_counter() - t0
-                    text.append(piece)
-            usage = chunk.get("usage") or usage
-    total = time.perf_counter() - t0
-    tokens = int(usage.get("completion_tokens") or 0)
-    first = first if first is not None else total
-    rate = (tokens - 1) / (total - first) if tokens > 1 and total > first else 0.0
-    return {"ttft": first, "rate": rate, "tokens": tokens, "text": "".join(text),
-            "guide": int(usage.get("kvinject_guide_tokens") or 0)}
+    body = v1_body(STREAM_QUESTION, extra, depth)
+    out = v1stream.stream(base, body, {"Authorization": f"Bearer {key}"})
+    return {**{k: out[k] for k in ("ttft", "rate", "tokens", "text")},
+            "guide": int(out["usage"].get("kvinject_guide_tokens") or 0)}
 
 
 def chat(base: str, key: str, question: str, extra: dict, depth: int = 0) -> dict:

@@ -27,8 +27,8 @@ def post(url: str, body: dict, headers: dict[str, str], timeout: float = 600):
 def stream(base: str, body: dict, headers: dict[str, str] | None = None) -> dict:
     """One streamed turn (``stream`` and ``include_usage`` set here): seconds to the first
     content chunk, the whole stream's seconds, the reply, its tokens, the decode rate after
-    the first chunk, the prompt's tokens and those its server took from a cache, and the
-    platform's conversation id where it sends one."""
+    the first chunk, the prompt's tokens and those its server took from a cache, the
+    platform's conversation id where it sends one, and the last usage object as sent."""
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     t0 = time.perf_counter()
     first, text, usage, conversation = None, [], {}, None
@@ -54,7 +54,7 @@ def stream(base: str, body: dict, headers: dict[str, str] | None = None) -> dict
             "rate": decode_rate(tokens, first, total),
             "prompt": int(usage.get("prompt_tokens") or 0),
             "cached": int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0),
-            "conversation": conversation}
+            "conversation": conversation, "usage": usage}
 
 
 def decode_rate(tokens: int, first: float, total: float) -> float:
