@@ -94,12 +94,17 @@ class MemoryAdmin(TenantScopedAdmin):
         for memory in queryset.select_related("member__user", "member__tenant"):
             self.delete_model(request, memory)
 
-    def _set_enabled(self, request, queryset, enabled: bool) -> None:
+    def _each(self, request, queryset, action, *args, **kw) -> int:
+        """``action(member, memory id, *args, **kw)`` on each selected memory, audited;
+        how many."""
         count = 0
         for memory in queryset.select_related("member__user", "member__tenant"):
-            self.run_action(request, actions.do_update_memory, memory.member, memory.pk,
-                            enabled=enabled)
+            self.run_action(request, action, memory.member, memory.pk, *args, **kw)
             count += 1
+        return count
+
+    def _set_enabled(self, request, queryset, enabled: bool) -> None:
+        count = self._each(request, queryset, actions.do_update_memory, enabled=enabled)
         state = "enabled" if enabled else "disabled"
         self.message_user(request, f"{count} memory(ies) {state}.", messages.SUCCESS)
 
@@ -112,11 +117,7 @@ class MemoryAdmin(TenantScopedAdmin):
         self._set_enabled(request, queryset, True)
 
     def _switch_rules(self, request, queryset, enabled: bool) -> None:
-        count = 0
-        for memory in queryset.select_related("member__user", "member__tenant"):
-            self.run_action(request, actions.do_set_memory_rules_enabled, memory.member,
-                            memory.pk, enabled)
-            count += 1
+        count = self._each(request, queryset, actions.do_set_memory_rules_enabled, enabled)
         state = "on" if enabled else "off"
         self.message_user(request, f"Rules switched {state} for {count} memory(ies).",
                           messages.SUCCESS)
