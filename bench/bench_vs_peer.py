@@ -4,6 +4,7 @@ machine and workload, one after the other (never at once).
 
     .venv/bin/python bench/bench_vs_peer.py [--quick] [--peer vllm|llamacpp|none]
                                             [--reps N] [--tenant-members N] [--turns N]
+                                            [--peer-results JSON]
 
 The peer runs from a venv of its own (``make peer-vllm``, bench/peers.py); where it is not
 installed this prints one line saying so and exits 0 (``make bench`` passes). ``--peer
@@ -19,7 +20,11 @@ both servers ("Question k: ..."), so neither serves a whole prompt from a cache.
 token, batch-1 streamed decode, 8 and 16 members at once against one after another, a
 16-client soak (bounded in seconds and streams), turn ``--turns`` of a conversation, and
 ``--tenant-members`` members of a second tenant with ~3,900-character instructions (a new
-member's first token; memory held: RSS of the server processes, and the platform's Redis).
+member's first token; memory held: RSS of the server processes, and the platform's Redis),
+and after a restart (the platform's worker; the peer's server, whose prefix cache is in its
+process) the first token of members of that tenant seen before it.
+``--peer-results``: the peer's side from an earlier run's JSON (same machine and counts; the
+report names the file), so a change to the platform is measured without the peer again.
 Replies: the platform with its mechanisms off (contrast 0, constraints off, reminder off)
 against the peer, greedy, token for token (the first differing position where they differ).
 Output: a table (ratios platform / peer of this run) and JSON under bench/results/.
@@ -102,11 +107,33 @@ def run_platform(plan: wl.Plan) -> dict:
     VAR.mkdir(parents=True, exist_ok=True)
     procs, base = worker_and_web("vp1", env, VAR / "servers.log", pool="threads", wait_s=600)
     side = wl.Side("platform", base, "kvinject", platform=True)
+
+    def restart() -> wl.Side:
+        """The worker stopped and a new one started (the web stays): its memory is gone,
+        the cached K/V in Redis is not."""
+        stop(procs[:1])
+        procs[0] = restarted_worker("vp2", env)
+        return side
+
     try:
-        return wl.run_all(side, members, plan, lambda: platform_memory(procs)) | {
+        return wl.run_all(side, members, plan, lambda: platform_memory(procs), restart) | {
             "batch_max": settings.WORKER_BATCH_MAX}
     finally:
         stop(procs)
+
+
+def restarted_worker(name: str, env: dict[str, str], wait_s: float = 600):
+    from servers import celery_worker
+
+    from gpu_worker.routing import registry
+
+    proc = celery_worker(name, env, open(VAR / "servers.log", "ab"), pool="threads")
+    deadline = time.monotonic() + wait_s
+    while f"{name}@bench" not in registry.live_workers():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"the restarted worker did not start; see {VAR / 'servers.log'}")
+        time.sleep(0.5)
+    return proc
 
 
 def run_peer(kind: str, plan: wl.Plan, model: Path) -> dict:
@@ -114,15 +141,24 @@ def run_peer(kind: str, plan: wl.Plan, model: Path) -> dict:
 
     members = {g: [wl.Member("", compose_context(instructions, p)) for p in prefs]
                for g, (instructions, prefs) in plan.groups.items()}
-    with open(VAR / f"peer-{kind}.log", "ab") as log:
-        peer = peers.start_vllm(model, log)
+    log = open(VAR / f"peer-{kind}.log", "ab")
+    running = [peers.start_vllm(model, log)]
+    peer = running[0]
+
+    def restart() -> wl.Side:
+        """The server stopped and started again: its prefix cache lives in the process."""
+        peers.stop(running[0].proc)
+        running[0] = peers.start_vllm(model, log)
+        return wl.Side(peer.name, running[0].base, running[0].model, platform=False)
+
     side = wl.Side(peer.name, peer.base, peer.model, platform=False)
     try:
         return wl.run_all(side, members, plan,
-                          lambda: {"processes": peers.tree_rss([peer.proc.pid])}) | {
-            "name": peer.name, "notes": list(peer.notes)}
+                          lambda: {"processes": peers.tree_rss([running[0].proc.pid])},
+                          restart) | {"name": peer.name, "notes": list(peer.notes)}
     finally:
-        peers.stop(peer.proc)
+        peers.stop(running[0].proc)
+        log.close()
 
 
 def main() -> None:
@@ -132,8 +168,10 @@ def main() -> None:
     ap.add_argument("--reps", type=int, help="batch-1 streams per figure (5; --quick 2)")
     ap.add_argument("--tenant-members", type=int, help="members of the big tenant (200)")
     ap.add_argument("--turns", type=int, help="the conversation's measured turn (20)")
+    ap.add_argument("--peer-results", metavar="JSON", help="the peer's figures from an earlier "
+                    "run's JSON on this machine (same counts) instead of running it again")
     args = ap.parse_args()
-    if args.peer != "none" and (why := peers.missing(args.peer)):
+    if args.peer != "none" and not args.peer_results and (why := peers.missing(args.peer)):
         print(why)
         return
     plan = wl.Plan.make(args.quick, args.reps, args.tenant_members, args.turns)
@@ -144,7 +182,12 @@ def main() -> None:
     model = Path(settings.MODEL_PATH)
     t0 = time.monotonic()
     results = {"platform": run_platform(plan)}
-    if args.peer != "none":
+    if args.peer_results:
+        earlier = json.loads(Path(args.peer_results).read_text())
+        if earlier["plan"] != json.loads(json.dumps(plan._asdict())):
+            raise SystemExit(f"{args.peer_results} was run with other counts")
+        results["peer"] = earlier["peer"] | {"from": args.peer_results}
+    elif args.peer != "none":
         results["peer"] = run_peer(args.peer, plan, model)
     results["replies"] = report.compare_replies(results, model)
     text = report.render(results, plan, args, model.name, time.monotonic() - t0)

@@ -47,7 +47,8 @@ def side_figures(r: dict, plan) -> dict:
          "turn_ttft": median(x["ttft"] for x in r["turn"]) * 1000,
          "turn_cached": median(x["cached"] for x in r["turn"]),
          "turn_prompt": median(x["prompt"] for x in r["turn"]),
-         "tenant_ttft": median(r["tenant_new_ttft"]) * 1000}
+         "tenant_ttft": median(r["tenant_new_ttft"]) * 1000,
+         "restart_ttft": median(r.get("restart_ttft") or [0.0]) * 1000}
     for n in plan.bursts:
         b = r[f"burst{n}"]
         f[f"one_after{n}"] = b["one_after"]["wall"]
@@ -94,6 +95,8 @@ def render(results: dict, plan, args, model_name: str, seconds: float) -> str:
             (f"turn {plan.turns}: prompt tokens / from a cache", "turn_prompt", "{:.0f}", ""),
             (f"{plan.tenant_members} members, 3,900-char instructions: new member's first "
              "token (ms)", "tenant_ttft", "{:.0f}", "low"),
+            ("after a restart, a member seen before: first token (ms)", "restart_ttft",
+             "{:.0f}", "low"),
             ("memory held after them: server RSS (MiB)", "rss", "{:.0f}", "low"),
             ("growth of that RSS over the tenant's warm-up (MiB)", "rss_growth", "{:.0f}", ""),
             ("the platform's Redis: used memory (MiB)", "redis", "{:.0f}", "")]
@@ -122,6 +125,8 @@ def render(results: dict, plan, args, model_name: str, seconds: float) -> str:
                          f"\n- member {m['member']}: first differs at token {m['position']}: "
                          f"{m['ours']!r} vs {m['theirs']!r}" for m in rep["mismatches"]))
     if peer:
+        if peer.get("from"):
+            lines.append(f"\npeer figures from an earlier run on this machine: {peer['from']}")
         lines.append(f"\npeer: {peer['name']}, float32, `--enable-prefix-caching`, "
                      "`VLLM_CPU_KVCACHE_SPACE=4` (its RSS holds that preallocated KV cache); "
                      "as it set itself up: " + "; ".join(peer["notes"]))

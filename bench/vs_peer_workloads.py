@@ -178,8 +178,10 @@ def conversation(side: Side, member: Member, plan: Plan, k0: int) -> dict:
 
 
 def run_all(side: Side, groups: dict[str, list[Member]], plan: Plan,
-            memory: Callable[[], dict]) -> dict:
-    """Every workload on ``side``, in the order both sides share."""
+            memory: Callable[[], dict], restart: Callable[[], Side]) -> dict:
+    """Every workload on ``side``, in the order both sides share; last, ``restart`` (the
+    platform: its worker; the peer: its server, whose prefix cache is in-process) and the
+    first token of tenant members seen before it."""
     simple, tenant = groups["simple"], groups["tenant"]
     warm_n = max(plan.bursts)
     t_start = time.monotonic()
@@ -215,4 +217,10 @@ def run_all(side: Side, groups: dict[str, list[Member]], plan: Plan,
     out["tenant_memory_after"] = memory()
     out["tenant_new_ttft"] = [ask(side, m, 5000 + r, plan.tokens)["ttft"]
                               for r, m in enumerate(tenant[plan.tenant_members:])]
+    t0 = time.perf_counter()
+    side = restart()
+    out["restart_s"] = time.perf_counter() - t0
+    out["restart_ttft"] = [ask(side, m, 7000 + r, plan.tokens)["ttft"]
+                           for r, m in enumerate(tenant[:plan.reps])]
+    done("restart")
     return out
