@@ -51,6 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
+import quality_calibrate  # noqa: E402
 import quality_report  # noqa: E402
 from memory_cases import conversation, evades, memory_list  # noqa: E402
 from quality_cases import CASES, Case  # noqa: E402
@@ -78,6 +79,10 @@ CONDS: dict[str, dict] = {
     "- both": {"contrast": 0.0, "reminder": False},
     "+ guidance": {"contrast": GUIDANCE},
     "guidance only": {"contrast": GUIDANCE, "reminder": False},
+    # the platform with the model's guidance default at 1 (a candidate profile: first turns
+    # guided with the member's lean, deep turns anchored), where the run's profile has none
+    # (``--calibrate``: quality_calibrate.py)
+    "+ default guidance": {"profile_guidance": 1.0},
     "- recall pick": {"recall_top": 0},
     # a member whose memories overflow their cached segment: with a 64-token segment, 7 of
     # the 20 memories are cached and the rest are recall candidates (``memory/recall.py``)
@@ -104,7 +109,7 @@ CONDS: dict[str, dict] = {
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean",
-            "memory_lean", "deep_lean")
+            "memory_lean", "deep_lean", "profile_guidance")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -187,9 +192,11 @@ def adheres(case: Case, reply: str) -> bool:
 def jobs_for(profile: dict, split: str, limit: int = 0, family: str = "",
              kinds: tuple[str, ...] = (), first: int = 0) -> list[tuple]:
     """(case index, depth, memories, condition) in the profile, ``recall pick`` last;
-    ``first``: only the cases from that index on (a set added last)."""
+    ``first``: only the cases from that index on (a set added last); ``family``: one, or
+    several comma-separated."""
+    families = family.split(",") if family else ()
     picked = [i for i, c in enumerate(CASES) if split in ("both", c.split) and i >= first
-              and family in ("", c.family) and (not kinds or c.kind in kinds)]
+              and (not families or c.family in families) and (not kinds or c.kind in kinds)]
     picked = picked[:: profile["every"]][: limit or None]
     jobs = []
     for (d, n), cell in profile["cells"].items():
@@ -212,7 +219,10 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     from injection.engine.guidance import lean, plan, probe
     from injection.prompting import reminder
 
-    sw, (top, options, anchors, leans) = dict(phase), defaults
+    sw, (top, options, anchors, leans, profile) = dict(phase), defaults
+    adapter = ex.planner.adapter
+    adapter._profile = (candidate(adapter, sw["profile_guidance"])
+                        if "profile_guidance" in sw else profile)
     lean.LEAN_AFTER = sw.get("lean", leans[0]) or None
     ex.planner.memory_lean = sw.get("memory_lean", leans[1])
     probe.DEEP = sw.get("deep_lean", leans[2])
@@ -230,7 +240,20 @@ def _defaults(ex) -> tuple:
 
     return (reminder.RELEVANT_TOP, ex.memories.options,
             (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED),
-            (lean.LEAN_AFTER, ex.planner.memory_lean, probe.DEEP))
+            (lean.LEAN_AFTER, ex.planner.memory_lean, probe.DEEP),
+            getattr(ex.planner.adapter, "_profile", None))
+
+
+def candidate(adapter, strength: float):
+    """A profile for the loaded model with guidance default ``strength`` (first turns guided,
+    deep turns anchored without the deep lean) and nothing else: a calibration's (the
+    reminder and the constraints are the platform's defaults)."""
+    from injection.model.fingerprint import model_key
+    from injection.model.profiles import Profile
+
+    return Profile("calibration candidate", model_key(adapter), strength, False,
+                   "bench_quality", {"guidance": {"default": strength, "first_turns": True},
+                                     "anchor": {"deep_lean": False}})
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
@@ -254,22 +277,45 @@ def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,
     derived = _derive(late, done)
     _run(ex, budget, [j for j in late if _key(j) not in derived], workers, partial, done)
     if late:
-        print(f"  {len(derived)} of {len(late)} '- guidance', '- anchor', 'lean' replies: the platform's "
-              "(no guide ran for them)", flush=True)
+        print(f"  {len(derived)} of {len(late)} replies of conditions that change nothing for "
+              "their case: the platform's (_derivable)", flush=True)
     if partial:
         Path(partial).write_text(json.dumps(done))
     return done
 
 
 def _derivable(job: tuple, jobs: list[tuple]) -> bool:
-    """A ``- guidance``, ``- anchor`` or ``lean k`` job whose ``platform`` twin is in the run:
+    """A ``- guidance``, ``- anchor``, ``lean k`` or ``RULED`` job whose ``platform`` twin is
+    in the run (``RULED``: copied where ``_unchanged`` says; the others as follows):
     where the platform runs no guide and no anchor (its guide forward tokens are 0: guidance
     is not applied to that member), the reply without them (or with a guide leaving early)
     is the platform's, token for token (greedy; tests/injection test the switches), so it is
     copied instead of generated again (``_derive``)."""
-    return ((job[3] in ("- guidance", "- anchor", "whole guide", "- memory lean", "- deep lean")
-             or job[3].startswith("lean "))
+    return ((job[3] in ("- guidance", "- anchor", "whole guide", "- memory lean", "- deep lean",
+                        *RULED) or job[3].startswith("lean "))
             and (*job[:3], "platform") in jobs)
+
+
+# conditions whose reply is the platform's token for token where the case's memories say so,
+# read without a model (``_unchanged``)
+RULED = ("- constraints", "+ default guidance")
+
+
+def _unchanged(job: tuple) -> bool:
+    """A ``RULED`` job whose request changes nothing: ``- constraints`` where the turn finds
+    no decoding constraint (the planner's own ``constrained``), ``+ default guidance`` where
+    no memory is one guidance pays for beside them (``rules.guided``, as
+    ``contrast.resolve``): its strength is 0 under any profile."""
+    from injection.engine.planning.planner import constrained
+    from injection.prompting import rules as memory_rules
+
+    i, d, n, name = job
+    req = request(i, CASES[i], d, n, CONDS["platform"], 0)
+    rules = memory_rules.for_request(req)
+    found = tuple(constrained({}, req, True, on=True, rules=rules).get("constraints", ()))
+    if name == "- constraints":
+        return not found
+    return not any(memory_rules.guided(r, found) for r in rules.member)
 
 
 def _derive(late: list[tuple], done: dict) -> set[str]:
@@ -277,8 +323,9 @@ def _derive(late: list[tuple], done: dict) -> set[str]:
     out = set()
     for job in late:
         twin = done.get(_key((*job[:3], "platform")))
-        if (twin is not None and twin["guide"] == 0 and not twin.get("contrast")
-                and _key(job) not in done):
+        same = (_unchanged(job) if job[3] in RULED
+                else twin is not None and twin["guide"] == 0 and not twin.get("contrast"))
+        if twin is not None and same and _key(job) not in done:
             done[_key(job)] = {**twin, "derived": True}
             out.add(_key(job))
     return out
@@ -294,7 +341,8 @@ def _run(ex, budget: int, todo: list[tuple], workers: int, partial: str, done: d
         return _key(job), {"text": res.text, "prompt": res.prompt_tokens,
                            "completion": res.completion_tokens, "ttft_ms": res.ttft_ms,
                            "guide": res.guide_prefill_tokens + res.guide_decode_tokens,
-                           "contrast": res.contrast_effective, "lean": res.extra.get("lean", "")}
+                           "contrast": res.contrast_effective, "lean": res.extra.get("lean", ""),
+                           "constraints": list(res.constraints)}
 
     for phase in sorted({_phase(j) for j in todo}):  # the switches' phases (``_phase``)
         batch = [j for j in todo if _phase(j) == phase]
@@ -341,7 +389,10 @@ def main() -> None:
     ap.add_argument("--show", action="store_true", help="print every reply")
     ap.add_argument("--cells", default="", help="instead of the profile's cells, e.g. "
                     "'0x1=platform,- guidance;8x20=platform' (depth x memories = conditions)")
-    ap.add_argument("--family", choices=("standing", "preference", "fact"), default="")
+    ap.add_argument("--family", default="", help="standing, preference or fact "
+                    "(comma-separated for several)")
+    ap.add_argument("--calibrate", default="", metavar="OUT.json", help="make the loaded "
+                    "model's profile (quality_calibrate.py: tuning split, its cells) into OUT")
     ap.add_argument("--kinds", default="", help="only these case kinds (comma-separated, "
                     "e.g. postscript,title)")
     ap.add_argument("--every", type=int, default=0, help="every Nth case (0: the profile's)")
@@ -368,6 +419,10 @@ def main() -> None:
                            cpu_threads=os.environ.get("MODEL_CPU_THREADS", "engine"))
     ex, budget = worker_executor(adapter, args.workers)
     profile = dict(PROFILES[args.profile])
+    if args.calibrate:  # the base: no guidance default, whatever profile the model has
+        adapter._profile = candidate(adapter, 0.0)
+        profile = {"every": 1, "cells": quality_calibrate.CELLS}
+        args.split, args.family = "tuning", args.family or ",".join(quality_calibrate.FAMILIES)
     if args.cells:
         profile["cells"] = {tuple(int(x) for x in cell.split("=")[0].split("x")):
                             [c.strip() for c in cell.split("=")[1].split(",")]
@@ -375,10 +430,12 @@ def main() -> None:
     profile["every"] = args.every or profile["every"]
     jobs = jobs_for(profile, args.split, args.limit, args.family,
                     tuple(k for k in args.kinds.split(",") if k), args.first)
-    print(f"{len(jobs)} replies, profile {args.profile}, split {args.split}", flush=True)
+    print(f"{len(jobs)} replies, profile {'calibrate' if args.calibrate else args.profile}, "
+          f"split {args.split}", flush=True)
     rows = generate(ex, budget, jobs, args.workers, args.partial,
                     {k: v for spec in args.imports for k, v in imported(spec).items()})
     secs = rows.pop("_seconds", 0.0)
+    generated = sum(not rows[_key(j)].get("derived") for j in jobs)
     ex.close()
     scored = [(*j, adheres(CASES[j[0]], rows[_key(j)]["text"]), rows[_key(j)]) for j in jobs]
     if args.show:
@@ -387,6 +444,8 @@ def main() -> None:
                   f"{'PASS' if ok else 'fail'} {row['text']!r}")
     text = quality_report.render(scored, CASES, profile, args, secs, path, adapter)
     print(text)
+    if args.calibrate:
+        quality_calibrate.write(args.calibrate, scored, CASES, secs, path, adapter, generated)
     if args.write_docs:
         from mdsection import write_section
 

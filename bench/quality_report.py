@@ -15,7 +15,8 @@ from quality_stats import diff, fluent, loops, share
 FAMILIES = ("standing", "preference", "fact")
 # the paired comparisons reported: (row, against it); "platform" over its variants is what
 # the variant's missing mechanism adds
-VERSUS = ("system message", "no memory", "- guidance", "+ guidance", "- reminder", "- both",
+VERSUS = ("system message", "no memory", "- guidance", "+ guidance", "+ default guidance",
+          "- reminder", "- both",
           "guidance only", "- recall pick", "- constraints", "- anchor", "whole guide",
           "lean 1", "lean 2", "lean 8", "lean 16", "- memory lean",
           "- deep lean")
