@@ -17,13 +17,7 @@ import time
 import pytest
 
 from tests.throwaway import ThrowawayRedis, WebServer
-from tests.workers import (
-    ROOT,
-    WorkerProcess,
-    database_url_from_settings,
-    wait_for,
-    worker_env,
-)
+from tests.workers import ROOT, WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 # the deadlines this test holds the platform to (generous upper bounds: they are what a
@@ -35,33 +29,42 @@ STATS_DEADLINE_S = 90
 RESULT_TIMEOUT_S = 30
 
 
-@pytest.fixture
-def hung_site(tmp_path, demo_model_path):
-    from django.db import connection
-
-    from tenants import actions
-
+@pytest.fixture(scope="module")
+def hang_site(worker_base_env, tmp_path_factory):
+    """A throwaway Redis, a worker and a web on it, for the module: each test stops and
+    continues Redis (and the worker) itself and asserts that they recover by themselves."""
+    tmp_path = tmp_path_factory.mktemp("redis-hang")
     rd = ThrowawayRedis(tmp_path / "redis").start()
-    env = {**worker_env(database_url_from_settings(connection.settings_dict), demo_model_path),
-           "DJANGO_SETTINGS_MODULE": "config.settings", "REDIS_URL": rd.url,
+    env = {**worker_base_env, "DJANGO_SETTINGS_MODULE": "config.settings", "REDIS_URL": rd.url,
            "KV_CACHE_REDIS_URL": rd.url,
            "CELERY_BROKER_URL": rd.url, "CELERY_RESULT_BACKEND": rd.url,
            "CHAT_RESULT_TIMEOUT": str(RESULT_TIMEOUT_S)}
     env.pop("KVI_TEST_REDIS_DB", None)
-    tenant = actions.do_create_tenant("hang")
-    key = actions.do_create_api_token(actions.do_add_member(tenant, "hal", preference="tea"))
     worker = WorkerProcess("hang", env, tmp_path)
     web = WebServer(env, tmp_path / "web.log")
     try:
         # the session's Celery app cannot ping it (another broker): its log says it
         wait_for(lambda: " ready." in worker.log_tail(200), 180, "the worker to be ready")
+        yield rd, web, env, worker
+    finally:
+        web.stop()
+        worker.stop()
+        rd.kill()
+
+
+@pytest.fixture
+def hung_site(hang_site):
+    """The module's site and a member of its own (the database is emptied after each test)."""
+    from tenants import actions
+
+    rd, web, env, worker = hang_site
+    tenant = actions.do_create_tenant("hang")
+    key = actions.do_create_api_token(actions.do_add_member(tenant, "hal", preference="tea"))
+    try:
         yield rd, web, env, {"Authorization": f"Token {key}"}, worker
     finally:
         for pid in (rd.proc.pid, worker.pid):  # never leave a stopped process behind
             os.kill(pid, signal.SIGCONT)
-        web.stop()
-        worker.stop()
-        rd.kill()
 
 
 def timed(fn, *args, **kw):
