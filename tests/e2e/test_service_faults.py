@@ -17,8 +17,8 @@ pytestmark = [pytest.mark.e2e]
 
 SEED = """
 from tenants import actions
-tenant = actions.do_create_tenant("pgfault")
-member = actions.do_add_member(tenant, "pat", preference="tea")
+tenant = actions.do_create_tenant("pgfault-%(mode)s")
+member = actions.do_add_member(tenant, "pat-%(mode)s", preference="tea")
 print(actions.do_create_api_token(member))
 """
 SESSION = {"Cookie": "sessionid=" + "a1" * 16}  # any session: looked up in Postgres
@@ -27,22 +27,34 @@ SESSION = {"Cookie": "sessionid=" + "a1" * 16}  # any session: looked up in Post
 PRODUCTION = {"DJANGO_DEBUG": "0", "DJANGO_SECRET_KEY": "s" * 50, "KV_SIGNING_SECRET": "k" * 50}
 
 
-@pytest.fixture(params=["debug", "production"])
-def outage_site(request, tmp_path_factory):
-    base = tmp_path_factory.mktemp("pgfault")
-    pg, rd = ThrowawayPostgres(), ThrowawayRedis(base / "redis").start()
-    mode = PRODUCTION if request.param == "production" else {"DJANGO_DEBUG": "1"}
-    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings", **mode,
+@pytest.fixture(scope="module")
+def services(tmp_path_factory):
+    """A throwaway PostgreSQL (migrated once) and Redis, shared by both modes' webs: each
+    test stops Postgres, starts it again and asserts that the web reconnects by itself."""
+    pg = ThrowawayPostgres()
+    rd = ThrowawayRedis(tmp_path_factory.mktemp("pgfault") / "redis").start()
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "config.settings",
            "DATABASE_URL": pg.url, "REDIS_URL": rd.url, "CELERY_BROKER_URL": rd.url,
            "KV_CACHE_REDIS_URL": rd.url,
            "CELERY_RESULT_BACKEND": rd.url}
-    manage(env, "migrate", "--noinput")
-    key = manage(env, "shell", "-c", SEED).strip().splitlines()[-1]
-    web = WebServer(env, base / "web.log")
-    yield pg, web, {"Authorization": f"Token {key}"}
+    try:
+        manage({**env, "DJANGO_DEBUG": "1"}, "migrate", "--noinput")
+        yield pg, env
+    finally:
+        rd.kill()
+        pg.cleanup()
+
+
+@pytest.fixture(params=["debug", "production"])
+def outage_site(request, services, tmp_path):
+    pg, env = services
+    mode = PRODUCTION if request.param == "production" else {"DJANGO_DEBUG": "1"}
+    env = {**env, **mode}
+    seed = SEED % {"mode": request.param}  # each mode's member: usernames are global
+    key = manage(env, "shell", "-c", seed).strip().splitlines()[-1]
+    web = WebServer(env, tmp_path / "web.log")
+    yield pg, web, {"Authorization": f"Token {key}"}, f"pat-{request.param}"
     web.stop()
-    rd.kill()
-    pg.cleanup()
 
 
 def assert_unavailable(answer, web) -> None:
@@ -54,7 +66,7 @@ def assert_unavailable(answer, web) -> None:
 
 
 def test_postgres_stop_is_a_json_503_everywhere_and_recovers(outage_site):
-    pg, web, auth = outage_site
+    pg, web, auth, username = outage_site
     assert web.get("/api/me", auth)[0] == 200
     pg.stop()
     try:
@@ -68,4 +80,4 @@ def test_postgres_stop_is_a_json_503_everywhere_and_recovers(outage_site):
     finally:
         pg.start()
     status, body, _ = web.get("/api/me", auth)  # reconnects on its own
-    assert status == 200 and body["username"] == "pat", body
+    assert status == 200 and body["username"] == username, body
