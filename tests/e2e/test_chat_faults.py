@@ -23,6 +23,9 @@ from tests.workers import WorkerProcess, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 RESULT_TIMEOUT = 40  # the web's wait (and each claim's deadline): a retry generates LONG_TOKENS on a loaded 2-core machine
+# the wait of a web that only has to give up (its worker killed): the attempt starts well
+# inside it, and the test then waits it out
+GIVE_UP_TIMEOUT = 12
 STORY = {"message": "Tell me a long story.", "max_new_tokens": LONG_TOKENS}
 
 
@@ -65,13 +68,25 @@ def pings(url: str, worker: WorkerProcess) -> bool:
         probe.close()
 
 
-def chat(site, auth: dict, key: str, body=STORY):
-    return site["web"].request("POST", "/api/chat", body, {**auth, "Idempotency-Key": key})
+@pytest.fixture
+def give_up_web(site):
+    """A second web process on the same services whose wait is GIVE_UP_TIMEOUT: the 503
+    after a killed worker comes when the web gives up, whatever its wait (the retries, which
+    generate LONG_TOKENS, go to the site's web)."""
+    web = WebServer({**site["env"], "CHAT_RESULT_TIMEOUT": str(GIVE_UP_TIMEOUT)},
+                    site["logs"] / "give-up-web.log")
+    yield web
+    web.stop()
 
 
-def chat_in_background(site, auth, key) -> tuple[threading.Thread, list]:
+def chat(site, auth: dict, key: str, body=STORY, web=None):
+    web = web or site["web"]
+    return web.request("POST", "/api/chat", body, {**auth, "Idempotency-Key": key})
+
+
+def chat_in_background(site, auth, key, web=None) -> tuple[threading.Thread, list]:
     answer: list = []
-    thread = threading.Thread(target=lambda: answer.append(chat(site, auth, key)))
+    thread = threading.Thread(target=lambda: answer.append(chat(site, auth, key, web=web)))
     thread.start()
     return thread, answer
 
@@ -192,10 +207,10 @@ def restart_redis(site) -> None:
                interval=0.5)
 
 
-def test_the_only_worker_is_killed_and_its_task_restored_after_the_503(site):
+def test_the_only_worker_is_killed_and_its_task_restored_after_the_503(site, give_up_web):
     member = member_with_preference("chatfaults", "walt", "Short answers.")
     auth = {"Authorization": f"Token {actions.do_create_api_token(member)}"}
-    thread, answer = chat_in_background(site, auth, "story-kill")
+    thread, answer = chat_in_background(site, auth, "story-kill", web=give_up_web)
     request_id = started_attempt(site, member, "story-kill")
     site["worker"].kill()  # SIGKILL mid-generation: no ack, no cleanup
     thread.join(timeout=180)
