@@ -6,6 +6,7 @@ background (``actions.warm_on_commit``, ``KV_WARM_ON_EDIT``).
 A save that changes nothing the member's segment is rendered from (the same text, enabled
 flag, pin and order: an alpha-only change, an admin form saved as it was) invalidates and
 warms nothing: the member's segment and lean would be computed again exactly as they are.
+A deleted conversation drops only its own K/V links (nothing is rendered from it).
 
 Correctness never depends on these: the worker reads the preference fresh from Postgres
 and keys K/V by the SHA-256 of its text, so a changed text (even via ``QuerySet.update()``,
@@ -81,10 +82,10 @@ def _member_saved(sender, instance: Member, created: bool, **kwargs) -> None:
 
 @receiver(post_delete, sender=Conversation, dispatch_uid="kvi-conversation-deleted")
 def _conversation_deleted(sender, instance: Conversation, **kwargs) -> None:
-    # its K/V links are filed under the member: the member's scope drops them (and the
-    # member's segment, recomputed once, P tokens)
-    row = actions.invalidate_on_commit(instance.tenant_id, instance.member_id)
-    actions.warm_on_commit(instance.member_id, row)
+    # its K/V links only (an outbox row of kind "links"): the member's segments and lean
+    # are not rendered from it, so they stay cached and nothing is warmed
+    actions.invalidate_on_commit(instance.tenant_id, instance.member_id,
+                                 conversation_id=instance.pk)
 
 
 @receiver(post_save, sender=Tenant, dispatch_uid="kvi-tenant-saved")

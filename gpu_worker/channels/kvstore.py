@@ -58,19 +58,34 @@ def l2_tier():
                        tenant_quota_bytes=settings.KV_L2_SEGMENT_TENANT_BYTES)
 
 
+def conversation_key(conversation_id: int | str) -> str:
+    """The engine's id of a stored conversation (``ExecutionRequest.conversation_id``, the
+    key its links are cached under): what a deleted conversation's links are dropped by."""
+    return f"api:{conversation_id}"
+
+
 def invalidate(tenant_id: int | str, member_id: int | str | None = None,
-               outbox: int | None = None) -> dict[str, Any]:
-    """Drop a member's (or a whole tenant's) K/V from L2 and from every worker's L1.
+               outbox: int | None = None,
+               conversation: int | str | None = None) -> dict[str, Any]:
+    """Drop a member's (or a whole tenant's) K/V from L2 and from every worker's L1; with
+    ``conversation`` (its :func:`conversation_key`), only that conversation's links.
 
     ``l2_deleted`` is None when Redis did not answer (then nothing was broadcast either).
     ``outbox``: the ``KVInvalidation`` row this delivers (workers then skip it).
     """
     tenant, user = str(tenant_id), (None if member_id is None else str(member_id))
+    conv = None if conversation is None else str(conversation)
+    if conv is not None and user is None:
+        raise ValueError("a conversation's links are dropped within its member")
     try:
-        l2_deleted = l2_tier().evict(tenant, user)
+        tier = l2_tier()
+        l2_deleted = (tier.evict(tenant, user) if conv is None
+                      else tier.evict_conversation(tenant, user, conv))
     except redis.RedisError as exc:  # the outbox row is delivered later (gpu_worker.channels.outbox)
         log.warning("invalidate: L2 unavailable (%s)", exc)
         return {"l2_deleted": None, "workers_notified": 0}
-    extra = {} if outbox is None else {"outbox": int(outbox)}
+    extra: dict[str, Any] = {} if outbox is None else {"outbox": int(outbox)}
+    if conv is not None:
+        extra["conversation"] = conv
     workers = control.publish("invalidate", tenant=tenant, user=user, **extra)
     return {"l2_deleted": l2_deleted, "workers_notified": workers}

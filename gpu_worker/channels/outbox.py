@@ -11,6 +11,10 @@ change. Three deliverers, none of which may lose a row:
   transaction committed since its last poll and evicts its own L1. It needs Postgres
   only, so a worker resynchronises after any Redis outage or missed broadcast.
 
+A row's ``kind`` says what goes: ``scope``, the member's whole K/V (or the tenant's);
+``links``, only the links of one stored conversation of the member (a deleted
+conversation: the member's segments and lean stay).
+
 Why ``txid`` and not ``id`` as the follower's cursor: ids are taken at INSERT, not at
 commit, so a transaction that commits late becomes visible with an id below one already
 read. Every transaction whose id is below a snapshot's ``xmin`` has finished, so a
@@ -37,11 +41,29 @@ from tenants.models import KVInvalidation
 log = logging.getLogger(__name__)
 SWEEP_GRACE_SECONDS = 2.0  # leave a fresh row to the fast path first
 ANNOUNCED_TTL_SECONDS = 600.0
-Apply = Callable[[str, str | None], Any]
+# (tenant, member or None: the tenant's, conversation or None: the member's whole K/V)
+Scope = tuple[str, str | None, str | None]
+Apply = Callable[[str, str | None, str | None], Any]
 
 
-def _scope(row: KVInvalidation) -> tuple[str, str | None]:
-    return str(row.tenant_ref), (None if row.member_ref is None else str(row.member_ref))
+def _text(ref: int | None) -> str | None:
+    return None if ref is None else str(ref)
+
+
+def _conversation(ref: int | None) -> str | None:
+    """A ``links`` row's conversation as the engine keys its links (None: a ``scope`` row)."""
+    return None if ref is None else kvstore.conversation_key(ref)
+
+
+def _scope(row: KVInvalidation) -> Scope:
+    """What a row drops: its kind ``links`` names the conversation, a ``scope`` row none."""
+    return str(row.tenant_ref), _text(row.member_ref), _conversation(row.conversation_ref)
+
+
+def _evict_l2(tier: Any, tenant: str, user: str | None, conversation: str | None) -> int:
+    if conversation is None:
+        return tier.evict(tenant, user)
+    return tier.evict_conversation(tenant, user, conversation)
 
 
 def _mark_l2_done(ids: Sequence[int]) -> None:
@@ -54,8 +76,8 @@ def deliver_now(ids: Sequence[int]) -> int:
     rows = list(KVInvalidation.objects.filter(pk__in=ids, l2_done_at__isnull=True).order_by("id"))
     done = []
     for row in rows:
-        tenant, user = _scope(row)
-        result = kvstore.invalidate(tenant, user, outbox=row.pk)
+        tenant, user, conversation = _scope(row)
+        result = kvstore.invalidate(tenant, user, outbox=row.pk, conversation=conversation)
         if result["l2_deleted"] is None:
             break  # Redis is down: the sweep retries; workers' followers evict L1 anyway
         done.append(row.pk)
@@ -78,7 +100,7 @@ def sweep(limit: int = 200) -> int:
         if rows:
             tier = kvstore.l2_tier()
             for row in rows:
-                tier.evict(*_scope(row))
+                _evict_l2(tier, *_scope(row))
             _mark_l2_done([r.pk for r in rows])
             log.info("outbox: L2 invalidation delivered for %d pending rows", len(rows))
     prune()
@@ -94,7 +116,7 @@ def prune() -> int:
 
 
 _FOLLOW_SQL = """
-SELECT s.xmin, o.id, o.txid, o.tenant_ref, o.member_ref
+SELECT s.xmin, o.id, o.txid, o.tenant_ref, o.member_ref, o.conversation_ref
 FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS xmin) s
 LEFT JOIN {table} o ON o.txid >= %s
 ORDER BY o.id
@@ -161,7 +183,7 @@ class OutboxFollower(threading.Thread):
         xmin = rows[0][0]
         applied = 0
         if self._since is not None:  # the first poll only sets the cursor (L1 is empty)
-            for _, row_id, txid, tenant, member in rows:
+            for _, row_id, txid, tenant, member, conversation in rows:
                 if row_id is None or row_id in self._applied:
                     continue
                 with self._apply_lock:  # not beside a broadcast's or a warm's (apply_once)
@@ -169,18 +191,19 @@ class OutboxFollower(threading.Thread):
                         self._applied[row_id] = txid
                         if self._announced.pop(row_id, None) is not None:
                             continue
-                    self._apply(str(tenant), None if member is None else str(member))
+                    self._apply(str(tenant), _text(member), _conversation(conversation))
                 applied += 1
         self._forget(xmin)
         self._since = xmin
         self.applied_total += applied
         return applied
 
-    def _apply(self, tenant: str, user: str | None) -> None:
+    def _apply(self, tenant: str, user: str | None, conversation: str | None) -> None:
         try:
-            self.apply(tenant, user)
+            self.apply(tenant, user, conversation)
         except Exception:
-            log.exception("outbox: invalidation of tenant=%s user=%s failed", tenant, user)
+            log.exception("outbox: invalidation of tenant=%s user=%s conversation=%s failed",
+                          tenant, user, conversation)
 
     def _forget(self, xmin: int) -> None:
         self._applied = {i: t for i, t in self._applied.items() if t >= xmin}

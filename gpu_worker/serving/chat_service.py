@@ -9,7 +9,7 @@ from typing import Any, NamedTuple, NoReturn
 
 from django.conf import settings
 
-from gpu_worker.channels import streams
+from gpu_worker.channels import kvstore, streams
 from gpu_worker.serving.attempts import Attempt
 from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
@@ -219,7 +219,8 @@ def answer(
     try:
         # /api/chat continues a stored conversation: its K/V link is keyed by its id
         # (/v1 sends the messages: keyed by their hash chain)
-        conv_key = f"api:{conv.pk}" if conv is not None and params.get("history") is None else None
+        conv_key = (kvstore.conversation_key(conv.pk)
+                    if conv is not None and params.get("history") is None else None)
         result = executor.execute(attempt.watching(build_request(
             member, pref, messages, params, stream, conv_key, memories,
             watch=streams.cancel_watch(request_id),  # the web may stop waiting

@@ -25,35 +25,47 @@ def _identity() -> dict[str, Any]:
 
 
 def on_invalidate(message: dict) -> dict[str, Any]:
-    """Drop one tenant's (or one user's) K/V from this process's L1 (and pending L2 writes);
-    an outbox row's once (``apply_outbox``: a warm queued after it may have applied it)."""
+    """Drop one tenant's (or one user's) K/V from this process's L1 (and pending L2 writes),
+    or with ``conversation`` only that stored conversation's links; an outbox row's once
+    (``apply_outbox``: a warm queued after it may have applied it)."""
     tenant, user = str(message["tenant"]), message.get("user")
+    conv = message.get("conversation")
+    conversation = None if conv is None else str(conv)
     if message.get("outbox") is None:
-        return {**_identity(), "evicted": evict(tenant, user)}
-    result = apply_outbox(int(message["outbox"]), tenant, user)
+        return {**_identity(), "evicted": evict(tenant, user, conversation)}
+    result = apply_outbox(int(message["outbox"]), tenant, user, conversation)
     return {**_identity(), "evicted": result if result is not None else "applied before"}
 
 
-def apply_outbox(outbox_id: int, tenant: str, user: str | None) -> dict[str, Any] | None:
-    """Apply outbox row ``outbox_id`` (its scope: ``tenant``, ``user``) here unless this
-    process did already (its broadcast, the follower's poll, a warm: ``OutboxFollower.apply_once``);
-    the eviction's result, or None when it was applied before. Without a follower: always."""
+def apply_outbox(outbox_id: int, tenant: str, user: str | None,
+                 conversation: str | None = None) -> dict[str, Any] | None:
+    """Apply outbox row ``outbox_id`` (its scope: ``tenant``, ``user``; ``conversation``:
+    only its links) here unless this process did already (its broadcast, the follower's
+    poll, a warm: ``OutboxFollower.apply_once``); the eviction's result, or None when it
+    was applied before. Without a follower: always."""
     if STATE.follower is None:
-        return evict(tenant, user)
-    done, result = STATE.follower.apply_once(outbox_id, lambda: evict(tenant, user))
+        return evict(tenant, user, conversation)
+    done, result = STATE.follower.apply_once(
+        outbox_id, lambda: evict(tenant, user, conversation))
     return result if done else None
 
 
-def evict(tenant: str, user: str | None) -> dict[str, Any]:
-    """Drop a tenant's (or user's) K/V from this process's L1 (and its pending L2 writes).
+def evict(tenant: str, user: str | None, conversation: str | None = None) -> dict[str, Any]:
+    """Drop a tenant's (or user's) K/V from this process's L1 (and its pending L2 writes);
+    with ``conversation`` (and its user), only that stored conversation's links.
 
     Called by the control channel and by the outbox follower (gpu_worker.channels.outbox).
     """
     executor = host.current_executor()
     result: dict[str, Any] = {}
-    if executor is not None:
+    if executor is None:
+        return result
+    if conversation is None:
         result = executor.invalidate(tenant, user)
-        log.info("invalidated tenant=%s user=%s: %s", tenant, user, result)
+    elif user is not None:
+        result = executor.drop_conversation(tenant, user, conversation)
+    log.info("invalidated tenant=%s user=%s conversation=%s: %s", tenant, user, conversation,
+             result)
     return result
 
 

@@ -175,6 +175,15 @@ class InjectionExecutor:
         self.metrics.incr("invalidations")
         return out
 
+    def drop_conversation(self, tenant: str, user: str, conversation: str) -> dict[str, Any]:
+        """Evict the links of one stored conversation from L1 and L2 (a deleted
+        conversation); the member's segments and lean stay; counts per tier."""
+        if not (tenant and user and conversation):
+            raise InvalidRequest("drop_conversation needs a tenant, a user and a conversation")
+        out = self.conversations.drop(tenant, user, conversation)
+        self.metrics.incr("invalidations")
+        return out
+
     def clear_l1(self) -> int:
         """Drop every L1 entry (segments and conversation links); returns how many."""
         stores = [self.l1] + ([self.conv_l1] if self.conv_l1 is not self.l1 else [])

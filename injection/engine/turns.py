@@ -211,4 +211,5 @@ class TurnGenerator:
 
     def _key(self, req: ExecutionRequest, user: str, ident: str, chash: str,
                 alpha: float) -> CacheKey:
-        return self.store.key(req.tenant, user, ident, chash, alpha, self.adapter.fingerprint)
+        return self.store.key(req.tenant, user, ident, chash, alpha, self.adapter.fingerprint,
+                              str(req.conversation_id) if req.conversation_id else None)

@@ -16,7 +16,9 @@ reused and only the rest is prefilled, so a trimmed history or a re-tokenised re
 only shortens the reuse. Entries go to L1 (their own budget when the executor has a
 conversation L1) and to Redis (same codec, HMAC, tenant-scoped names, the member's
 index: evicting the member or the tenant drops them), so a turn on another worker or
-after a restart continues from cache. Admission: a turn without history (a one-shot
+after a restart continues from cache. A stored conversation's links carry its id in
+their key (``l2.links.link_hash``) and are named in its own index in Redis too, so
+deleting the conversation drops exactly them (``ConversationStore.drop``). Admission: a turn without history (a one-shot
 request, or a conversation's first turn) is not stored; turns with history (the
 conversation goes on) are, except a ``/v1`` turn whose history was seen before (a
 doorkeeper mark in Redis per conversation key, ``first_sighting``): one-shot requests
@@ -34,6 +36,7 @@ from collections.abc import Callable
 from typing import Any
 
 from injection.base import CacheKey, KVStore
+from injection.kvcache.l2.links import link_conversation, link_hash
 from injection.kvcache.packed import PackedKV
 from injection.kvcache.pieces import KVPieces, Piece, pooled
 from injection.metrics import Metrics
@@ -83,10 +86,23 @@ class ConversationStore:
         return self.l1 is not None and self.max_bytes > 0
 
     def key(self, tenant: str, user: str, ident: str, segment_hash: str, alpha: float,
-            fingerprint: str) -> CacheKey:
+            fingerprint: str, conversation: str | None = None) -> CacheKey:
+        """A link's key; ``conversation``: the stored conversation it belongs to
+        (``/api/chat``), tagged in the key so deleting it drops exactly its links."""
         parts = ["conv", ident, segment_hash, f"{float(alpha):.6f}"]
-        return CacheKey(tenant, user, hashlib.sha256("|".join(parts).encode()).hexdigest(),
-                        fingerprint)
+        digest = hashlib.sha256("|".join(parts).encode()).hexdigest()
+        return CacheKey(tenant, user, link_hash(conversation, digest), fingerprint)
+
+    def drop(self, tenant: str, user: str, conversation: str) -> dict[str, int | None]:
+        """Drop the links of ``user``'s stored conversation ``conversation`` from L1 and
+        Redis; the member's segments, lean and other conversations stay. Per tier: links
+        dropped (None: the tier failed, counted)."""
+        def mine(key: CacheKey) -> bool:
+            return link_conversation(key) == conversation
+
+        return {"l1": self._call("l1", self.l1, "evict", tenant, user, mine),
+                "l2": self._call("l2", self.l2, "evict_conversation", tenant, user,
+                                 conversation)}
 
     def lookup(self, key: CacheKey, prompt_ids: list[int]) -> PackedKV | KVPieces | None:
         """The stored link cut to its common prefix with ``prompt_ids`` (the tokens after

@@ -148,13 +148,16 @@ class TenantLRU(KVStore):
             self._count += 1
             return True
 
-    def evict(self, tenant: str, user: str | None = None) -> int:
-        """Drop ``tenant``'s entries (only ``user``'s if given); returns how many."""
+    def evict(self, tenant: str, user: str | None = None,
+              where: Callable[[CacheKey], bool] | None = None) -> int:
+        """Drop ``tenant``'s entries (only ``user``'s if given; only those ``where`` holds
+        for, if given: one conversation's links); returns how many."""
         with self._lock:
             t = self._tenants.get(tenant)
             if t is None:
                 return 0
-            keys = [k for k in t.entries if user is None or k.user == user]
+            keys = [k for k in t.entries
+                    if (user is None or k.user == user) and (where is None or where(k))]
             for k in keys:
                 self._remove(t, k)
             self._invalidations += len(keys)

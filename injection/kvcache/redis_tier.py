@@ -139,12 +139,14 @@ class RedisKVTier(L2Writes, L2Maintenance, KVStore):
         if not self._available(key.tenant):
             return None
         name = self.signer.redis_key(key)
-        index = self.signer.user_index_key(key.tenant, key.user)
-        try:  # a hit refreshes the entry's TTL (and its user index's, which must outlive it;
+        indexes = (self.signer.user_index_key(key.tenant, key.user),
+                   self._conversation_index(key) if link else None)
+        try:  # a hit refreshes the entry's TTL (and its indexes', which must outlive it;
             # its ledger's too)
             with self.client.pipeline(transaction=False) as p:
                 p.get(name)
-                for outlives in (name, index, *self._ledger_keys(key.tenant, link)):
+                for outlives in (name, *filter(None, indexes),
+                                 *self._ledger_keys(key.tenant, link)):
                     p.expire(outlives, self.ttl_seconds)
                 blob = p.execute(raise_on_error=True)[0]
         except FAULTS as e:

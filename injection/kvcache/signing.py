@@ -9,6 +9,9 @@ Every name and MAC derives from one server secret and a ``key_generation``:
 * entry key    = ``{ns}:{tag}:e:{HMAC(tenant_key, tenant|user|hash|fingerprint|version)}``;
 * user index   = ``{ns}:{tag}:u:{HMAC(tenant_key, "user|" + user)}`` (a SET of
   that user's entry keys, so one user is evicted without SCAN);
+* conversation index = ``{ns}:{tag}:u:{HMAC(tenant_key, "conversation|" + user + "|" + id)}``
+  (a SET of one stored conversation's link names, also in the user's index: deleting the
+  conversation drops exactly its links);
 * seen mark    = ``{ns}:{tag}:s:{the entry's digest}``: a conversation key looked up
   before (the admission doorkeeper of ``injection.kvcache.conversation``);
 * link ledger  = ``{ns}:{tag}:l:{HMAC(tenant_key, "links")}`` (a HASH: each conversation
@@ -122,6 +125,11 @@ class CacheKeySigner:
     def user_index_key(self, tenant: str, user: str) -> str:
         """Redis SET holding the entry names of one user."""
         digest = _hmac(self._tenant_key(tenant), b"user", _b(user))
+        return f"{self.tenant_prefix(tenant)}u:{digest.hex()}"
+
+    def conversation_index_key(self, tenant: str, user: str, conversation: str) -> str:
+        """Redis SET holding the link names of one stored conversation of ``user``."""
+        digest = _hmac(self._tenant_key(tenant), b"conversation", _b(user), _b(conversation))
         return f"{self.tenant_prefix(tenant)}u:{digest.hex()}"
 
     def seen_key(self, key: tuple[str, str, str, str]) -> str:

@@ -20,22 +20,30 @@ log = logging.getLogger("tenants.actions")
 CURRENT_TXID = "pg_current_xact_id()::text::bigint"
 
 
-def invalidate_on_commit(tenant_id: int, member_id: int | None = None) -> int:
+def invalidate_on_commit(tenant_id: int, member_id: int | None = None, *,
+                         conversation_id: int | None = None) -> int:
     """Invalidate cached K/V (L2 + every worker's L1) durably, effective at commit.
 
     Writes an outbox row (``KVInvalidation``) in the current transaction: it exists iff
     the change commits, and is delivered until acknowledged, Redis outage or not
     (workers follow the table; see ``tenants.ports.deliver_invalidations``). After
     commit the fast path deletes L2 and broadcasts at once. ``member_id`` None means
-    the whole tenant.
+    the whole tenant. ``conversation_id``: only the links of that stored conversation
+    of the member (kind ``links``: the member's segments, lean and other conversations
+    stay).
     """
+    if conversation_id is not None and member_id is None:
+        raise ValueError("a conversation's links are dropped within its member")
+    kind = KVInvalidation.Kind.SCOPE if conversation_id is None else KVInvalidation.Kind.LINKS
     row = KVInvalidation.objects.create(
-        tenant_ref=tenant_id, member_ref=member_id, txid=RawSQL(CURRENT_TXID, ()),
+        kind=kind, tenant_ref=tenant_id, member_ref=member_id, conversation_ref=conversation_id,
+        txid=RawSQL(CURRENT_TXID, ()),
     )
 
     def run() -> None:
         ports.deliver_invalidations([row.pk])
-        log.info("invalidation %s queued: tenant=%s member=%s", row.pk, tenant_id, member_id)
+        log.info("invalidation %s (%s) queued: tenant=%s member=%s", row.pk, kind, tenant_id,
+                 member_id)
 
     transaction.on_commit(run, robust=True)
     return row.pk

@@ -227,14 +227,22 @@ class KVInvalidation(models.Model):
     Delivered until acknowledged (docs/OPERATIONS.md, "Durable invalidation"): every
     serving worker process follows the table and evicts its own L1 (no Redis needed);
     ``l2_done_at`` is set once the matching L2 entries are deleted. An operational
-    record, not tenant data: tenant and member are plain ids (no FK), so the row
-    outlives the deletion it invalidates. ``txid`` is the writing transaction's id
-    (``pg_current_xact_id()``); followers read by it, so a transaction that commits
-    late (with a smaller ``id``) is never skipped.
+    record, not tenant data: tenant, member and conversation are plain ids (no FK), so
+    the row outlives the deletion it invalidates. ``txid`` is the writing transaction's
+    id (``pg_current_xact_id()``); followers read by it, so a transaction that commits
+    late (with a smaller ``id``) is never skipped. ``kind``: what goes (``Kind``).
     """
 
+    class Kind(models.TextChoices):
+        # the member's whole K/V (segments, lean, every link), or the tenant's (no member)
+        SCOPE = "scope", "member or tenant K/V"
+        # one stored conversation's links only (a deleted conversation)
+        LINKS = "links", "one conversation's links"
+
+    kind = models.CharField(max_length=8, choices=Kind.choices, default=Kind.SCOPE)
     tenant_ref = models.BigIntegerField()
     member_ref = models.BigIntegerField(null=True, blank=True)  # None: the whole tenant
+    conversation_ref = models.BigIntegerField(null=True, blank=True)  # kind "links" only
     txid = models.BigIntegerField(db_index=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     l2_done_at = models.DateTimeField(null=True, blank=True)
@@ -242,9 +250,16 @@ class KVInvalidation(models.Model):
     class Meta:
         indexes = [models.Index(fields=["id"], condition=Q(l2_done_at__isnull=True),
                                 name="kvinval_l2_pending")]
+        constraints = [models.CheckConstraint(
+            condition=Q(kind="scope", conversation_ref__isnull=True)
+            | Q(kind="links", member_ref__isnull=False, conversation_ref__isnull=False),
+            name="kvinval_kind_scope")]
 
     def __str__(self) -> str:
         who = "all" if self.member_ref is None else self.member_ref
+        if self.kind == self.Kind.LINKS:
+            return (f"drop links tenant={self.tenant_ref} member={who} "
+                    f"conversation={self.conversation_ref}")
         return f"invalidate tenant={self.tenant_ref} member={who}"
 
 

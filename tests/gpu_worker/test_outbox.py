@@ -35,9 +35,10 @@ def put_l2_entry(member) -> CacheKey:
     return put(key)
 
 
-def put(key: CacheKey) -> CacheKey:
+def put(key: CacheKey, link: bool = False) -> CacheKey:
     tier = kvstore.l2_tier()
-    assert tier.put(key, PackedKV(torch.zeros(2, 1, 3, 4), torch.ones(2, 1, 3, 4), [1, 2, 3]))
+    kv = PackedKV(torch.zeros(2, 1, 3, 4), torch.ones(2, 1, 3, 4), [1, 2, 3])
+    assert tier.put(key, kv, link=link)
     assert tier.flush(30)  # written, not only queued
     return key
 
@@ -89,7 +90,7 @@ def test_redis_down_keeps_the_row_pending_until_a_sweep_deletes_l2(member, setti
 
 def test_follower_applies_each_committed_row_once_even_when_it_commits_late():
     applied: list[tuple[str, str | None]] = []
-    follower = outbox.OutboxFollower(lambda t, u: applied.append((t, u)), interval=0)
+    follower = outbox.OutboxFollower(lambda t, u, c: applied.append((t, u)), interval=0)
     follower.poll_once()  # sets the cursor
     inserted, release = threading.Event(), threading.Event()
 
@@ -119,7 +120,7 @@ def test_follower_applies_each_committed_row_once_even_when_it_commits_late():
 
 def test_follower_skips_a_row_a_broadcast_already_applied_and_whole_tenant_rows():
     applied: list[tuple[str, str | None]] = []
-    follower = outbox.OutboxFollower(lambda t, u: applied.append((t, u)), interval=0)
+    follower = outbox.OutboxFollower(lambda t, u, c: applied.append((t, u)), interval=0)
     follower.poll_once()
     actions.invalidate_on_commit(FAR, FAR + 3)
     broadcast = []  # its broadcast, applied here first
@@ -129,3 +130,40 @@ def test_follower_skips_a_row_a_broadcast_already_applied_and_whole_tenant_rows(
     actions.invalidate_on_commit(FAR + 4)  # member None: the whole tenant
     assert follower.poll_once() == 1
     assert applied == [(str(FAR + 4), None)]
+
+
+def test_follower_hands_a_links_row_its_conversation():
+    applied: list[tuple[str, str | None, str | None]] = []
+    follower = outbox.OutboxFollower(lambda t, u, c: applied.append((t, u, c)), interval=0)
+    follower.poll_once()
+    actions.invalidate_on_commit(FAR + 5, FAR + 6, conversation_id=FAR + 7)
+    actions.invalidate_on_commit(FAR + 5, FAR + 6)
+    assert follower.poll_once() == 2
+    assert applied == [(str(FAR + 5), str(FAR + 6), kvstore.conversation_key(FAR + 7)),
+                       (str(FAR + 5), str(FAR + 6), None)]
+    with pytest.raises(ValueError):  # a conversation's links are its member's
+        actions.invalidate_on_commit(FAR + 5, conversation_id=FAR + 7)
+
+
+def test_a_pending_links_row_is_swept_as_its_conversations_links_only(member, settings,
+                                                                      monkeypatch):
+    from injection.kvcache.l2.links import link_hash
+    from tenants.models import Conversation
+
+    segment = put_l2_entry(member)
+    conv = Conversation.objects.create(tenant=member.tenant, member=member)
+    tenant, user = str(member.tenant_id), str(member.pk)
+    gone, kept = (put(CacheKey(tenant, user, link_hash(kvstore.conversation_key(c), "a"), "fp"),
+                      link=True) for c in (conv.pk, conv.pk + 1))
+    live = settings.REDIS_URL
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # an outage: the fast path cannot deliver
+    actions.do_delete_conversation(member, conv.pk)
+    row = KVInvalidation.objects.get(kind="links", conversation_ref=conv.pk)
+    assert row.l2_done_at is None and row.member_ref == member.pk
+    settings.REDIS_URL = live
+    monkeypatch.setattr(outbox, "SWEEP_GRACE_SECONDS", 0.0)
+    outbox.sweep()  # (or a live worker's agent did, a little earlier)
+    row.refresh_from_db()
+    tier = kvstore.l2_tier()
+    assert row.l2_done_at is not None and tier.get(gone, link=True) is None
+    assert tier.get(kept, link=True) is not None and tier.get(segment) is not None

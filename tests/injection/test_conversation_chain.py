@@ -90,12 +90,32 @@ def test_conversation_id_keys_one_slot_and_eviction_drops_it_from_redis(executor
     other = executors()  # after a restart: empty L1, the same Redis
     res, history = turn(other, history, QUESTIONS[3], conv="api:7")
     assert res.reused_tokens > 0
-    # deleting the member (or the conversation, through the member's scope) drops its links
+    # deleting the member drops its links
     assert other.invalidate("t1", "u1")["l2"] == 2  # member segment + the link
     fresh = executors()
     res, _ = turn(fresh, history, QUESTIONS[4], conv="api:7")
     assert res.reused_tokens == 0 and res.extra["segments"]["member"] == "compute"
     assert res.extra["segments"]["tenant"] == "l2"  # the tenant's segment stays
+
+
+def test_dropping_a_conversation_drops_its_links_only(executors):
+    """A deleted conversation (outbox kind ``links``): its link goes from L1 and Redis;
+    the member's segments and another conversation's link stay, on this worker and others."""
+    ex = executors(conversation_prefill_opening=False)
+    histories = {}
+    for conv in ("api:1", "api:2"):
+        histories[conv] = turn(ex, turn(ex, [], QUESTIONS[0], conv=conv)[1], QUESTIONS[1],
+                               conv=conv)[1]
+    segments, names = len(ex.l1), ex.l2.stats(scan=True)["per_tenant"]["t1"]["entries"]
+    assert len(ex.conv_l1) == 2 and names == 4  # 2 segments + 2 links
+    assert ex.drop_conversation("t1", "u1", "api:1") == {"l1": 1, "l2": 1}
+    assert len(ex.l1) == segments and len(ex.conv_l1) == 1
+    assert ex.l2.stats(scan=True)["per_tenant"]["t1"]["entries"] == 3
+    other = executors()  # another worker: what it finds in Redis
+    gone, _ = turn(other, histories["api:1"], QUESTIONS[2], conv="api:1")
+    kept, _ = turn(other, histories["api:2"], QUESTIONS[2], conv="api:2")
+    assert gone.reused_tokens == 0 and kept.reused_tokens > 0
+    assert gone.extra["segments"] == {"tenant": "l2", "member": "l2"}  # nothing recomputed
 
 
 def test_a_history_trimmed_in_blocks_keeps_being_continued(executors, plain):

@@ -16,9 +16,17 @@ from django.db import transaction
 
 from gpu_worker.channels import control, kvstore
 from injection.base import CacheKey
+from injection.kvcache.l2.links import link_hash
 from injection.kvcache.packed import PackedKV
 from tenants import actions
-from tenants.models import Member, Preference
+from tenants.models import (
+    AuditEvent,
+    AuditLog,
+    Conversation,
+    KVInvalidation,
+    Member,
+    Preference,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -63,11 +71,11 @@ def subscriber(member):
     sub.close()
 
 
-def put_l2_entry(member: Member) -> CacheKey:
+def put_l2_entry(member: Member, content_hash: str | None = None) -> CacheKey:
     """A real, signed L2 entry for the member, as a worker would have written it."""
     tier = kvstore.l2_tier()
-    key = CacheKey(str(member.tenant_id), str(member.pk), member.preference.content_hash,
-                   "test-fingerprint")
+    key = CacheKey(str(member.tenant_id), str(member.pk),
+                   content_hash or member.preference.content_hash, "test-fingerprint")
     kv = PackedKV(torch.zeros(2, 1, 3, 4), torch.ones(2, 1, 3, 4), [1, 2, 3])
     assert tier.put(key, kv)
     assert tier.get(key) is not None
@@ -141,19 +149,61 @@ def test_redis_down_never_breaks_the_write(member, settings):
     assert Preference.objects.get(pk=pref.pk).text == "still saved"
 
 
-def test_deleting_a_conversation_drops_the_members_kv_links(member, subscriber):
-    """A conversation's K/V links are filed under its member: deleting it invalidates the
-    member's scope after commit (Redis entries of that member gone)."""
-    from tenants.models import Conversation
+def put_link(member: Member, conversation: int, digest: str = "d") -> CacheKey:
+    """A real, signed L2 link of the member's stored conversation, as a worker keeps it."""
+    tier = kvstore.l2_tier()
+    key = CacheKey(str(member.tenant_id), str(member.pk),
+                   link_hash(kvstore.conversation_key(conversation), digest), "test-fingerprint")
+    kv = PackedKV(torch.zeros(2, 1, 3, 4), torch.ones(2, 1, 3, 4), [1, 2, 3])
+    assert tier.put(key, kv, link=True)
+    return key
 
-    conv = Conversation.objects.create(tenant=member.tenant, member=member, title="t")
-    key = put_l2_entry(member)
+
+def test_deleting_a_conversation_drops_its_links_only(member, subscriber):
+    """A deleted conversation's K/V links go (an outbox row of kind "links"); its member's
+    segment and lean, its other conversations' links and every other member's and tenant's
+    entries stay, so nothing is computed again."""
+    from injection.kvcache.chain import LEAN_PREFIX
+
+    control.request("stats", timeout=30)  # live workers handled the member's creation
+    bob = actions.do_add_member(member.tenant, "bob", preference="vegan")
+    other = actions.do_add_member(actions.do_create_tenant("globex"), "carol", preference="x")
+    control.request("stats", timeout=30)
+    conv, kept_conv = (Conversation.objects.create(tenant=member.tenant, member=member)
+                       for _ in range(2))
+    gone = [put_link(member, conv.pk, d) for d in ("a", "b")]  # e.g. before and after an edit
+    kept = [put_l2_entry(member), put_link(member, kept_conv.pk),
+            put_l2_entry(member, LEAN_PREFIX + "x"), put_link(bob, conv.pk),
+            put_link(other, conv.pk), put_l2_entry(bob)]
     subscriber.drain(0.3)
     actions.do_delete_conversation(member, conv.pk)
     messages = subscriber.drain(2.0, until=bool)
-    assert [(m["op"], m["user"]) for m in messages] == [("invalidate", str(member.pk))]
-    assert kvstore.l2_tier().get(key) is None
+    assert [(m["op"], m["user"], m.get("conversation")) for m in messages] == [
+        ("invalidate", str(member.pk), kvstore.conversation_key(conv.pk))]
+    tier = kvstore.l2_tier()
+    assert [tier.get(k, link=True) for k in gone] == [None, None]
+    assert all(tier.get(k) is not None for k in kept)
+    row = KVInvalidation.objects.filter(member_ref=member.pk).latest("id")
+    assert (row.kind, row.conversation_ref, row.l2_done_at is not None) == (
+        "links", conv.pk, True)
 
+
+def test_a_conversations_links_row_is_written_and_audited_with_its_deletion(member):
+    """The links row and the deletion's audit row commit, or roll back, together."""
+    conv = Conversation.objects.create(tenant=member.tenant, member=member)
+    rows = KVInvalidation.objects.filter(kind="links", conversation_ref=conv.pk)
+    audits = AuditLog.objects.filter(event_type=AuditEvent.CONVERSATION_DELETED,
+                                     tenant=member.tenant)
+    with pytest.raises(RuntimeError), transaction.atomic():
+        actions.do_delete_conversation(member, conv.pk)
+        assert rows.count() == 1 and audits.count() == 1
+        raise RuntimeError
+    assert rows.count() == 0 and audits.count() == 0
+    scope_rows = KVInvalidation.objects.filter(member_ref=member.pk, kind="scope").count()
+    actions.do_delete_conversation(member, conv.pk)
+    assert rows.count() == 1 and audits.get().data["conversation"] == conv.pk
+    # the member's whole scope is not invalidated (nor warmed: nothing was rendered from it)
+    assert KVInvalidation.objects.filter(member_ref=member.pk, kind="scope").count() == scope_rows
 
 
 def test_deactivating_a_tenant_drops_its_shared_tenant_segment_and_member_entries(

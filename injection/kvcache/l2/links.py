@@ -19,6 +19,11 @@ write, so under OOM Redis refuses the whole script before it changes anything.
 
 A ledger row outlives a link that expired by TTL: the row is the oldest of the tenant's,
 so it is the first to go when room is needed, and its recorded bytes come off the total.
+
+A stored conversation's links (``/api/chat``: keyed by the conversation's id, see
+:func:`link_hash`) are also named in a conversation index (``CacheKeySigner.
+conversation_index_key``), written by the same script, so deleting the conversation drops
+exactly its links (``L2Maintenance.evict_conversation``) and nothing else of its member.
 """
 
 from __future__ import annotations
@@ -32,9 +37,24 @@ if TYPE_CHECKING:  # pragma: no cover
     from injection.base import CacheKey
     from injection.kvcache.packed import PackedKV
 
-__all__ = ["LinkLedger", "LinkView", "TOTAL_FIELD"]
+__all__ = ["LINK_PREFIX", "LinkLedger", "LinkView", "TOTAL_FIELD", "link_conversation",
+           "link_hash"]
 
 TOTAL_FIELD = "#bytes"
+LINK_PREFIX = "link:"  # a stored conversation's link: "link:<conversation id>:<digest>"
+
+
+def link_hash(conversation: str | None, digest: str) -> str:
+    """A link key's content hash: ``digest`` as it is, or tagged with the stored
+    conversation it belongs to (``/api/chat``), so that conversation's links are found."""
+    return digest if conversation is None else f"{LINK_PREFIX}{conversation}:{digest}"
+
+
+def link_conversation(key: CacheKey) -> str | None:
+    """The stored conversation whose link ``key`` is (None: any other entry, a ``/v1`` link)."""
+    if not key.content_hash.startswith(LINK_PREFIX):
+        return None
+    return key.content_hash[len(LINK_PREFIX):].rpartition(":")[0]  # the id may hold ":"
 
 # helpers of the scripts below: a ledger row ("bytes user-index"), and a link dropped whole
 _ROW = """
@@ -54,7 +74,8 @@ local function drop(ledger, order, name)
 end
 """
 
-# KEYS: entry, user index, ledger hash, ledger order; ARGV: blob, ttl, now (ms), quota
+# KEYS: entry, user index, ledger hash, ledger order[, conversation index]; ARGV: blob, ttl,
+# now (ms), quota
 _WRITE = _ROW + """
 local size = string.len(ARGV[1])
 local quota = tonumber(ARGV[4])
@@ -80,6 +101,10 @@ for _, name in ipairs(victims) do
 end
 redis.call('SADD', KEYS[2], KEYS[1])
 redis.call('EXPIRE', KEYS[2], ARGV[2])
+if KEYS[5] then
+  redis.call('SADD', KEYS[5], KEYS[1])
+  redis.call('EXPIRE', KEYS[5], ARGV[2])
+end
 redis.call('HSET', KEYS[3], KEYS[1], size .. ' ' .. KEYS[2], '#bytes', math.max(total, 0) + size)
 local top = redis.call('ZRANGE', KEYS[4], -1, -1, 'WITHSCORES')[2]
 redis.call('ZADD', KEYS[4], math.max(tonumber(ARGV[3]), tonumber(top or '0') + 1), KEYS[1])
@@ -142,13 +167,16 @@ class LinkLedger:
             return self.signer.link_ledger_keys(tenant)
         return self.signer.entry_ledger_keys(tenant)
 
-    def write(self, tenant: str, name: str, index: str, blob: Any) -> tuple[bool, int]:
-        """Store ``blob`` at ``name`` (indexed under ``index``) within the tenant's budget:
-        (stored, own links deleted for room). Not stored: larger than the whole budget.
-        Raises Redis errors (``OutOfMemoryError`` when the cache Redis is full)."""
+    def write(self, tenant: str, name: str, index: str, blob: Any,
+              conversation_index: str | None = None) -> tuple[bool, int]:
+        """Store ``blob`` at ``name`` (indexed under ``index``, and ``conversation_index``
+        if given) within the tenant's budget: (stored, own links deleted for room). Not
+        stored: larger than the whole budget. Raises Redis errors (``OutOfMemoryError``
+        when the cache Redis is full)."""
         ledger, order = self.keys(tenant)
+        also = [conversation_index] if conversation_index else []
         stored, evicted = self._write(
-            keys=[name, index, ledger, order],
+            keys=[name, index, ledger, order, *also],
             args=[blob, self.ttl_seconds, int(time.time() * 1000), self.quota_bytes])
         return bool(stored), int(evicted)
 
@@ -192,3 +220,6 @@ class LinkView:
 
     def first_sighting(self, key: CacheKey) -> bool | None:
         return self.tier.first_sighting(key)
+
+    def evict_conversation(self, tenant: str, user: str, conversation: str) -> int:
+        return self.tier.evict_conversation(tenant, user, conversation)

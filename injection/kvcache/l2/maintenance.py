@@ -1,4 +1,5 @@
-"""L2 maintenance: evict a tenant or user, clear everything, verify entries, sizes and stats.
+"""L2 maintenance: evict a tenant, a user or one stored conversation's links, clear
+everything, verify entries, sizes and stats.
 
 A mixin of :class:`injection.kvcache.redis_tier.RedisKVTier` (it uses the tier's client,
 signer, writer and counters). These calls raise ``redis.RedisError`` so their callers
@@ -12,6 +13,7 @@ from typing import Any
 import redis
 
 from injection.kvcache.l2 import scan as l2_scan
+from injection.kvcache.l2.links import link_conversation
 from injection.kvcache.redis_client import FAULTS, wrong_type
 
 COUNTERS = ("hits", "misses", "rejects", "errors", "bypassed", "skipped_writes", "writes",
@@ -48,15 +50,50 @@ class L2Maintenance:
                 deleted += self._evict_index(tenant, index)
         return deleted
 
-    def _evict_index(self, tenant: str, index: str | bytes) -> int:
-        """Delete the entries a user index names and remove exactly those names from it."""
+    def evict_conversation(self, tenant: str, user: str, conversation: str) -> int:
+        """Delete the links of ``user``'s stored conversation ``conversation`` (its index);
+        the user's other entries (segments, lean, other conversations' links) stay. Its
+        queued link writes are dropped first, as :meth:`evict` does; returns links deleted."""
+        def mine(k: Any) -> bool:
+            return (k.tenant, k.user) == (tenant, user) and link_conversation(k) == conversation
+
+        self._writer.cancel(mine)
+        index = self.signer.conversation_index_key(tenant, user, conversation)
         try:
-            names = list(self.client.smembers(index))
+            names = self._index_names(tenant, index)
+            if not names:
+                return 0
+            self._unindex(tenant, self.signer.user_index_key(tenant, user), names)
+            deleted = self.drop_indexed(index, names)  # the index goes with its last name
+            self.links.forget(tenant, names)
+            return deleted
+        except FAULTS:
+            self._count(tenant, "errors")
+            raise
+
+    def _unindex(self, tenant: str, index: str, names: list[bytes]) -> None:
+        """Take ``names`` off a user index (a malformed one is counted and deleted)."""
+        try:
+            self.client.srem(index, *names)
         except redis.ResponseError as e:
             if not wrong_type(e):
                 raise
             self._drop_bad_index(tenant, index, e)
-            return 0
+
+    def _index_names(self, tenant: str, index: str | bytes) -> list[bytes]:
+        """The names a user (or conversation) index holds; [] for a malformed index, which
+        is counted and deleted."""
+        try:
+            return list(self.client.smembers(index))
+        except redis.ResponseError as e:
+            if not wrong_type(e):
+                raise
+            self._drop_bad_index(tenant, index, e)
+            return []
+
+    def _evict_index(self, tenant: str, index: str | bytes) -> int:
+        """Delete the entries a user index names and remove exactly those names from it."""
+        names = self._index_names(tenant, index)
         if not names:
             return 0
         deleted = self.drop_indexed(index, names)  # an empty set goes with its last name

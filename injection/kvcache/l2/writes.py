@@ -10,6 +10,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from injection.base import CacheKey
+from injection.kvcache.l2.links import link_conversation
 from injection.kvcache.redis_client import DROP_CHUNK, FAULTS, out_of_memory, wrong_type
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -53,29 +54,40 @@ class L2Writes:
             return False
         blob = _codec().encode(kv, key, self.signer, compress=self.compress)
         name = self.signer.redis_key(key)
-        index = self.signer.user_index_key(key.tenant, key.user)
+        indexes = (self.signer.user_index_key(key.tenant, key.user),
+                   self._conversation_index(key) if link else None)
         for attempt in (1, 2):
             try:
-                if not self._store(key.tenant, name, index, blob, link):
+                if not self._store(key.tenant, name, indexes, blob, link):
                     self._count(key.tenant, "refused_writes")  # larger than the budget
                     return False
                 break
             except FAULTS as e:
-                if not self._recover(key.tenant, index, blob, link, e, again=attempt == 1):
+                if not self._recover(key.tenant, indexes, blob, link, e, again=attempt == 1):
                     return False
         self._count(key.tenant, "writes")
         return True
 
-    def _store(self, tenant: str, name: str, index: str, blob: Any, link: bool) -> bool:
+    def _conversation_index(self, key: CacheKey) -> str | None:
+        """The index of the stored conversation whose link ``key`` is (None: not one)."""
+        conversation = link_conversation(key)
+        if conversation is None:
+            return None
+        return self.signer.conversation_index_key(key.tenant, key.user, conversation)
+
+    def _store(self, tenant: str, name: str, indexes: tuple[str, str | None], blob: Any,
+               link: bool) -> bool:
+        """Write ``name`` indexed under the user's index (``indexes[0]``) and, for a stored
+        conversation's link, its conversation's (``indexes[1]``)."""
         ledger = self._ledger(link)
         if ledger is None:
-            self._set_indexed(name, index, blob)
+            self._set_indexed(name, indexes[0], blob)
             return True
-        stored, evicted = ledger.write(tenant, name, index, blob)
+        stored, evicted = ledger.write(tenant, name, indexes[0], blob, indexes[1])
         self._count(tenant, _EVICTIONS[link], evicted)
         return stored
 
-    def _recover(self, tenant: str, index: str, blob: Any, link: bool,
+    def _recover(self, tenant: str, indexes: tuple[str, str | None], blob: Any, link: bool,
                  e: BaseException, *, again: bool) -> bool:
         """After a failed write: True to write ``again`` (a bad index dropped; a full Redis
         with room made from the tenant's own oldest links), else counted and False."""
@@ -86,7 +98,7 @@ class L2Writes:
                 log.info("L2 full (maxmemory): write refused")
             return bool(freed)
         if wrong_type(e) and again:
-            expected = {index: b"set"}
+            expected = {index: b"set" for index in indexes if index}
             expected.update(zip(self._ledger_keys(tenant, link), (b"hash", b"zset"),
                                 strict=False))
             return self._drop_wrong_types(tenant, expected, e)
