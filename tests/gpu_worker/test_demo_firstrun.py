@@ -3,21 +3,30 @@ step, the banner only once web and worker answer, and a short, clean stop on Ctr
 
 from __future__ import annotations
 
+import shutil
 import signal
 import urllib.request
 
 import pytest
 
-from tests.gpu_worker.test_demo_supervisor import Demo, var_dir, wait_for  # noqa: F401
+from tests.gpu_worker.conftest import fresh_var_dir
+from tests.gpu_worker.test_demo_supervisor import Demo, wait_for
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture
-def demo(var_dir, demo_model_path):  # noqa: F811
+def demo(stopped_demo_dirs, demo_model_path):
+    """A first run: a fresh VAR_DIR. Stopped cleanly, the dir is handed on to a later demo
+    test (test_demo_supervisor's), which then skips making and migrating its database."""
+    var_dir = fresh_var_dir()
     d = Demo(var_dir, demo_model_path)
     yield d
     d.stop()
+    if d.proc.returncode == 0:
+        stopped_demo_dirs.append(var_dir)
+    else:
+        shutil.rmtree(var_dir, ignore_errors=True)
 
 
 def test_steps_then_banner_when_ready_then_a_clean_stop(demo):

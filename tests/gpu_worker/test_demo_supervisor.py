@@ -14,15 +14,14 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import psutil
 import pytest
 
 from tests import workers
+from tests.gpu_worker.conftest import fresh_var_dir
 from tests.workers import ROOT, free_port
 
 pytestmark = pytest.mark.e2e
@@ -95,13 +94,10 @@ class Demo:
 
 
 @pytest.fixture
-def var_dir():
-    """Not under pytest's tmp dir: that one is root-only (0700, re-applied by any pytest
-    run), and the embedded Postgres runs as another user when we are root."""
-    base = ROOT / "var" / "test-demo"
-    base.mkdir(parents=True, exist_ok=True)
-    path = Path(tempfile.mkdtemp(dir=base))
-    path.chmod(0o755)
+def var_dir(stopped_demo_dirs):
+    """A VAR_DIR a demo stopped cleanly in, else a fresh one (the tests here need a running
+    demo, not a first run: test_demo_firstrun's is)."""
+    path = stopped_demo_dirs.pop() if stopped_demo_dirs else fresh_var_dir()
     yield path
     shutil.rmtree(path, ignore_errors=True)
 
