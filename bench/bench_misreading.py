@@ -20,6 +20,15 @@ loaded: the reading is what decides a rule.
 Run: ``.venv/bin/python bench/bench_misreading.py [--split tuning] [--show tuning|validation]
 [--write-docs]``
 (``--show`` lists the memories read as rules; look at validation once, after tuning).
+
+``--replies`` asks the real model instead (``misreading_replies.py``: SmolLM2, or
+``MODEL_PATH``): each memory's reply on the defaults against the decoder's rules off, the
+replies a rule changed (harm), the controls kept in fluent replies, and the standing family's
+adherence at depths 0 and 8 beside them; ``--write-docs`` then writes its tables as section
+``replies-SPLIT`` of docs/benchmarks/misreading.md. ``.venv/bin/python bench/bench_misreading.py
+--replies --split validation --partial FILE --quality-partial FILE2 [--show validation]
+[--write-docs]`` (the partial files keep the replies and resume; FILE2 is bench_quality's
+``--partial`` format).
 """
 
 from __future__ import annotations
@@ -122,6 +131,31 @@ def section() -> str:
         table(["split", *KINDS, "all (Wilson 95 %)", "controls kept"], rows)])
 
 
+REPLIES_DOC = ROOT / "docs" / "benchmarks" / "misreading.md"
+REPLIES_HEAD = ("# Misreading: replies on the real model (bench/bench_misreading.py --replies)"
+                "\n\nEach run's tables, written by `--replies --write-docs`; docs/BENCHMARKS.md "
+                "(misreading) summarises them.\n")
+
+
+def replies(args: argparse.Namespace) -> None:
+    """``--replies``: the real model's replies (``misreading_replies``), reported and written."""
+    import shlex
+
+    import misreading_replies as mr
+
+    split = args.split or "validation"
+    done, standing, model = mr.run(split, args.workers, args.partial, args.quality_partial)
+    cmd = ".venv/bin/python bench/bench_misreading.py " + shlex.join(sys.argv[1:])
+    text = mr.render(split, done, standing, cmd, model)
+    print(text)
+    if args.show:
+        print("\n".join(mr.shown(args.show, done)))
+    if args.write_docs:
+        if not REPLIES_DOC.exists():
+            REPLIES_DOC.write_text(REPLIES_HEAD)
+        write_section(f"replies-{split}", text, REPLIES_DOC)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--split", choices=("tuning", "validation"),
@@ -129,7 +163,15 @@ def main() -> None:
     ap.add_argument("--show", choices=("tuning", "validation"))
     ap.add_argument("--write-docs", action="store_true",
                     help="rewrite docs/BENCHMARKS.md's misreading section")
+    ap.add_argument("--replies", action="store_true",
+                    help="the real model's replies (default split: validation)")
+    ap.add_argument("--workers", type=int, default=8, help="--replies: requests at once")
+    ap.add_argument("--partial", default="", help="--replies: JSON file of the replies so far")
+    ap.add_argument("--quality-partial", default="",
+                    help="--replies: the standing family's replies (bench_quality --partial)")
     args = ap.parse_args()
+    if args.replies:
+        return replies(args)
     if args.write_docs:
         write_section("misreading", section())
     print(f"readers: READER_VERSION {rules.READER_VERSION}")

@@ -377,6 +377,23 @@ def _key(job: tuple) -> str:
     return f"{i}|{d}|{n}|{name}"
 
 
+def load_model():
+    """(adapter, path) of ``MODEL_PATH``, else SmolLM2 prepared under var/models/, loaded as
+    the ``MODEL_*`` variables say."""
+    import torch
+
+    from injection import load_adapter
+    from injection.model.gguf_import import prepare_model
+
+    torch.manual_seed(0)
+    path = Path(os.environ.get("MODEL_PATH") or prepare_model(
+        ROOT / "var" / "models" / "smollm2-135m-instruct"))
+    return load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None,
+                        dtype=os.environ.get("MODEL_DTYPE") or None,
+                        cpu_matmul=os.environ.get("MODEL_CPU_MATMUL", "auto"),
+                        cpu_threads=os.environ.get("MODEL_CPU_THREADS", "engine")), path
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--profile", choices=sorted(PROFILES), default="full")
@@ -405,18 +422,7 @@ def main() -> None:
     ap.add_argument("--first", type=int, default=0, help="only the cases from index N on "
                     "(a set added last, e.g. 554: LANGUAGE_BARE)")
     args = ap.parse_args()
-    import torch
-
-    from injection import load_adapter
-    from injection.model.gguf_import import prepare_model
-
-    torch.manual_seed(0)
-    path = Path(os.environ.get("MODEL_PATH") or prepare_model(
-        ROOT / "var" / "models" / "smollm2-135m-instruct"))
-    adapter = load_adapter(path, device=os.environ.get("MODEL_DEVICE") or None,
-                           dtype=os.environ.get("MODEL_DTYPE") or None,
-                           cpu_matmul=os.environ.get("MODEL_CPU_MATMUL", "auto"),
-                           cpu_threads=os.environ.get("MODEL_CPU_THREADS", "engine"))
+    adapter, path = load_model()
     ex, budget = worker_executor(adapter, args.workers)
     profile = dict(PROFILES[args.profile])
     if args.calibrate:  # the base: no guidance default, whatever profile the model has

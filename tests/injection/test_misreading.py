@@ -85,20 +85,86 @@ def test_a_language_beside_a_kept_constraint_is_still_guided():
     assert not rules.guided(alone, ("lowercase", "no_comma"))
 
 
+ASK = [{"role": "user", "content": "How do bees make honey?"}]
+# the same question three exchanges deep: the reminder re-states standing memories there and
+# the anchor guides where the model's default guidance pays (SmolLM2's profile)
+DEEP = [m for q, a in (("Hi!", "Hello! How can I help?"), ("What is rain?", "Water that "
+        "falls from clouds."), ("Thanks.", "You're welcome.")) for m in (
+        {"role": "user", "content": q}, {"role": "assistant", "content": a})] + ASK
+OFF = {"constrain": False, "contrast": 0.0}  # the decoder's rules off
+# the issue's own examples, one or more per kind it names (issue 57's table)
+ISSUE = ["Please do not reply in lowercase.", "Replies in capital letters give me a headache.",
+         "I really cannot stand all-caps answers.", "My brother writes all his replies in "
+         "lowercase.", "I dislike it when someone replies in lowercase.",
+         "Now and then I enjoy answers in lowercase.",
+         "If I ask about sports, only answer 'Yes' or 'No'.",
+         "On Mondays, start your replies with 'Morning!'.",
+         "My manager answers every message in under 15 words.",
+         "Answers with no commas at all are hard for me to follow.",
+         "If I write in German, reply in German."]
+
+
+@pytest.fixture(scope="module")
+def executor(adapter):
+    ex = build_executor(adapter, batch_max=4, metrics=Metrics())
+    yield ex
+    ex.close()
+
+
+def _same(a, b) -> bool:
+    return (a.text, a.completion_tokens, a.constraints, a.contrast_effective) == (
+        b.text, b.completion_tokens, b.constraints, b.contrast_effective)
+
+
+@pytest.mark.parametrize("memory", sorted({*ISSUE, *NEGATED, *(m for ms in NOT_RULES.values()
+                                                                 for m in ms)}))
+def test_a_memory_read_as_no_rule_replies_as_with_the_rules_off(executor, memory):
+    """On the demo model, each kind of misreading: the member's memory stored with the rules
+    read from it gives on the defaults the reply it gives with the decoder's rules off,
+    token for token, on a first turn and a deep one; so do the same words as a tenant's
+    instructions. (A request's own strength guides any memory, as asked: not a default.)"""
+    mems = (MemoryItem("m", memory, rules=rules.read(memory)),)
+
+    def ask(msgs=ASK, **kw):
+        return executor.execute(ExecutionRequest("t", "u", msgs, max_new_tokens=16, **kw))
+
+    for msgs in (ASK, DEEP):
+        on, off = ask(msgs, memories=mems), ask(msgs, memories=mems, **OFF)
+        assert on.constraints == [] and on.contrast_effective == 0.0 and _same(on, off)
+    assert not rules.guided(mems[0].rules, ())  # the default strength guides it nowhere
+    assert _same(ask(instructions=memory), ask(instructions=memory, **OFF))
+
+
+def test_the_same_check_sees_a_rule_that_is_asked(executor):
+    """The controls: a request of the same forms changes the demo model's reply."""
+    def ask(memory, msgs, **kw):
+        mems = (MemoryItem("m", memory, rules=rules.read(memory)),)
+        return executor.execute(ExecutionRequest("t", "u", msgs, memories=mems,
+                                                 max_new_tokens=16, **kw))
+
+    lower = "Please reply in lowercase, without commas."
+    for msgs in (ASK, DEEP):
+        on, off = ask(lower, msgs), ask(lower, msgs, **OFF)
+        assert on.constraints == ["lowercase", "no_comma"] and not _same(on, off)
+
+
 @pytest.mark.slow
 @pytest.mark.real_model
 def test_a_memory_read_as_no_rule_gets_the_reply_it_gets_with_the_rules_off(smollm):
-    """Greedy on SmolLM2, defaults against constraints and guidance off: token for token."""
-    ask = [{"role": "user", "content": "How do bees make honey?"}]
+    """Greedy on SmolLM2, the issue's examples (every kind of its table) on a first turn and
+    a deep one (where its profile's anchor guides a memory that pays), and a tenant's
+    negation, defaults against constraints and guidance off: token for token."""
     ex = build_executor(smollm, batch_max=4, metrics=Metrics())
     try:
-        for memory in ("Please do not reply in lowercase.",
-                       "If I ask about sports, only answer 'Yes' or 'No'."):
-            mems = (MemoryItem("m", memory),)
-            on = ex.execute(ExecutionRequest("t", "u", ask, memories=mems, max_new_tokens=16))
-            off = ex.execute(ExecutionRequest("t", "u", ask, memories=mems, max_new_tokens=16,
-                                              constrain=False, contrast=0.0))
-            assert on.constraints == [] and on.contrast_effective == 0.0
-            assert on.text == off.text and on.completion_tokens == off.completion_tokens
+        for memory, msgs in ((m, msgs) for m in ISSUE for msgs in (ASK, DEEP)):
+            mems = (MemoryItem("m", memory, rules=rules.read(memory)),)
+            on, off = (ex.execute(ExecutionRequest("t", "u", msgs, memories=mems,
+                                                   max_new_tokens=16, **kw)) for kw in ({}, OFF))
+            assert on.constraints == [] and on.contrast_effective == 0.0, memory
+            assert _same(on, off), memory
+        tenant = "Do not answer in lowercase."
+        on, off = (ex.execute(ExecutionRequest("t", "u", ASK, instructions=tenant,
+                                               max_new_tokens=16, **kw)) for kw in ({}, OFF))
+        assert on.constraints == [] and _same(on, off)
     finally:
         ex.close()
