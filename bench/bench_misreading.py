@@ -28,7 +28,9 @@ adherence at depths 0 and 8 beside them; ``--write-docs`` then writes its tables
 ``replies-SPLIT`` of docs/benchmarks/misreading.md. ``.venv/bin/python bench/bench_misreading.py
 --replies --split validation --partial FILE --quality-partial FILE2 [--show validation]
 [--write-docs]`` (the partial files keep the replies and resume; FILE2 is bench_quality's
-``--partial`` format).
+``--partial`` format); ``--derive`` generates a rules-off reply only where a rule applied (the
+others are the default reply token for token: tests/injection/test_misreading.py),
+``--no-standing`` leaves the standing family out.
 """
 
 from __future__ import annotations
@@ -144,7 +146,8 @@ def replies(args: argparse.Namespace) -> None:
     import misreading_replies as mr
 
     split = args.split or "validation"
-    done, standing, model = mr.run(split, args.workers, args.partial, args.quality_partial)
+    done, standing, model = mr.run(split, args.workers, args.partial, args.quality_partial,
+                                   args.derive, not args.no_standing)
     cmd = ".venv/bin/python bench/bench_misreading.py " + shlex.join(sys.argv[1:])
     text = mr.render(split, done, standing, cmd, model)
     print(text)
@@ -169,6 +172,10 @@ def main() -> None:
     ap.add_argument("--partial", default="", help="--replies: JSON file of the replies so far")
     ap.add_argument("--quality-partial", default="",
                     help="--replies: the standing family's replies (bench_quality --partial)")
+    ap.add_argument("--derive", action="store_true", help="--replies: the rules-off reply "
+                    "copied where no rule applied (misreading_replies.generate)")
+    ap.add_argument("--no-standing", action="store_true",
+                    help="--replies: without the standing family's replies")
     args = ap.parse_args()
     if args.replies:
         return replies(args)

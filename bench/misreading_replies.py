@@ -64,12 +64,28 @@ def key(case: Case, on: bool) -> str:
     return f"{case.split}|{case.kind}|{case.memory}|{'on' if on else 'off'}"
 
 
-def generate(ex, budget: int, items: list[Case], workers: int, path: str) -> dict:
+def generate(ex, budget: int, items: list[Case], workers: int, path: str,
+             derive: bool = False) -> dict:
     """Both replies of each case in ``items``, ``workers`` at a time; those stored in ``path``
-    reused, and the new ones saved there."""
+    reused, and the new ones saved there. ``derive``: the default replies first, then the
+    rules-off reply only where a rule applied (and for the controls); where none applied it
+    is the default reply, token for token (greedy: tests/injection/test_misreading.py checks
+    every kind on the demo model and the issue's examples on SmolLM2), copied and marked."""
     done: dict = json.loads(Path(path).read_text()) if path and Path(path).exists() else {}
-    todo = [(c, on) for c in items for on in (True, False) if key(c, on) not in done]
-    print(f"  misreading: {2 * len(items) - len(todo)} stored, {len(todo)} to generate",
+    _run(ex, budget, [(c, True) for c in items], workers, path, done)
+    offs = [c for c in items if not derive or c.kind == "control" or applied(done[key(c, True)])]
+    for c in items if derive else ():
+        if c not in offs and key(c, False) not in done:
+            done[key(c, False)] = {**done[key(c, True)], "derived": True}
+    _run(ex, budget, [(c, False) for c in offs], workers, path, done)
+    return done
+
+
+def _run(ex, budget: int, jobs: list[tuple[Case, bool]], workers: int, path: str,
+         done: dict) -> None:
+    """Generate ``jobs`` (case, on) not in ``done`` into it, saving ``path`` as it goes."""
+    todo = [j for j in jobs if key(*j) not in done]
+    print(f"  misreading: {len(jobs) - len(todo)} stored, {len(todo)} to generate",
           flush=True)
 
     def one(job):
@@ -82,10 +98,9 @@ def generate(ex, budget: int, items: list[Case], workers: int, path: str) -> dic
     with ThreadPoolExecutor(max_workers=workers) as pool:
         for k, (name, row) in enumerate(pool.map(one, todo), 1):
             done[name] = row
-            if path and (k % 50 == 0 or k == len(todo)):
+            if path and (k % 10 == 0 or k == len(todo)):
                 Path(path).write_text(json.dumps(done))
                 print(f"  {k}/{len(todo)}", flush=True)
-    return done
 
 
 def applied(row: dict) -> bool:
@@ -158,7 +173,10 @@ def render(split: str, done: dict, standing: dict, command: str, model: str) -> 
         f"`{command}`, {date.today()}, readers `READER_VERSION` {rules.READER_VERSION}, "
         "greedy, 64 new tokens, one memory, first turn, the worker's executor; each reply on "
         "the defaults against the same with the decoder's rules off (`constrain=False, "
-        "contrast=0`). Shares with their Wilson 95 % interval.", "",
+        "contrast=0`)" + (f"; {sum(r.get('derived', False) for r in done.values())} "
+        "rules-off replies copied from the default one where no rule applied (`--derive`)"
+        if any(r.get("derived") for r in done.values()) else "") +
+        ". Shares with their Wilson 95 % interval.", "",
         "Memories that are not instructions: rules applied, replies changed by them (harm), "
         "default replies that loop:", "",
         table(["kind", "cases", "rules applied", "replies changed (harm)", "loops"],
@@ -166,10 +184,11 @@ def render(split: str, done: dict, standing: dict, command: str, model: str) -> 
         "Positive controls (natural instructions): the rule asked kept in a fluent reply:", "",
         table(["rule", "cases", "kept, defaults", "kept, rules off", "rules applied"],
               control_rows(split, done)), "",
-        "Standing instructions (bench_quality `platform`, every case of the split, one memory) "
-        "in the same run: kept in a fluent reply (the verdict), the check alone, loops:", "",
-        table(["depth", "adherence (fluent)", "check alone", "loops"],
-              standing_rows(split, standing))])
+        *([] if not standing else [
+            "Standing instructions (bench_quality `platform`, every case of the split, one "
+            "memory) in the same run: kept in a fluent reply (the verdict), the check alone, "
+            "loops:", "", table(["depth", "adherence (fluent)", "check alone", "loops"],
+                                standing_rows(split, standing))])])
 
 
 def shown(split: str, done: dict) -> list[str]:
@@ -186,17 +205,21 @@ def shown(split: str, done: dict) -> list[str]:
     return out
 
 
-def run(split: str, workers: int, path: str, quality_path: str) -> tuple[dict, dict, str]:
-    """Load SmolLM2 (``MODEL_PATH``), generate the misreading replies and the standing
-    family's beside them; (misreading replies, standing replies, model name)."""
+def run(split: str, workers: int, path: str, quality_path: str, derive: bool = False,
+        standing: bool = True) -> tuple[dict, dict, str]:
+    """Load SmolLM2 (``MODEL_PATH``), generate the misreading replies (``generate``) and the
+    standing family's beside them (unless not ``standing``); (misreading replies, standing
+    replies, model name)."""
     adapter, model = bench_quality.load_model()
     ex, budget = bench_quality.worker_executor(adapter, workers)
+    rows: dict = {}
     try:
         items = cases(split) + [c for c, _ in controls(split)]
-        done = generate(ex, budget, items, workers, path)
-        jobs = bench_quality.jobs_for(STANDING, split, family="standing")
-        standing = bench_quality.generate(ex, budget, jobs, workers, quality_path)
+        done = generate(ex, budget, items, workers, path, derive)
+        if standing:
+            jobs = bench_quality.jobs_for(STANDING, split, family="standing")
+            rows = bench_quality.generate(ex, budget, jobs, workers, quality_path)
     finally:
         ex.close()
-    standing.pop("_seconds", None)
-    return done, standing, os.path.basename(str(model))
+    rows.pop("_seconds", None)
+    return done, rows, os.path.basename(str(model))
