@@ -20,13 +20,16 @@ def test_shipped_profiles_hold_a_default_and_its_evidence_per_mechanism():
     shipped = profiles.packaged()
     smol, qwen = shipped[SMOL_KEY], shipped[QWEN_KEY]
     assert (smol.name, smol.guidance, smol.calibrated) == ("smollm2-135m-instruct", 1.0, True)
-    assert (qwen.name, qwen.guidance, qwen.calibrated) == ("qwen2.5-coder-0.5b", 0.0, False)
+    assert (qwen.name, qwen.guidance, qwen.calibrated) == ("qwen2.5-coder-0.5b", 1.0, True)
     for p in (smol, qwen):
         assert set(p.mechanisms) == {"guidance", "lean", "anchor", "reminder", "constraints"}
         assert all("default" in m and "status" in m and "evidence" in m
                    for m in p.mechanisms.values())
     assert "p=8e-7" in smol.mechanisms["guidance"]["evidence"]["validation"]
-    assert qwen.mechanisms["guidance"]["evidence"] == "not measured"
+    # calibrated on tuning (bench_quality --calibrate): the anchor earned the strength, first
+    # turns did not
+    assert qwen.mechanisms["guidance"]["evidence"]["pooled"]["wins"] == 13
+    assert qwen.mechanisms["guidance"]["first_turns"] is False
 
 
 def test_guidance_default_follows_the_profile_and_is_off_without_one():
@@ -34,7 +37,8 @@ def test_guidance_default_follows_the_profile_and_is_off_without_one():
     other = SimpleNamespace(_model_key="0123456789abcdef")
     french = ["Always answer in French."]
     assert resolve(smol, None, french) == 1.0
-    assert resolve(qwen, None, french) == 0.0 == resolve(other, None, french)
+    assert resolve(qwen, None, french) == 1.0
+    assert resolve(other, None, french) == 0.0
     assert resolve(qwen, 0.5, french) == 0.5  # a request's (or tenant's) strength still holds
     assert profiles.summary(other) == {"name": "none", "model_key": "0123456789abcdef",
                                        "calibrated": False, "guidance": 0.0, "defaults": {}}

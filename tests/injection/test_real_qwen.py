@@ -66,9 +66,10 @@ def test_injected_kv_at_alpha_one_is_the_system_message_reply_token_for_token(qw
 
 
 def test_two_members_batched_answer_as_each_alone_on_the_defaults(qwen):
-    """The worker's path on Qwen's profile (guidance off: not calibrated): two members'
-    rows decoded together give the greedy replies each gets alone."""
-    assert profiles.guidance_default(qwen) == 0.0 and profiles.for_adapter(qwen).name == (
+    """The worker's path on Qwen's profile (calibrated: guidance 1 on deep turns, first turns
+    unguided): two members' first turns decoded together give the greedy replies each gets
+    alone."""
+    assert profiles.guidance_default(qwen) == 1.0 and profiles.for_adapter(qwen).name == (
         "qwen2.5-coder-0.5b")
     ex = build_executor(qwen, batch_max=2, metrics=Metrics())
     reqs = [ExecutionRequest("t", "u1", [{"role": "user", "content": "Where was I born?"}],
