@@ -144,7 +144,7 @@ KV_CONVERSATION_MEMBER_MAX_BYTES = env_int("KV_CONVERSATION_MEMBER_MAX_BYTES", -
 KV_CONVERSATION_PREFILL_OPENING = env_auto_bool("KV_CONVERSATION_PREFILL_OPENING")
 # Continuous batching (injection.engine.batch): rows decoded together per worker process; the
 # threads pool runs this many tasks at once (0: one generate() per task, no batch engine).
-WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 8)
+WORKER_BATCH_MAX = env_int("WORKER_BATCH_MAX", 16)
 WORKER_BATCH_KV_BUDGET_BYTES = env_int("WORKER_BATCH_KV_BUDGET_BYTES", 4 * 1024**3)  # padded; 0: none
 WORKER_BATCH_JOIN_WAIT_MS = env_float("WORKER_BATCH_JOIN_WAIT_MS", 0.0)  # idle: wait for a burst
 # Prefill: chunks of at most CHUNK tokens (0: whole), paced to cost about PACE decoding steps of

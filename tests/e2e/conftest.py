@@ -51,7 +51,7 @@ def start_workers(scaleout_env, tmp_path_factory):
 
     def start(*names: str, pool: str = "solo", **env_overrides) -> list[WorkerProcess]:
         env = {**scaleout_env, **{k: str(v) for k, v in env_overrides.items()}}
-        extra = ["--concurrency", env.get("WORKER_BATCH_MAX", "8")] if pool == "threads" else []
+        extra = ["--concurrency", env.get("WORKER_BATCH_MAX", "16")] if pool == "threads" else []
         workers = [WorkerProcess(n, env, log_dir, pool=pool, extra=extra) for n in names]
         started.extend(workers)
         for w in workers:
