@@ -141,14 +141,14 @@ class ExecutionRequest:
     # member part of the system turn and ``preference_text`` is ignored
     memories: tuple[MemoryItem, ...] = ()
     # re-state the member's memories before each user turn once the conversation is deep
-    # (injection/prompting/reminder.py); None = the measured default
+    # (injection/prompting/reminder.py); None = the model's default (model/profiles.default_on)
     reminder: bool | None = None
     # contrastive guidance strength (injection/engine/guidance/contrast.py): the member's memories
     # as the difference between the reply's distribution with and without them, on turns
     # that carry no reminder; 0 = off, exactly today's output; None = the model's default
     contrast: float | None = None
     # keep the member's standing instructions the decoder can keep ("answer in lowercase",
-    # "never use commas": injection/prompting/constraints.py); None = the default, on
+    # "never use commas": injection/prompting/constraints.py); None = the model's default
     constrain: bool | None = None
     # the rules read from ``instructions`` when they were saved (``prompting/rules.py``;
     # ``rules.NONE``: none); None: the engine reads the instructions itself

@@ -96,10 +96,10 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     contrast = params.get("contrast")  # the request's, else the tenant's, else the model's
     if contrast is None:
         contrast = getattr(member.tenant, "memory_contrast", None)
-    reminder = params.get("reminder")  # the same order (None: the engine's default, on)
+    reminder = params.get("reminder")  # the same order (None: the model's, model/profiles)
     if reminder is None:
         reminder = getattr(member.tenant, "memory_reminder", None)
-    constrain = params.get("constraints")  # the same order (None: on)
+    constrain = params.get("constraints")  # the same order (None: the model's)
     if constrain is None:
         constrain = getattr(member.tenant, "decoding_constraints", None)
     return ExecutionRequest(

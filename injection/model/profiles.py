@@ -11,9 +11,11 @@ What the engine reads from it: ``guidance.default``, the contrastive guidance st
 gets when neither the request nor the tenant sets one (``engine/guidance/contrast.resolve``);
 the anchor and the member's lean run at that strength, so they are off with it. A model
 without a profile gets 0: guidance, the anchor and the lean off (the worker logs it once).
-The reminder and the decoding constraints are platform-wide defaults
-(``prompting/reminder.py``, ``prompting/constraints.py``); a profile records their evidence on
-that model, or that there is none.
+``reminder.default`` and ``constraints.default``: whether the memory reminder and the decoding
+constraints run on a turn whose request and tenant leave them unset (``default_on``):
+"on"/"off" (or true/false) where a measurement chose it for that model; a text starting with
+"platform default" (or no entry, or no profile) keeps the platform-wide default
+(``prompting/reminder.DEFAULT_ON``, ``prompting/constraints.DEFAULT_ON``), measured on SmolLM2.
 """
 
 from __future__ import annotations
@@ -25,13 +27,19 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from injection.model.fingerprint import model_key
+from injection.prompting import constraints, reminder
 
-__all__ = ["PROFILE_FILE", "Profile", "ProfileError", "attach", "find", "for_adapter",
-           "guidance_default", "guides_by_default", "packaged", "read", "summary"]
+__all__ = ["PLATFORM", "PROFILE_FILE", "SWITCHES", "Profile", "ProfileError", "attach", "default_on",
+           "find", "for_adapter", "guidance_default", "guides_by_default", "packaged", "read",
+           "summary"]
 
 log = logging.getLogger(__name__)
 PROFILES_DIR = Path(__file__).with_name("profiles")
 PROFILE_FILE = "profile.json"  # beside a model's own weights (MODEL_PATH)
+# the on/off mechanisms whose default a profile may set, each with the module holding the
+# platform-wide default (its ``DEFAULT_ON``, read when asked)
+SWITCHES = {"reminder": reminder, "constraints": constraints}
+PLATFORM = "platform default"  # a switch's default starting so: the platform-wide one
 
 
 class ProfileError(ValueError):
@@ -61,6 +69,13 @@ def read(path: str | Path) -> Profile:
                            f"({type(exc).__name__}: {exc})") from None
     if not key or strength < 0:
         raise ProfileError(f"{path}: no model_key, or a negative guidance default")
+    for name in SWITCHES:
+        entry = data["mechanisms"].get(name)
+        if isinstance(entry, dict) and "default" in entry:
+            try:
+                _switch(entry["default"])
+            except ValueError as exc:
+                raise ProfileError(f"{path}: {name}: {exc}") from None
     return Profile(str(data.get("model", path.stem)), key, strength,
                    bool(data.get("calibrated")), str(path), dict(data["mechanisms"]))
 
@@ -96,8 +111,9 @@ def attach(adapter: Any, model_dir: str | Path | None = None) -> Profile | None:
                     "member's lean are off (a profile is earned by measurement: "
                     "docs/OPERATIONS.md, model profiles)", key)
     else:
-        log.info("model profile %s (%s): guidance default %s, %s", profile.name,
-                 profile.source, profile.guidance,
+        log.info("model profile %s (%s): guidance default %s, reminder %s, decoding "
+                 "constraints %s, %s", profile.name, profile.source, profile.guidance,
+                 *("on" if default_on(adapter, n) else "off" for n in SWITCHES),
                  "calibrated" if profile.calibrated else "not calibrated")
     return profile
 
@@ -127,14 +143,38 @@ def guides_by_default(adapter: Any, where: str) -> bool:
     return bool(entry.get(where, True)) if isinstance(entry, dict) else True
 
 
-def summary(adapter: Any) -> dict[str, Any]:
-    """What ``kvcache stats`` and ``/metrics`` show of the loaded model's profile."""
+def _switch(value: Any) -> bool | None:
+    """A switch's ``default``: True/False ("on"/"off"), None for the platform-wide one."""
+    if isinstance(value, bool):
+        return value
+    if value in ("on", "off"):
+        return value == "on"
+    if isinstance(value, str) and value.startswith(PLATFORM):
+        return None
+    raise ValueError(f"default {value!r} is none of \"on\", \"off\", true, false or "
+                     f"\"{PLATFORM}: ...\"")
+
+
+def default_on(adapter: Any, name: str) -> bool:
+    """Whether the switch ``name`` ("reminder", "constraints") runs on a turn whose request
+    and tenant leave it unset: the model's profile's "on"/"off", else (no profile, no entry,
+    or "platform default: ...") the platform-wide ``DEFAULT_ON``."""
     profile = for_adapter(adapter)
+    entry = profile.mechanisms.get(name) if profile is not None else None
+    chosen = _switch(entry.get("default", PLATFORM)) if isinstance(entry, dict) else None
+    return bool(SWITCHES[name].DEFAULT_ON) if chosen is None else chosen
+
+
+def summary(adapter: Any) -> dict[str, Any]:
+    """What ``kvcache stats`` and ``/metrics`` show of the loaded model's profile: its
+    guidance strength and whether each switch runs by default (``default_on``)."""
+    profile = for_adapter(adapter)
+    switches = {name: default_on(adapter, name) for name in SWITCHES}
     if profile is None:
         return {"name": "none", "model_key": model_key(adapter), "calibrated": False,
-                "guidance": 0.0, "defaults": {}}
+                "guidance": 0.0, **switches, "defaults": {}}
     defaults = {k: v.get("default") for k, v in profile.mechanisms.items()
                 if isinstance(v, dict)}
     return {"name": profile.name, "model_key": profile.model_key,
-            "calibrated": profile.calibrated, "guidance": profile.guidance,
+            "calibrated": profile.calibrated, "guidance": profile.guidance, **switches,
             "defaults": defaults}

@@ -70,8 +70,12 @@ from injection.prompting.readers import QUOTED, forbids
 from injection.prompting.reminder import standing
 from injection.prompting.verdicts import phrase, required, violates
 
-__all__ = ["FOLDS", "TRANSFORMS", "asked", "consistent", "detect", "instructed", "kept", "merge",
+__all__ = ["DEFAULT_ON", "FOLDS", "TRANSFORMS", "asked", "consistent", "detect", "instructed", "kept", "merge",
            "opening", "phrase", "required", "sentences", "tokenwise", "transform", "violates"]
+
+# the platform-wide default where neither the request, the tenant nor the loaded model's
+# profile says (``model/profiles.default_on``): on, measured on SmolLM2 (docs/BENCHMARKS.md)
+DEFAULT_ON = True
 
 # a case constraint kept token by token: how a token that breaks it is mended
 # (``engine/decoding/bans.py``: "To" -> "to")

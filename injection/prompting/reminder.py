@@ -38,7 +38,9 @@ __all__ = ["DEFAULT_AFTER", "DEFAULT_ON", "RELEVANT_TOP", "REMINDER_TOKENS", "Re
 
 Message = dict[str, str]
 
-# measured defaults (docs/BENCHMARKS.md, memory depth)
+# measured defaults (docs/BENCHMARKS.md, memory depth); ``DEFAULT_ON`` is the platform-wide
+# one, where neither the request, the tenant nor the loaded model's profile says
+# (``model/profiles.default_on``)
 DEFAULT_ON = True
 DEFAULT_AFTER = 2  # exchanges before the first reminder
 REMINDER_TOKENS = 64  # most tokens of memory text a reminder re-states
@@ -161,15 +163,19 @@ class Reminder:
     def for_request(cls, req: Any, renderer: Any, personal: bool,
                     relevant: Callable[[list[str], str, int], list[str]] | None = None,
                     recall: Callable[[str], list[str]] | None = None,
-                    standing_ones: Sequence[bool] | None = None) -> Reminder:
+                    standing_ones: Sequence[bool] | None = None,
+                    default: bool | None = None) -> Reminder:
         """The request's reminder: off unless the memory is applied and the request (or
         the default) asks for it. ``relevant(memories, message, top)``: with several
         memories, each reminder re-states those most relevant to its message.
         ``recall(message)``: the candidates beyond the cached segment recalled for a
         message, re-stated before it where the reminder is off (on, its own pick
         covers them). ``standing_ones``: which memories are standing instructions (their
-        stored rules: ``rules.py``; None: read from their texts)."""
-        on = DEFAULT_ON if getattr(req, "reminder", None) is None else bool(req.reminder)
+        stored rules: ``rules.py``; None: read from their texts). ``default``: on or off
+        where the request does not say (the model's profile: ``model/profiles.default_on``;
+        None: ``DEFAULT_ON``)."""
+        on = getattr(req, "reminder", None)
+        on = (DEFAULT_ON if default is None else default) if on is None else bool(on)
         if not personal or not (on or recall):
             return cls()
         memories = [m.text for m in getattr(req, "memories", ())] or [req.preference_text]

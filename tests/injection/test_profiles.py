@@ -12,6 +12,7 @@ import pytest
 from injection.engine.guidance.contrast import resolve
 from injection.model import profiles
 from injection.model.fingerprint import model_key
+from injection.prompting import reminder
 
 SMOL_KEY, QWEN_KEY = "b7753234439613b9", "0d6138893848616c"
 
@@ -41,13 +42,42 @@ def test_guidance_default_follows_the_profile_and_is_off_without_one():
     assert resolve(other, None, french) == 0.0
     assert resolve(qwen, 0.5, french) == 0.5  # a request's (or tenant's) strength still holds
     assert profiles.summary(other) == {"name": "none", "model_key": "0123456789abcdef",
-                                       "calibrated": False, "guidance": 0.0, "defaults": {}}
+                                       "calibrated": False, "guidance": 0.0,
+                                       "reminder": True, "constraints": True, "defaults": {}}
     assert profiles.summary(smol)["defaults"]["guidance"] == 1.0
 
 
-def write(path, key: str, strength) -> None:
+def write(path, key: str, strength, **switches) -> None:
+    """A profile of guidance ``strength``; ``switches``: e.g. reminder="off"."""
     path.write_text(json.dumps({"model": "mine", "model_key": key, "mechanisms": {
-        "guidance": {"default": strength, "status": "measured", "evidence": "x"}}}))
+        "guidance": {"default": strength, "status": "measured", "evidence": "x"},
+        **{k: {"default": v, "status": "measured", "evidence": "x"}
+           for k, v in switches.items()}}}))
+
+
+def test_the_reminder_and_constraints_defaults_are_the_profiles_else_the_platforms(
+        tmp_path, monkeypatch):
+    smol, qwen, other = (SimpleNamespace(_model_key=k)
+                         for k in (SMOL_KEY, QWEN_KEY, "0123456789abcdef"))
+    for adapter in (smol, qwen, other):  # both shipped profiles keep them on; none: platform
+        assert profiles.default_on(adapter, "reminder") and profiles.default_on(
+            adapter, "constraints")
+    write(tmp_path / "off.json", "k" * 16, 1.0, reminder="off", constraints=False)
+    measured_off = SimpleNamespace(_model_key="k" * 16,
+                                   _profile=profiles.read(tmp_path / "off.json"))
+    assert not profiles.default_on(measured_off, "reminder")
+    assert not profiles.default_on(measured_off, "constraints")
+    summary = profiles.summary(measured_off)
+    assert (summary["reminder"], summary["constraints"]) == (False, False)
+    assert summary["defaults"]["reminder"] == "off"
+    # "platform default: ..." (Qwen's reminder, SmolLM2's both) is the platform's, read when
+    # asked
+    qwen_reminder = profiles.packaged()[QWEN_KEY].mechanisms["reminder"]["default"]
+    assert qwen_reminder.startswith(profiles.PLATFORM)
+    monkeypatch.setattr(reminder, "DEFAULT_ON", False)
+    assert not profiles.default_on(qwen, "reminder") and not profiles.default_on(
+        other, "reminder")
+    assert profiles.default_on(qwen, "constraints")  # measured on Qwen: "on"
 
 
 def test_a_profile_beside_the_model_wins_only_for_its_own_key(tmp_path, caplog):
@@ -61,7 +91,10 @@ def test_a_profile_beside_the_model_wins_only_for_its_own_key(tmp_path, caplog):
 
 @pytest.mark.parametrize("body", ["{", json.dumps({"model_key": "k"}),
                                   json.dumps({"model_key": "k", "mechanisms": {
-                                      "guidance": {"default": -1}}})])
+                                      "guidance": {"default": -1}}}),
+                                  json.dumps({"model_key": "k", "mechanisms": {
+                                      "guidance": {"default": 1},
+                                      "reminder": {"default": "maybe"}}})])
 def test_a_bad_profile_is_a_clear_error(tmp_path, body):
     bad = tmp_path / "p.json"
     bad.write_text(body)
@@ -85,3 +118,41 @@ def test_attach_keeps_the_profile_on_the_adapter_and_says_when_there_is_none(
     finally:
         (demo_model_path / profiles.PROFILE_FILE).unlink()
         adapter._profile = None
+
+
+DEEP = [m for k in range(3) for m in ({"role": "user", "content": f"Question {k}?"},
+                                      {"role": "assistant", "content": f"Answer {k}."})]
+
+
+def test_a_profile_that_measured_the_reminder_and_constraints_off_turns_them_off(
+        adapter, tmp_path, monkeypatch):
+    """Through the executor on the demo model: a deep turn of a member with a standing
+    instruction, under a profile saying "off" for both, is the turn with both asked off;
+    a request (or tenant) that asks for them still gets them."""
+    from injection import build_executor
+    from injection.base import ExecutionRequest
+    from injection.metrics import Metrics
+
+    lower = "Never use capital letters or commas when you reply."
+    msgs = [*DEEP, {"role": "user", "content": "What should I cook tonight?"}]
+
+    def run(**kw):
+        ex = build_executor(adapter, batch_max=4, metrics=Metrics())
+        try:
+            res = ex.execute(ExecutionRequest("t", "u", msgs, lower, max_new_tokens=12,
+                                              contrast=0.0, reuse_conversation=False, **kw))
+        finally:
+            ex.close()
+        return res.text, res.prompt_tokens, res.constraints
+
+    defaults, both_off, both_on = run(), run(reminder=False, constrain=False), run(
+        reminder=True, constrain=True)
+    assert defaults == both_on != both_off  # no profile: the platform's, on
+    assert defaults[1] > both_off[1] and defaults[2] == ["lowercase", "no_comma"]
+    write(tmp_path / "p.json", model_key(adapter), 0.0, reminder="off", constraints="off")
+    monkeypatch.setattr(adapter, "_profile", profiles.read(tmp_path / "p.json"), raising=False)
+    assert run() == both_off
+    assert run(reminder=True, constrain=True) == both_on
+    write(tmp_path / "p.json", model_key(adapter), 0.0, reminder="off", constraints="on")
+    monkeypatch.setattr(adapter, "_profile", profiles.read(tmp_path / "p.json"), raising=False)
+    assert run() == run(reminder=False) != both_off  # each switch on its own

@@ -40,9 +40,9 @@ from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
-from injection.model.profiles import guides_by_default
+from injection.model.profiles import default_on, guides_by_default
 from injection.prompting import rules as memory_rules
-from injection.prompting.constraints import opening, transform
+from injection.prompting.constraints import DEFAULT_ON, opening, transform
 from injection.prompting.history import fit_history
 from injection.prompting.reminder import Reminder
 from injection.prompting.template import PromptParts, compose_context
@@ -62,12 +62,14 @@ class SystemTurn(NamedTuple):
 
 
 def constrained(sampling: dict[str, Any], req: ExecutionRequest, personal: bool, *,
-                on: bool, rules: memory_rules.TurnRules | None = None) -> dict[str, Any]:
+                on: bool, rules: memory_rules.TurnRules | None = None,
+                default: bool = DEFAULT_ON) -> dict[str, Any]:
     """``sampling`` with the decoding constraints the tenant's instructions and, where they
     are injected (``personal``), the member's memories ask for (``prompting/constraints.py``;
     ``rules``: the turn's, read from the texts where None) when the batch engine runs the
-    turn (``on``), unless the request turns them off."""
-    if not on or req.constrain is False:
+    turn (``on``) and the request asks for them (``req.constrain``; None: ``default``, the
+    model's profile's: ``model/profiles.default_on``)."""
+    if not on or not (default if req.constrain is None else req.constrain):
         return sampling
     tenant, member = (rules or memory_rules.for_request(req)).decoding(personal)
     asked = next((m.get("content") or "" for m in reversed(req.messages)
@@ -171,7 +173,8 @@ class TurnPlanner:
         remind = Reminder.for_request(req, getattr(self.adapter, "renderer", None), personal,
                                       partial(self.memories.relevant, req.tenant),
                                       mem.recall,  # recalled: before their messages
-                                      [r.standing for r in rules.member])
+                                      [r.standing for r in rules.member],
+                                      default=default_on(self.adapter, "reminder"))
         if mem.candidates and remind.text:  # recalled: those re-stated before the message
             shown = remind.shown(req.messages, [m.text for m in mem.candidates])
             mem.recalled = tuple(mem.candidates[i] for i in shown)
@@ -195,7 +198,8 @@ class TurnPlanner:
         link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha,
                                injected=True)  # the cache lookup: its result decides below
         sampling = constrained(sampling_options(req), req, personal, on=self.batching,
-                               rules=system.rules)
+                               rules=system.rules,
+                               default=default_on(self.adapter, "constraints"))
         found = tuple(sampling.get("constraints", ()))
         on = personal and self.batching
         strength = turn_strength(self.adapter, req, found, system.rules) if on else 0.0
