@@ -11,11 +11,14 @@ from injection.model import profiles
 
 
 def profile_info(adapter: Any) -> Metric:
-    """Its name, model key, whether it was calibrated, and the default guidance strength."""
+    """Its name, model key, whether it was calibrated, the default guidance strength, and
+    whether the reminder and the decoding constraints run by default."""
     p = profiles.summary(adapter)
     info = InfoMetricFamily("kvi_model_profile", "The loaded model's profile: its defaults "
                             "and whether they were calibrated on it")
     info.add_metric([], {"name": p["name"], "model_key": p["model_key"],
                          "calibrated": str(p["calibrated"]).lower(),
-                         "guidance_default": str(p["guidance"])})
+                         "guidance_default": str(p["guidance"]),
+                         "reminder_default": "on" if p["reminder"] else "off",
+                         "constraints_default": "on" if p["constraints"] else "off"})
     return info

@@ -96,7 +96,8 @@ def test_stats_reports_tiers_per_tenant_from_every_live_worker(pair, shop):
     # the loaded model's profile (the demo model has none: guidance off)
     assert all(rows[w.hostname]["profile"]["name"] == "none" for w in pair)
     assert "model profile: none (model key " in out.getvalue()
-    assert "not calibrated), guidance default 0.0" in out.getvalue()
+    assert ("not calibrated), guidance default 0.0, reminder on, constraints on"
+            in out.getvalue())  # no profile: guidance off, the platform's switches
 
     everyone = kvcache("stats")
     pools = [r["host_pool"] for r in everyone["workers"] if r["worker"] in rows]

@@ -129,9 +129,14 @@ def test_the_loaded_models_profile_is_an_info_metric_and_in_the_workers_stats(
     assert "kvi_model_profile_info{" in text  # the demo model has none: guidance off
     assert f'model_key="{key}"' in text and 'name="none"' in text
     assert 'calibrated="false"' in text and 'guidance_default="0.0"' in text
+    assert 'reminder_default="on"' in text and 'constraints_default="on"' in text  # platform
     assert on_stats({})["stats"]["profile"]["name"] == "none"
-    mine = profiles.Profile("mine", key, 0.5, True, "test", {"guidance": {"default": 0.5}})
+    mine = profiles.Profile("mine", key, 0.5, True, "test", {"guidance": {"default": 0.5},
+                                                            "reminder": {"default": "off"}})
     monkeypatch.setattr(loaded_executor.adapter, "_profile", mine, raising=False)
     text = generate_latest(registry).decode()
     assert 'name="mine"' in text and 'guidance_default="0.5"' in text
-    assert on_stats({})["stats"]["profile"]["defaults"] == {"guidance": 0.5}
+    assert 'reminder_default="off"' in text and 'constraints_default="on"' in text
+    stats = on_stats({})["stats"]["profile"]
+    assert stats["defaults"] == {"guidance": 0.5, "reminder": "off"}
+    assert (stats["reminder"], stats["constraints"]) == (False, True)

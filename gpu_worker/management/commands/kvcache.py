@@ -100,7 +100,8 @@ class Command(CliCommandMixin, BaseCommand):
             if prof := row.get("profile"):
                 w(f"    model profile: {prof['name']} (model key {prof['model_key']}, "
                   f"{'calibrated' if prof['calibrated'] else 'not calibrated'}), "
-                  f"guidance default {prof['guidance']}")
+                  f"guidance default {prof['guidance']}, reminder "
+                  f"{_onoff(prof.get('reminder'))}, constraints {_onoff(prof.get('constraints'))}")
             pool = row.get("host_pool")
             if pool:
                 w(f"    host pool: {_mb(pool['held_bytes'])} held of {_mb(pool['max_bytes'])}, "
@@ -164,3 +165,7 @@ def _mb(n: int) -> str:
 
 def _pct(rate: float | None) -> str:
     return "-" if rate is None else f"{100 * rate:.1f}%"
+
+
+def _onoff(flag: bool | None) -> str:
+    return "-" if flag is None else ("on" if flag else "off")  # None: a worker without it
