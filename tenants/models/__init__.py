@@ -54,21 +54,23 @@ class Tenant(models.Model):
         help_text="How strongly replies are steered by members' memories (each reply "
                   "against the same conversation without them), 0 (off) to 4; empty: the "
                   "model's default. Costs a second row per guided turn.")
-    # the memory reminder (injection/prompting/reminder.py; empty: the platform's default, on)
+    # the memory reminder (injection/prompting/reminder.py; empty: the model's default, its
+    # profile's, else the platform's: on)
     memory_reminder = models.BooleanField(
         null=True, blank=True, default=None,
         help_text="Re-state members' memories at the start of their messages deep in a "
                   "conversation (\"(<memories>)\" before the message, from the third message "
                   "on; from the first with several memories). Its tokens count in "
-                  "prompt_tokens. Empty: the platform's default (on).")
-    # decoding constraints (injection/prompting/constraints.py; empty: the default, on)
+                  "prompt_tokens. Empty: the model's default (on unless its profile says "
+                  "off).")
+    # decoding constraints (injection/prompting/constraints.py; empty: the model's default)
     decoding_constraints = models.BooleanField(
         null=True, blank=True, default=None,
         help_text="Keep the standing instructions (the tenant's and those in members' "
                   "memories) that the decoder can keep on every reply: lowercase, capitals, no "
                   "commas, a banned word, an opening or closing phrase; at any depth of a "
-                  "conversation; the tenant's win over a member's. Empty: the platform's "
-                  "default (on).")
+                  "conversation; the tenant's win over a member's. Empty: the model's "
+                  "default (on unless its profile says off).")
     memory_writes_enabled = models.BooleanField(
         default=False,
         help_text="Members may add or remove memories from a chat (\"remember that ...\", "

@@ -17,10 +17,11 @@ CHAT_REQUEST = {
                 "memories holding a standing instruction the decoding constraints do not keep.",
     "reminder": "The memory reminder: your memories re-stated at the start of your messages "
                 "deep in a conversation; `false` = off. Default: the tenant's "
-                "`memory_reminder`, else on.",
+                "`memory_reminder`, else the model's default (on unless its profile says off).",
     "constraints": "Decoding constraints: the standing instructions the decoder can keep "
                    "(lowercase, no commas, a banned word, an opening phrase, a word limit, "
-                   "…); `false` = off. Default: the tenant's `decoding_constraints`, else on.",
+                   "…); `false` = off. Default: the tenant's `decoding_constraints`, else the "
+                   "model's default (on unless its profile says off).",
 }
 
 # POST /api/chat: response fields
