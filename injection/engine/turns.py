@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
 from typing import Any
 
@@ -32,6 +32,13 @@ log = logging.getLogger(__name__)
 # turn mostly arriving before its opening was ready); idle-only, 1.01x and 0.93-1.06x.
 # By default only where the model runs on a CPU (``opening_pays``).
 MAX_PENDING_OPENINGS = 8
+# A conversation's next turn that arrives while its opening is being prefilled waits for it
+# (it would queue behind that row on the engine anyway) and reuses it, at most this long;
+# one still queued is cancelled and the turn prefills those tokens itself. Measured
+# (bench/profile_first_token.py, a /v1 chat sent back to back): the turn used to look its link
+# up before the running opening was stored, then wait for that row and prefill the opening's
+# tokens again.
+OPENING_WAIT_S = 2.0
 OPENING_PROBES = ("Hello", "what", "1", " (")  # unlike starts of a next message
 
 
@@ -68,6 +75,7 @@ class TurnGenerator:
         self.adapter, self.engine, self.store = adapter, engine, store
         self._lock = threading.Lock()  # the openings waiting, and closing
         self._pending: set[Future] = set()
+        self._opening_of: dict[CacheKey, Future] = {}  # the link key each opening extends
         self._openings: ThreadPoolExecutor | None = None
         self._closed = False
         self.prefill_opening = opening_pays(engine)  # build_executor may say otherwise
@@ -85,6 +93,7 @@ class TurnGenerator:
         # a trimmed history still finds, and then replaces, its conversation's link
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
                         else messages_hash(list(req.messages)[:-1]), chash, alpha)
+        self._await_opening(key)
         cached = self.store.lookup(key, prompt_ids)
         # admission: a turn with history is a conversation going on; one-shots are not kept,
         # nor a /v1 history seen before (a fixed few-shot prefix: its links are never read)
@@ -159,7 +168,33 @@ class TurnGenerator:
                 return
             if self._openings is None:
                 self._openings = ThreadPoolExecutor(1, thread_name_prefix="kv-opening")
-            self._pending.add(self._openings.submit(self._open, key, prompt, seq, head, opening))
+            future = self._openings.submit(self._open, key, prompt, seq, head, opening)
+            self._pending.add(future)
+            self._opening_of[key] = future
+        # outside the lock: a future already done runs its callback here
+        future.add_done_callback(partial(self._opened, key))
+
+    def _opened(self, key: CacheKey, future: Future) -> None:
+        with self._lock:
+            if self._opening_of.get(key) is future:
+                del self._opening_of[key]
+
+    def _await_opening(self, key: CacheKey) -> None:
+        """Before a turn looks its link up: the opening being prefilled onto it is waited
+        for (``OPENING_WAIT_S`` at most), so the turn reuses it instead of prefilling the
+        same tokens again behind it; one not started yet is cancelled."""
+        with self._lock:
+            future = self._opening_of.get(key)
+        if future is None or future.done():
+            return
+        if future.cancel():
+            self.store.metrics.incr("conv_opening_cancelled")
+            return
+        try:
+            future.result(timeout=OPENING_WAIT_S)
+            self.store.metrics.incr("conv_opening_awaited")
+        except Exception:  # noqa: BLE001 - too slow, or failed (counted by _open): go on
+            self.store.metrics.incr("conv_opening_not_awaited")
 
     def _open(self, key: CacheKey, prompt: str, seq: PackedKV, head: int,
               opening: Callable[[], str | None]) -> None:
@@ -200,8 +235,7 @@ class TurnGenerator:
         """Wait for the openings being prefilled (a member reading the reply, in tests)."""
         with self._lock:
             pending = list(self._pending)
-        for f in pending:
-            f.result()
+        wait(pending)  # one its next turn cancelled included
 
     def close(self) -> None:
         with self._lock:

@@ -25,16 +25,19 @@ QUESTIONS = ["What should I cook tonight?", "And for dessert?", "Which drink goe
 PREF = "I am vegetarian."
 
 
-def _chat(ex, *, drain: bool, conversation_id: str | None, **kw):
-    """A live chat: each reply goes back with the next message."""
+def _chat(ex, *, drain: bool, conversation_id: str | None, between=None, **kw):
+    """A live chat: each reply goes back with the next message (``between(turn)`` runs
+    before it is sent)."""
     history, results = [], []
-    for q in QUESTIONS:
+    for i, q in enumerate(QUESTIONS):
         msgs = [*history, {"role": "user", "content": q}]
         res = ex.execute(ExecutionRequest("t1", "u1", msgs, PREF, max_new_tokens=8,
                                           reuse_conversation=True,
                                           conversation_id=conversation_id, **kw))
         if drain:
             ex.turns.drain()  # the member reads the reply
+        if between is not None:
+            between(i + 1)
         results.append(res)
         history += [{"role": "user", "content": q}, {"role": "assistant", "content": res.text}]
     return results
@@ -65,6 +68,77 @@ def test_the_next_turn_reuses_its_opening_and_answers_the_same(smollm,
     gained = [g.reused_tokens - w.reused_tokens for g, w in zip(got, want, strict=True)]
     assert gained[:2] == [0, 0] and all(n > 0 for n in gained[2:])
     assert all(g.cached_tokens > w.cached_tokens for g, w in zip(got[2:], want[2:], strict=True))
+
+
+@pytest.mark.real_model
+def test_a_turn_sent_while_its_opening_runs_waits_for_it_and_answers_the_same(smollm):
+    """A client that sends the next message at once: its turn finds the opening still being
+    prefilled, waits for it and reuses it (before, it looked the shorter link up and
+    prefilled those tokens again behind the opening's row)."""
+    off = build_executor(smollm, batch_max=4, metrics=Metrics(),
+                         conversation_prefill_opening=False)
+    try:
+        want = _chat(off, drain=False, conversation_id=None, reminder=True)
+    finally:
+        off.close()
+    on = build_executor(smollm, batch_max=4, metrics=Metrics(), conversation_prefill_opening=True)
+    started, waiting = threading.Event(), threading.Event()
+    real_open, real_await = on.turns._open, on.turns._await_opening
+
+    def held_open(*args):  # running (not queued) until the next turn waits for it
+        started.set()
+        waiting.wait(30)
+        waiting.clear()
+        real_open(*args)
+
+    def awaited(key):
+        waiting.set()
+        real_await(key)
+
+    def between(turn: int) -> None:  # from turn 2, an opening follows each reply
+        if turn >= 2:
+            assert started.wait(30), "the opening did not start"
+            started.clear()
+
+    on.turns._open, on.turns._await_opening = held_open, awaited
+    try:
+        got = _chat(on, drain=False, conversation_id=None, between=between, reminder=True)
+        counters = on.metrics.snapshot()["counters"]
+    finally:
+        waiting.set()  # the last reply's opening: no turn follows it
+        on.close()
+    assert [r.text for r in got] == [r.text for r in want]
+    assert [r.prompt_tokens for r in got] == [r.prompt_tokens for r in want]
+    assert counters.get("conv_opening_awaited") == 2  # before turns 3 and 4
+    gained = [g.reused_tokens - w.reused_tokens for g, w in zip(got, want, strict=True)]
+    assert gained[:2] == [0, 0] and all(n > 0 for n in gained[2:])
+
+
+def test_a_queued_opening_is_cancelled_by_its_next_turn(adapter):
+    """An opening not started yet when its conversation's next turn comes is cancelled:
+    the turn prefills those tokens itself, and nothing runs after it."""
+    ex = build_executor(adapter, batch_max=2, metrics=Metrics(),
+                        conversation_prefill_opening=True)
+    gate, ran = threading.Event(), []
+    other, key = (CacheKey("t1", u, "conv-q", adapter.fingerprint) for u in ("u2", "u1"))
+
+    def fake_open(k, *rest):  # the other conversation's holds the one opening thread
+        if k == other:
+            gate.wait(30)
+        ran.append(k)
+
+    ex.turns._open = fake_open
+    try:
+        ex.turns._submit(other, "", None, 0, lambda: None)
+        ex.turns._submit(key, "", None, 0, lambda: None)  # queued behind it
+        ex.turns._await_opening(key)
+        gate.set()
+        ex.turns.drain()
+        assert ran == [other]
+        assert ex.metrics.snapshot()["counters"]["conv_opening_cancelled"] == 1
+    finally:
+        gate.set()
+        ex.close()
 
 
 def test_the_opening_text_is_the_reply_the_header_and_a_fixed_reminder(adapter):
