@@ -226,6 +226,9 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         if not resume and not job.prefilled:
             job.reset(self.adapter.tokenizer, self.adapter.device)
         ids, done = job.prefill_ids(resume), job.prefilled
+        if not done:  # a lone unguided row: room to decode in the cache the batch adopts
+            alone = not self._rows and job.guide is None and self._batch.spare
+            job.spare = min(len(job.input_ids), job.max_new_tokens) if alone else 0
         size = self.pacer.chunk(len(ids) - done, decoding=self._paced())
         t0 = self.clock()
         past, logits, guided = contrast.prefill(  # a guided row: with its guide, if it can

@@ -95,7 +95,12 @@ class BatchCache:
         return 0 if self.cache is None else self.cache.layers[0].n
 
     def add(self, row_cache: DynamicCache) -> None:
-        """Append a prefilled batch-1 cache as the last row (padding whichever is shorter)."""
+        """Append a prefilled batch-1 cache as the last row (padding whichever is shorter).
+        An empty batch adopts a row cache of ``SlabLayer`` s as it is (no copy)."""
+        if self.cache is None and self.spare and _adoptable(row_cache):
+            self.cache, self.pads = DynamicCache(), [0]
+            self.cache.layers = list(row_cache.layers)
+            return
         n, width, rows = row_cache.get_seq_length(), self.width, self.rows
         new = [(x.keys, x.values) for x in row_cache.layers]
         KV_COPIES.add("batch_join", 2 * sum(k.numel() * k.element_size() for k, _ in new))
@@ -238,6 +243,16 @@ class BatchCache:
             _put_row(buf, 0 if mine is None else mine.shape[0], new, wide)
             out.append(buf)
         return out[0], out[1]
+
+
+def _adoptable(row_cache: DynamicCache) -> bool:
+    """Whether a row's cache can be the batch's storage as it is: one slot of
+    ``SlabLayer`` s (its prefix built by ``steps.row_cache``, ordinary storage), one width
+    in every layer."""
+    layers = row_cache.layers
+    return bool(layers) and all(
+        type(x) is SlabLayer and x.spare and x.rows == 1 and x.kbuf.shape[0] == 1
+        and x.n == layers[0].n for x in layers)
 
 
 def _empty_like(t: torch.Tensor, slots: int, cap: int) -> torch.Tensor:

@@ -44,6 +44,9 @@ class RowJob:
     capture: Callable[[PackedKV], None] | None = None
     capture_tokens: int = 0
     solo: bool = False  # prefilled alone, never in a group (``grouping``)
+    # columns its prefill cache keeps free for decoding: a row the empty batch adopts as is
+    # (``BatchCache.add``), set by the scheduler just before the prefill
+    spare: int = 0
     # contrastive guidance (``guidance/contrast.py``): the row's guide, and the guide's own flag
     guide: RowJob | None = None
     guide_strength: float = 0.0

@@ -45,8 +45,9 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
 def row_cache(adapter: Any, job: RowJob) -> DynamicCache:
     """The row's prefix K/V on the model's device, each cached piece copied once into
     layers with room for everything the row prefills (``SlabLayer``: the forward writes
-    its tokens in place, so the prefix is not copied again)."""
-    room = len(job.new_ids) + len(job.gen)  # a resumed row prefills its tokens too
+    its tokens in place, so the prefix is not copied again) and ``job.spare`` columns more
+    (an empty batch adopts the layers, and decodes into them)."""
+    room = len(job.new_ids) + len(job.gen) + job.spare  # a resumed row prefills its tokens
     return adapter.build_cache(job.prefix, job.alpha, room=room,
                                layer=lambda k, v, n: SlabLayer(k, v, 1, n))
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from injection.engine.batchcache import BatchCache
+from injection.engine.batchcache import BatchCache, SlabLayer
 
 LAYERS, HEADS, DIM = 3, 2, 4
 
@@ -124,6 +124,48 @@ def test_steps_write_in_place_and_capacity_doubles_when_it_runs_out():
     _step(batch, 99)
     assert layer.kbuf.shape[2] == 2 * cap and batch.width == cap + 1
     assert batch.consistent()
+
+
+def _slab_row(n: int, room: int, seed: int) -> DynamicCache:
+    """A row's prefill cache as ``steps.row_cache`` builds it: every layer a one-slot
+    ``SlabLayer`` over one ``[L, H, n + room, D]`` buffer, ``n`` columns written."""
+    gen = torch.Generator().manual_seed(seed)
+    keys, values = (torch.randn(LAYERS, HEADS, n + room, DIM, generator=gen) for _ in range(2))
+    cache = DynamicCache()
+    cache.layers = [SlabLayer(keys[i].unsqueeze(0), values[i].unsqueeze(0), 1, n)
+                    for i in range(LAYERS)]
+    return cache
+
+
+def test_an_empty_batch_adopts_a_slab_row_and_decodes_in_its_room():
+    """No copy of a lone row (a conversation's long link): its own buffers are the batch's,
+    its steps write into their spare columns; a row joining later copies both as before."""
+    batch, row = BatchCache(max_slots=8), _slab_row(5, 3, 1)
+    want = [_own(row)]
+    ptr = row.layers[0].kbuf.data_ptr()
+    batch.add(row)
+    assert batch.pads == [0] and batch.cache.layers[0].kbuf.data_ptr() == ptr
+    _assert_layout(batch, want)
+    for s in range(3):
+        _append(want, _step(batch, 10 + s))
+    assert batch.cache.layers[0].kbuf.data_ptr() == ptr  # written in place
+    _assert_layout(batch, want)
+    _append(want, _step(batch, 20))  # past its room: doubled, as the batch's own buffers
+    assert batch.cache.layers[0].kbuf.shape[2] == 16
+    other = _row(4, 2)
+    batch.add(other)
+    want.append(_own(other))
+    assert batch.pads == [0, 5]
+    _assert_layout(batch, want)
+    # a non-empty batch, or a row cache of plain layers: copied into the batch's buffers
+    full = BatchCache(max_slots=8)
+    full.add(_row(4, 3))
+    slab = _slab_row(4, 2, 4)
+    full.add(slab)
+    assert full.cache.layers[0].kbuf.data_ptr() != slab.layers[0].kbuf.data_ptr()
+    plain = BatchCache(spare=False)
+    plain.add(_slab_row(4, 2, 5))
+    assert plain.cache.layers[0].kbuf.shape[2] == 4  # no spare: copied, not adopted
 
 
 def test_without_spare_capacity_every_step_reallocates():
