@@ -6,6 +6,8 @@ are bench/bench_misreading.py's; these are the issue's own examples and a few pe
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from injection import build_executor
@@ -153,18 +155,25 @@ def test_the_same_check_sees_a_rule_that_is_asked(executor):
 def test_a_memory_read_as_no_rule_gets_the_reply_it_gets_with_the_rules_off(smollm):
     """Greedy on SmolLM2, the issue's examples (every kind of its table) on a first turn and
     a deep one (where its profile's anchor guides a memory that pays), and a tenant's
-    negation, defaults against constraints and guidance off: token for token."""
-    ex = build_executor(smollm, batch_max=4, metrics=Metrics())
+    negation, defaults against constraints and guidance off: token for token. The requests
+    go in at once, so the engine batches them (a batched reply is the one alone:
+    test_batch.py)."""
+    tenant = "Do not answer in lowercase."
+    reqs = {(memory, depth, on): ExecutionRequest(
+        "t", "u", msgs, memories=(MemoryItem("m", memory, rules=rules.read(memory)),),
+        max_new_tokens=16, **({} if on else OFF))
+        for memory in ISSUE for depth, msgs in (("first", ASK), ("deep", DEEP))
+        for on in (True, False)}
+    reqs |= {(tenant, "tenant", on): ExecutionRequest(
+        "t", "u", ASK, instructions=tenant, max_new_tokens=16, **({} if on else OFF))
+        for on in (True, False)}
+    ex = build_executor(smollm, batch_max=8, metrics=Metrics())
     try:
-        for memory, msgs in ((m, msgs) for m in ISSUE for msgs in (ASK, DEEP)):
-            mems = (MemoryItem("m", memory, rules=rules.read(memory)),)
-            on, off = (ex.execute(ExecutionRequest("t", "u", msgs, memories=mems,
-                                                   max_new_tokens=16, **kw)) for kw in ({}, OFF))
-            assert on.constraints == [] and on.contrast_effective == 0.0, memory
-            assert _same(on, off), memory
-        tenant = "Do not answer in lowercase."
-        on, off = (ex.execute(ExecutionRequest("t", "u", ASK, instructions=tenant,
-                                               max_new_tokens=16, **kw)) for kw in ({}, OFF))
-        assert on.constraints == [] and _same(on, off)
+        with ThreadPoolExecutor(max_workers=8) as pool:
+            got = dict(zip(reqs, pool.map(ex.execute, reqs.values()), strict=True))
     finally:
         ex.close()
+    for memory, depth in {k[:2] for k in reqs}:
+        on, off = got[memory, depth, True], got[memory, depth, False]
+        assert on.constraints == [] and on.contrast_effective == 0.0, (memory, depth)
+        assert _same(on, off), (memory, depth)
