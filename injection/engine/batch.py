@@ -216,6 +216,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
                 return
             if first is not None:  # in the batch now: its first token (a resumed row: none)
                 self._advance([job], first.unsqueeze(0), cached=False)
+                self._keep_captured([job])
 
     def _prefill(self, job: RowJob) -> Any:
         """Run the row's new tokens on its own prefix K/V (batch 1), join the batch; returns
@@ -287,6 +288,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
             except Exception as exc:  # e.g. non-finite logits, a failing stream callback
                 leaving.append((job, None, exc))
         self._drop([job for job, _, _ in leaving] + [r for r in self._rows if r.done.is_set()])
+        self._keep_captured([job for job, _, _ in leaving])  # before their callers wake
         for job, out, exc in leaving:
             job.finish(out) if exc is None else self._row_failed(job, exc, "step")
 

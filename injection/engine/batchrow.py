@@ -43,6 +43,7 @@ class RowJob:
     # missing from every tier; its K/V, sliced from this row's prefill, goes to ``capture``
     capture: Callable[[PackedKV], None] | None = None
     capture_tokens: int = 0
+    captured: PackedKV | None = None  # that K/V, handed to ``capture`` after the first token
     solo: bool = False  # prefilled alone, never in a group (``grouping``)
     # columns its prefill cache keeps free for decoding: a row the empty batch adopts as is
     # (``BatchCache.add``), set by the scheduler just before the prefill

@@ -103,8 +103,9 @@ class EngineFaults:
 
     def _capture_segment(self, job: RowJob, past: Any) -> None:
         """The one-pass miss: the row's leading segment, sliced from its finished prefill
-        (fresh host tensors), handed to ``job.capture``. Bookkeeping: a failure costs the
-        cache entry, never the row."""
+        (fresh host tensors), kept on the row until its first token is out
+        (``_keep_captured``). Bookkeeping: a failure costs the cache entry, never the row."""
+        job.captured = None
         if job.capture is None or job.capture_tokens <= 0:
             return
         start = len(job.input_ids) - len(job.new_ids)
@@ -114,11 +115,24 @@ class EngineFaults:
                 keys = to_host(torch.stack([layer.keys[0, :, start:end] for layer in past.layers]))
                 values = to_host(torch.stack([layer.values[0, :, start:end]
                                               for layer in past.layers]))
-            job.capture(PackedKV(keys, values, job.input_ids[start:end]))
-            self.counters["segment_captures"] += 1
+            job.captured = PackedKV(keys, values, job.input_ids[start:end])
         except Exception as exc:
             self.counters["capture_failures"] += 1
             log.warning("a one-pass segment was not kept (%s)", type(exc).__name__)
+
+    def _keep_captured(self, jobs: list[RowJob]) -> None:
+        """After their first tokens: the captured segments handed to ``capture`` (stored
+        in L1 and queued for Redis), so that work never delays a first token."""
+        for job in jobs:
+            kv, job.captured = job.captured, None
+            if kv is None:
+                continue
+            try:
+                job.capture(kv)
+                self.counters["segment_captures"] += 1
+            except Exception as exc:
+                self.counters["capture_failures"] += 1
+                log.warning("a one-pass segment was not kept (%s)", type(exc).__name__)
 
     def _sequence_kv(self, job: RowJob, reason: str) -> PackedKV | None:
         """The finished row's K/V for conversation reuse: bookkeeping, so a failure here

@@ -129,6 +129,26 @@ def test_a_failing_capture_costs_the_entry_never_the_reply(adapter, engine):
     assert torch.allclose(got[0].keys, adapter.compute_kv(PREF).keys, atol=1e-5)
 
 
+def test_the_segment_is_stored_after_the_first_token_and_before_the_reply(adapter, engine):
+    """Storing the captured segment (L1, the Redis queue) never delays a first token; a
+    reply of one token still finds it stored when its caller wakes."""
+    ids = adapter.renderer.encode(PREF, first=True)
+    prompt = adapter.renderer.encode(adapter.split_prompt(PREF, MSGS).prompt, first=False)
+
+    def order(tokens: int) -> list[str]:
+        events: list[tuple[str, object]] = []
+        out = engine.run(None, 1.0, ids + prompt, tokens, capture_tokens=len(ids),
+                         capture=lambda kv: events.append(("stored", kv.token_ids)),
+                         on_text=lambda piece: events.append(("text", piece)))
+        events.append(("returned", len(out.token_ids)))
+        assert dict(events)["stored"] == tuple(ids) and dict(events)["returned"] == tokens
+        return [k for k, _ in events]
+
+    many, one = order(8), order(1)
+    assert many.count("stored") == 1 and many[0] == "text" and many[-1] == "returned"
+    assert one.count("stored") == 1 and one.index("stored") < one.index("returned")
+
+
 def test_an_anonymous_member_is_computed_in_one_pass_and_never_stored(adapter, engine):
     ex = make(adapter, engine)
     first = ask(ex, "")

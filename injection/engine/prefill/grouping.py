@@ -138,6 +138,7 @@ class GroupPrefill:
         self._grouped = []
         if joined:
             self._advance(joined, firsts, cached=False)
+            self._keep_captured(joined)
 
     def _join(self, group: list[RowJob], forward: list[RowJob], caches: list[Any],
               logits: torch.Tensor) -> tuple[list[RowJob], torch.Tensor]:
