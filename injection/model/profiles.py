@@ -16,6 +16,8 @@ constraints run on a turn whose request and tenant leave them unset (``default_o
 "on"/"off" (or true/false) where a measurement chose it for that model; a text starting with
 "platform default" (or no entry, or no profile) keeps the platform-wide default
 (``prompting/reminder.DEFAULT_ON``, ``prompting/constraints.DEFAULT_ON``), measured on SmolLM2.
+The reminder off takes the anchor with it: a deep turn is anchored only where it is reminded
+(``engine/guidance/plan.plan_anchor``; on Qwen's validation cases that costs the anchor's +11).
 """
 
 from __future__ import annotations

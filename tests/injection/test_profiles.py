@@ -156,3 +156,27 @@ def test_a_profile_that_measured_the_reminder_and_constraints_off_turns_them_off
     write(tmp_path / "p.json", model_key(adapter), 0.0, reminder="off", constraints="on")
     monkeypatch.setattr(adapter, "_profile", profiles.read(tmp_path / "p.json"), raising=False)
     assert run() == run(reminder=False) != both_off  # each switch on its own
+
+
+def test_a_profile_with_the_reminder_off_leaves_deep_turns_unanchored(demo_model_path):
+    """The anchor runs on reminded turns only (``guidance/plan.plan_anchor``): a profile
+    saying the reminder off takes it along (measured on Qwen's validation: the platform
+    +12/0 over ``- reminder``, the reminder alone +1/0). Planned from the tokenizer alone."""
+    from transformers import AutoTokenizer
+
+    from injection.base import ExecutionRequest
+    from tests.injection.test_planner import TextOnly, planner
+
+    text = TextOnly(AutoTokenizer.from_pretrained(str(demo_model_path)))
+    turns = planner(text, batching=True)
+    req = ExecutionRequest("t", "u", [*DEEP, {"role": "user", "content": "And now?"}],
+                           "Always answer in French.")
+    plans = {}
+    for reminder_default in ("on", "off"):
+        text._profile = profiles.Profile("mine", "", 1.0, True, "test", {
+            "guidance": {"default": 1.0, "first_turns": False},
+            "reminder": {"default": reminder_default}})
+        plans[reminder_default] = turns.plan(req)
+    assert plans["on"].reminder.text and plans["on"].anchor is not None
+    off = plans["off"]
+    assert not off.reminder.text and off.anchor is None and off.guide is None
