@@ -13,6 +13,10 @@ anchored without the deep lean), without the reminder and without the constraint
   not make replies less fluent (paired, ``quality_stats.fluent``, p < ``ALPHA``);
 * else it is **off**, and the evidence says why (no gain, a loss, or fluency lost).
 
+The reminder is kept on where the anchor is on and the reminder alone shows no gain (not a
+loss): the anchor runs on reminded turns only, so switching the reminder off would switch
+the anchor off with it.
+
 Guidance is decided twice: on first turns (depth 0: ``guidance.first_turns``, the member's
 lean with it) and on deep turns (depth 8: the anchor); its default strength is ``STRENGTH``
 where the anchor earns it (first turns alone cannot have it: the anchor runs at the
@@ -126,6 +130,12 @@ def decide(rows: Sequence[Reply], alpha: float = ALPHA) -> dict[str, dict[str, A
         ev = evidence(rows, mech)
         on, why = verdict(ev, alpha)
         out[name] = {"on": on, "why": why, **ev}
+    rem = out["reminder"]
+    if out["anchor"]["on"] and not rem["on"] and rem["why"].startswith("off: no gain"):
+        # the anchor runs on reminded turns only: a reminder off for no gain of its own
+        # would switch off the anchor that earned its place (a loss still keeps it off)
+        rem["on"], rem["why"] = True, ("on: the anchor runs on reminded turns only; alone "
+                                       + rem["why"].removeprefix("off: "))
     return out
 
 

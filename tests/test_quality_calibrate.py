@@ -80,3 +80,21 @@ def test_first_turns_alone_do_not_earn_the_default_strength():
     assert guidance["default"] == 0.0 and not guidance["first_turns"]
     assert "not used" in guidance["first_turns_evidence"]["verdict"]
     assert prof["mechanisms"]["reminder"]["default"] == "off"
+
+
+def test_an_earned_anchor_keeps_a_reminder_that_shows_no_gain_of_its_own():
+    """The anchor runs on reminded turns only (Qwen's validation: switching the reminder off
+    cost 12/0): a reminder off for no gain would turn the anchor off with it; a reminder
+    that loses stays off whatever the anchor."""
+    anchor = (_replies(8, "platform", "0" * 8 + "1" * 4)
+              + _replies(8, "+ default guidance", "1" * 12))  # 8 won / 0 lost
+    decided = decide(anchor + _replies(8, "- reminder", "0" * 8 + "1" * 4))  # 0 / 0
+    assert decided["anchor"]["on"] and decided["reminder"]["on"]
+    assert decided["reminder"]["why"].startswith("on: the anchor runs on reminded turns")
+    assert "no gain shown (0 won / 0 lost" in decided["reminder"]["why"]
+    losing = decide(anchor + _replies(8, "- reminder", "1" * 12))
+    # with the reminder ("platform") 4/12 pass, without it 12/12: the reminder loses 8/0
+    assert not losing["reminder"]["on"] and "loses" in losing["reminder"]["why"]
+    unanchored = decide(_replies(8, "platform", "1" * 12) + _replies(8, "+ default guidance",
+                        "1" * 12) + _replies(8, "- reminder", "1" * 12))
+    assert not unanchored["anchor"]["on"] and not unanchored["reminder"]["on"]
