@@ -176,7 +176,7 @@ class ModelAdapter(PreferenceModel):
 
     def prompt_tokens(self, context: str, messages: list[dict[str, str]]) -> int:
         """Tokens the model sees for this conversation (injected segment included)."""
-        return len(self.renderer.encode(self.plain_prompt(context, messages), first=True))
+        return self.renderer.count(context, messages)
 
     def count_tokens(self, text: str) -> int:
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])

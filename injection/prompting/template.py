@@ -20,7 +20,10 @@ order, for templates without a system role (they raise or drop it):
 
 from __future__ import annotations
 
-from typing import Any, NamedTuple
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Hashable
+from typing import Any, NamedTuple, TypeVar
 
 from injection.base import SegmentSplit
 
@@ -28,6 +31,32 @@ __all__ = ["PromptParts", "ChatRenderer", "SEPARATOR", "compose_context"]
 
 SEPARATOR = "\n\n"
 _MODES = ("system", "user_prefix")
+# A turn renders and encodes its conversation several times while it is planned (the
+# history fitted, the split verified, the prompt encoded), and a deep turn counts each
+# earlier turn of its conversation again (``prompting.history``: the block cut). Both are
+# pure functions of the text: the last results are kept, per renderer.
+ENCODED_KEPT = 64  # texts' token ids
+COUNTED_KEPT = 1024  # conversations' (context, messages) token counts
+T = TypeVar("T")
+
+
+class _Memo:
+    """The last ``size`` results of a pure function, by key (thread-safe)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._kept, self._lock = size, OrderedDict(), threading.Lock()
+
+    def get(self, key: Hashable, make: Callable[[], T]) -> T:
+        with self._lock:
+            if key in self._kept:
+                self._kept.move_to_end(key)
+                return self._kept[key]
+        value = make()
+        with self._lock:
+            self._kept[key] = value
+            while len(self._kept) > self.size:
+                self._kept.popitem(last=False)
+        return value
 
 
 def compose_context(instructions: str, preference: str) -> str:
@@ -49,6 +78,7 @@ class ChatRenderer:
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
         self.has_template = bool(getattr(tokenizer, "chat_template", None))
+        self._encoded, self._counted = _Memo(ENCODED_KEPT), _Memo(COUNTED_KEPT)
 
     def render(self, messages: list[dict[str, str]], *, generation_prompt: bool = True) -> str:
         """The template's text (``role: content`` lines for tokenizers without one)."""
@@ -65,9 +95,24 @@ class ChatRenderer:
         Templates that render BOS themselves (Llama 3, Gemma, Mistral) must not get a
         second one from the tokenizer; continuation text never gets special tokens.
         """
+        return list(self._encoded.get((text, first), lambda: tuple(self._encode(text, first))))
+
+    def _encode(self, text: str, first: bool) -> list[int]:
         bos = getattr(self.tokenizer, "bos_token", None)
         add = first and not (bos and text.startswith(bos))
         return self.tokenizer(text, add_special_tokens=add)["input_ids"]
+
+    def count(self, context: str, messages: list[dict[str, str]]) -> int:
+        """Tokens of the whole conversation with ``context`` (``plain``, encoded first)."""
+        def made() -> int:
+            return len(self.encode(self.plain(context, messages), first=True))
+
+        try:
+            key = (context, tuple(tuple(sorted(m.items())) for m in messages))
+            hash(key)
+        except TypeError:  # a message with unhashable fields (tool calls): counted as is
+            return made()
+        return self._counted.get(key, made)
 
     def plain(self, context: str, messages: list[dict[str, str]]) -> str:
         """The whole prompt with ``context`` as text (no injection): the reference path.

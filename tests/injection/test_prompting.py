@@ -165,3 +165,29 @@ def test_compose_context_orders_instructions_then_preference():
     assert compose_context("Be brief.", "I like tea.") == "Be brief.\n\nI like tea."
     assert compose_context("", " I like tea. ") == "I like tea."
     assert compose_context("  ", "") == ""
+
+
+def test_counts_and_encodings_are_kept_and_equal_the_tokenizers(adapter):
+    """A turn renders and encodes its conversation several times while it is planned; each
+    text is tokenised once (the last results are kept), the kept result is the tokenizer's,
+    and a caller gets a list of its own."""
+    fresh = with_template(adapter, adapter.tokenizer.chat_template)  # a renderer of its own
+    real, calls = fresh.renderer._encode, []
+
+    def counted(text: str, first: bool) -> list[int]:
+        calls.append(text)
+        return real(text, first)
+
+    fresh.renderer._encode = counted
+    want = len(real(fresh.plain_prompt(PREF, CONVERSATION), True))
+    assert fresh.prompt_tokens(PREF, CONVERSATION) == want
+    assert fresh.prompt_tokens(PREF, [dict(m) for m in CONVERSATION]) == want  # by value
+    parts = fresh.split_prompt(PREF, CONVERSATION)  # its whole rendering: encoded already
+    ids = fresh.renderer.encode(parts.prompt, first=False)  # verified by the split: kept
+    assert ids == real(parts.prompt, False)
+    assert len(calls) == 3  # the whole conversation, its segment and its prompt, once each
+    ids.append(-1)
+    assert fresh.renderer.encode(parts.prompt, first=False) == ids[:-1]
+    other = [*CONVERSATION[:-1], {"role": "user", "content": "And for dessert, then?"}]
+    assert fresh.prompt_tokens(PREF, other) == len(real(fresh.plain_prompt(PREF, other), True))
+    assert len(calls) == 4
