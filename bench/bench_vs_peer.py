@@ -123,16 +123,11 @@ def run_platform(plan: wl.Plan) -> dict:
 
 
 def restarted_worker(name: str, env: dict[str, str], wait_s: float = 600):
-    from servers import celery_worker
-
-    from gpu_worker.routing import registry
+    from servers import celery_worker, wait_registered
 
     proc = celery_worker(name, env, open(VAR / "servers.log", "ab"), pool="threads")
-    deadline = time.monotonic() + wait_s
-    while f"{name}@bench" not in registry.live_workers():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"the restarted worker did not start; see {VAR / 'servers.log'}")
-        time.sleep(0.5)
+    if not wait_registered(name, [proc], wait_s):
+        raise SystemExit(f"the restarted worker did not start; see {VAR / 'servers.log'}")
     return proc
 
 

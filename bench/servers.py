@@ -30,8 +30,6 @@ def worker_and_web(name: str, env: dict[str, str], logpath: Path, *, pool: str =
     """One worker ``<name>@bench`` and the web under uvicorn on a free port, both logging to
     ``logpath``; returns them and the web's base URL once the worker is registered and the
     web answers ``/healthz`` (Django must be set up: the registry reads Redis)."""
-    from gpu_worker.routing import registry
-
     log = open(logpath, "ab")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -41,19 +39,31 @@ def worker_and_web(name: str, env: dict[str, str], logpath: Path, *, pool: str =
          "--port", str(port), "--log-level", "warning"],
         cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)]
     base = f"http://127.0.0.1:{port}"
+    if wait_registered(name, procs, wait_s, health=f"{base}/healthz"):
+        return procs, base
+    stop(procs)
+    raise SystemExit(f"servers did not start; see {logpath}")
+
+
+def wait_registered(name: str, procs: list[subprocess.Popen], wait_s: float,
+                    health: str | None = None) -> bool:
+    """True once worker ``<name>@bench`` is in the live registry (and ``health`` answers,
+    when given); False when one of ``procs`` exits or ``wait_s`` passes first."""
+    from gpu_worker.routing import registry
+
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         if any(p.poll() is not None for p in procs):
-            break
+            return False
         try:
             if f"{name}@bench" in registry.live_workers():
-                urllib.request.urlopen(f"{base}/healthz", timeout=2).close()
-                return procs, base
+                if health:
+                    urllib.request.urlopen(health, timeout=2).close()
+                return True
         except OSError:
             pass
         time.sleep(0.5)
-    stop(procs)
-    raise SystemExit(f"servers did not start; see {logpath}")
+    return False
 
 
 def stop(procs: list[subprocess.Popen]) -> None:
