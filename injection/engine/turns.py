@@ -93,8 +93,11 @@ class TurnGenerator:
         # a trimmed history still finds, and then replaces, its conversation's link
         key = self._key(req, user, f"id:{req.conversation_id}" if req.conversation_id
                         else messages_hash(list(req.messages)[:-1]), chash, alpha)
-        self._await_opening(key)
-        cached = self.store.lookup(key, prompt_ids)
+        if req.conversation_id or any(m["role"] != "system" for m in req.messages[:-1]):
+            self._await_opening(key)
+            cached = self.store.lookup(key, prompt_ids)
+        else:  # a /v1 first turn: no link is ever kept under its key (admission, below)
+            cached = None
         # admission: a turn with history is a conversation going on; one-shots are not kept,
         # nor a /v1 history seen before (a fixed few-shot prefix: its links are never read)
         admitted = cached is not None or (
@@ -208,11 +211,11 @@ class TurnGenerator:
             ids = self._opening_ids(prompt, text, seq.token_ids[head:]) if text else []
             if not ids:
                 return
-            kv = self.engine.run(seq, 1.0, ids, 1, keep_kv=True).sequence_kv
-            if kv is None or kv.num_tokens != seq.num_tokens + len(ids):
+            # the longer link only (from ``head`` on): its own contiguous copy already
+            kv = self.engine.run(seq, 1.0, ids, 1, keep_kv=True, keep_from=head).sequence_kv
+            if kv is None or kv.num_tokens != seq.num_tokens - head + len(ids):
                 return
-            link = own(kv, head)
-            self.store.extend(key, seq.token_ids[head:], link)
+            self.store.extend(key, seq.token_ids[head:], kv)
         except Exception as exc:
             self.store.metrics.incr("conv_opening_errors")
             log.warning("next turn's opening not prefilled (%s)", type(exc).__name__)

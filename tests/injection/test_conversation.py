@@ -45,7 +45,11 @@ def test_each_turn_continues_the_last_ones_kv_and_answers_the_same(reusing, plai
         # everything up to the last reply is reused: more each turn
         assert turn.tier is Tier.L1 and turn.reused_tokens > prev.reused_tokens
         assert turn.cached_tokens == turn.kv_tokens + turn.reused_tokens < turn.prompt_tokens
-    assert reusing.metrics.snapshot()["counters"]["conv_hits"] == len(QUESTIONS) - 2
+    counters = reusing.metrics.snapshot()["counters"]
+    assert counters["conv_hits"] == len(QUESTIONS) - 2
+    # the first turn looks nothing up (no link is ever kept for a turn without history);
+    # the second misses
+    assert counters["conv_misses"] == 1 and counters["conversation_l1_misses"] == 1
     reusing.l1.check_integrity()
 
 
