@@ -109,12 +109,14 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         return self.start(*args, **kwargs).wait()  # ``start`` a row, wait for its output
 
     def start(self, prefix: PackedKV | None, alpha: float, new_ids: list[int],
-              max_new_tokens: int, *, keep_kv: bool = False, prompt_ids: list[int] | None = None,
+              max_new_tokens: int, *, keep_kv: bool = False, keep_from: int = 0,
+              prompt_ids: list[int] | None = None,
               capture: Callable[[PackedKV], None] | None = None, capture_tokens: int = 0,
               guide: contrast.Guide | None = None, first_scores: torch.Tensor | None = None,
               lean: Any = None, probe: bool = False, **sampling: Any) -> RowJob:
         """Queue a row after ``prefix`` K/V (scaled by ``alpha``) and ``new_ids`` (``wait()``:
-        its output); ``capture``: the K/V of its first ``capture_tokens`` once prefilled
+        its output; ``keep_kv``: with its K/V from token ``keep_from`` on); ``capture``: the
+        K/V of its first ``capture_tokens`` once prefilled
         (``faults``); ``guide``/``lean``/``probe``: ``contrast.attach``; ``first_scores``: an anchor's."""
         if not new_ids:
             raise InvalidRequest("prompt is empty")
@@ -122,7 +124,8 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
             self.adapter._check_compatible(prefix)
         watch_opts = {k: sampling.pop(k) for k in _WATCH_KEYS if k in sampling}
         job = RowJob(prefix, float(alpha), list(new_ids), list(prompt_ids or new_ids),
-                     int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv, capture=capture,
+                     int(max_new_tokens), sampling, watch_opts, keep_kv=keep_kv,
+                     keep_from=int(keep_from), capture=capture,
                      capture_tokens=int(capture_tokens), first_scores=first_scores, probe=probe)
         job.token_map, job.phrases = bans.prepare(
             self.adapter.tokenizer, sampling.get("constraints", ()), self._eos)

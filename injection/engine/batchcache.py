@@ -207,14 +207,15 @@ class BatchCache:
         positions = (width - pads).unsqueeze(1)
         return mask, positions, torch.tensor([width], device=device)
 
-    def row_kv(self, row: int, token_ids: list[int]) -> PackedKV:
-        """Row ``row``'s real K/V as a CPU PackedKV (ordinary tensors, not inference ones)."""
-        pad = self.pads[row]
+    def row_kv(self, row: int, token_ids: list[int], start: int = 0) -> PackedKV:
+        """Row ``row``'s real K/V from its token ``start`` on as a CPU PackedKV (ordinary
+        tensors, not inference ones, contiguous)."""
+        at = self.pads[row] + start
         with torch.no_grad():
-            keys = torch.stack([layer.keys[row, :, pad:] for layer in self.cache.layers])
-            values = torch.stack([layer.values[row, :, pad:] for layer in self.cache.layers])
+            keys = torch.stack([layer.keys[row, :, at:] for layer in self.cache.layers])
+            values = torch.stack([layer.values[row, :, at:] for layer in self.cache.layers])
             keys, values = to_host(keys), to_host(values)  # stack made new tensors
-        return PackedKV(keys, values, token_ids[: keys.shape[2]])
+        return PackedKV(keys, values, token_ids[start: start + keys.shape[2]])
 
     # -- storage ------------------------------------------------------------------------
     def _slots(self) -> int:

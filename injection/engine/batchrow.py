@@ -39,6 +39,7 @@ class RowJob:
     sampling: dict[str, Any]
     watch_opts: dict[str, Any]
     keep_kv: bool = False
+    keep_from: int = 0  # that K/V from this token on (a head the caller holds left out)
     # the one-pass miss: the first ``capture_tokens`` of ``new_ids`` are a cache segment
     # missing from every tier; its K/V, sliced from this row's prefill, goes to ``capture``
     capture: Callable[[PackedKV], None] | None = None

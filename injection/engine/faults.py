@@ -140,7 +140,8 @@ class EngineFaults:
         if not job.keep_kv or reason == "cancelled":
             return None
         try:
-            return self._batch.row_kv(self._rows.index(job), job.input_ids + job.gen)
+            return self._batch.row_kv(self._rows.index(job), job.input_ids + job.gen,
+                                      start=job.keep_from)
         except Exception as exc:
             self.counters["keep_kv_failures"] += 1
             log.warning("a finished row's K/V was not kept (%s)", type(exc).__name__)

@@ -168,6 +168,17 @@ def test_an_empty_batch_adopts_a_slab_row_and_decodes_in_its_room():
     assert plain.cache.layers[0].kbuf.shape[2] == 4  # no spare: copied, not adopted
 
 
+def test_a_rows_kv_is_read_back_whole_or_from_a_token_on():
+    batch = BatchCache(max_slots=4)
+    batch.add(_row(6, 1))
+    batch.add(_row(4, 2))  # padded by 2
+    ids = [10, 11, 12, 13, 14]
+    whole, tail = batch.row_kv(1, ids), batch.row_kv(1, ids, start=1)
+    assert whole.token_ids == (10, 11, 12, 13) and tail.token_ids == (11, 12, 13)
+    assert torch.equal(tail.keys, whole.keys[:, :, 1:]) and tail.keys.is_contiguous()
+    assert torch.equal(tail.values, whole.values[:, :, 1:]) and tail.values.is_contiguous()
+
+
 def test_without_spare_capacity_every_step_reallocates():
     batch = BatchCache(spare=False)
     batch.add(_row(4, 1))
