@@ -11,11 +11,9 @@ heartbeat; forwards of no row (segments, embeddings, guide heads, anchors) run h
 
 from __future__ import annotations
 
-import atexit
 import logging
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -27,7 +25,7 @@ from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.decoding import bans
-from injection.engine.faults import COUNTERS, EngineFaults
+from injection.engine.faults import COUNTERS, EngineFaults, close_at_exit
 from injection.engine.guidance import anchor, contrast
 from injection.engine.prefill.forwards import FORWARD_COUNTERS, EngineForwards
 from injection.engine.prefill.grouping import GroupPrefill
@@ -41,14 +39,7 @@ __all__ = ["BatchEngine", "RowJob"]
 
 log = logging.getLogger(__name__)
 _WATCH_KEYS = ("stop", "on_text", "cancelled")
-_LIVE: weakref.WeakSet[BatchEngine] = weakref.WeakSet()
 _PENDING = object()  # a chunked prefill with chunks to go
-
-
-@atexit.register
-def _close_live_engines() -> None:  # before the interpreter tears torch down under them
-    for engine in list(_LIVE):
-        engine.close(timeout=1.0)
 
 
 class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
@@ -96,7 +87,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         self.group_prefill, self._grouped = max(1, int(group_prefill)), []
         self.clock, self.busy, self.beat_at = clock, False, clock()
         self.counters = dict.fromkeys(COUNTERS + FORWARD_COUNTERS, 0)
-        _LIVE.add(self)
+        close_at_exit(self)
         cpu_threads.reserve(adapter)  # on a CPU: the scheduler thread takes the cores
 
     # -- callers ----------------------------------------------------------------------

@@ -14,8 +14,10 @@ Runs on the scheduler thread, except :meth:`abort` and :meth:`progress` (any thr
 
 from __future__ import annotations
 
+import atexit
 import logging
 import threading
+import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -31,13 +33,25 @@ from injection.engine.guidance.contrast import with_guides
 from injection.errors import InjectionError, ModelOOMError
 from injection.kvcache.packed import PackedKV
 
-__all__ = ["COUNTERS", "EngineFaults"]
+__all__ = ["COUNTERS", "EngineFaults", "close_at_exit"]
 COUNTERS = ("steps", "rows", "peak_batch", "batched_steps", "oom_shrinks", "row_failures",
             "step_failures", "resumed", "keep_kv_failures", "watchdog_trips", "prefill_chunks",
             "segment_captures", "capture_failures", "group_prefills", "grouped_rows",
             "group_fallbacks", "guided_rows", "guide_pairs")
 
 log = logging.getLogger("injection.engine.batch")
+_LIVE: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def close_at_exit(engine: Any) -> None:
+    """Close ``engine`` at interpreter exit if it is still alive then."""
+    _LIVE.add(engine)
+
+
+@atexit.register
+def _close_live_engines() -> None:  # before the interpreter tears torch down under them
+    for engine in list(_LIVE):
+        engine.close(timeout=1.0)
 
 
 class EngineFaults:
