@@ -46,24 +46,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 import peers  # noqa: E402
 import vs_peer_report as report  # noqa: E402
 import vs_peer_workloads as wl  # noqa: E402
+from servers import setup_django  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 VAR = ROOT / "var" / "bench-vs-peer"
-
-
-def setup_django() -> None:
-    os.environ["VAR_DIR"] = str(VAR)
-    for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("MODEL_PATH", str(ROOT / "var" / "models" / "smollm2-135m-instruct"))
-    os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", CHAT_RATE_PER_MEMBER="",
-                      CHAT_RATE_PER_TENANT="", API_RATE_PER_MEMBER="", API_RATE_PER_TENANT="")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=0)
 
 
 def platform_members(plan: wl.Plan) -> dict[str, list[wl.Member]]:
@@ -171,7 +157,7 @@ def main() -> None:
         return
     plan = wl.Plan.make(args.quick, args.reps, args.tenant_members, args.turns)
     VAR.mkdir(parents=True, exist_ok=True)
-    setup_django()
+    setup_django(VAR)
     from django.conf import settings
 
     model = Path(settings.MODEL_PATH)

@@ -34,24 +34,9 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import vs_peer_workloads as wl  # noqa: E402
-from servers import stop  # noqa: E402
+from servers import setup_django, stop  # noqa: E402
 
 VAR = ROOT / "var" / "profile-first-token"
-
-
-def setup_django() -> None:
-    os.environ["VAR_DIR"] = str(VAR)
-    for var in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
-        os.environ.pop(var, None)
-    os.environ.setdefault("MODEL_PATH", str(ROOT / "var" / "models" / "smollm2-135m-instruct"))
-    os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", CHAT_RATE_PER_MEMBER="",
-                      CHAT_RATE_PER_TENANT="", API_RATE_PER_MEMBER="", API_RATE_PER_TENANT="")
-    import django
-
-    django.setup()
-    from django.core.management import call_command
-
-    call_command("migrate", interactive=False, verbosity=0)
 
 
 def members(n: int) -> list[wl.Member]:
@@ -179,7 +164,7 @@ def main() -> None:
     ap.add_argument("--out", help="write the records (and replies) as JSON here")
     args = ap.parse_args()
     VAR.mkdir(parents=True, exist_ok=True)
-    setup_django()
+    setup_django(VAR)
     stamp = time.strftime("%H%M%S")
     trace = None if args.no_trace else VAR / f"trace-{stamp}.jsonl"
     ms = members(args.warm_members + args.reps + 1)

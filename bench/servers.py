@@ -3,6 +3,7 @@ shutdown)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import socket
 import subprocess
@@ -13,6 +14,23 @@ from pathlib import Path
 from typing import IO
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+def setup_django(var: Path) -> None:
+    """Django on the embedded Postgres and Redis under ``var`` (any service URLs of the
+    environment dropped), SmolLM2 unless MODEL_PATH is set, no rate limits; migrated."""
+    os.environ["VAR_DIR"] = str(var)
+    for name in ("DATABASE_URL", "REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND"):
+        os.environ.pop(name, None)
+    os.environ.setdefault("MODEL_PATH", str(ROOT / "var" / "models" / "smollm2-135m-instruct"))
+    os.environ.update(DJANGO_SETTINGS_MODULE="config.settings", CHAT_RATE_PER_MEMBER="",
+                      CHAT_RATE_PER_TENANT="", API_RATE_PER_MEMBER="", API_RATE_PER_TENANT="")
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", interactive=False, verbosity=0)
 
 
 def celery_worker(name: str, env: dict[str, str], log: IO[bytes],
