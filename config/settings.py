@@ -74,6 +74,16 @@ TEMPLATES = [
 DATABASE_URL, REDIS_URL, KV_CACHE_REDIS_URL = embedded.service_urls()
 DATABASES = {"default": embedded.parse_database_url(DATABASE_URL)}
 DATABASES["default"].setdefault("OPTIONS", {}).update(deadlines.postgres_options())
+# DB_POOL (the web under ASGI, config/asgi.py): connections from one pool per process,
+# checked when taken (CONN_HEALTH_CHECKS), instead of a new one per request: Django runs an
+# ASGI request's sync code in a thread of its own, so it cannot keep a connection across
+# requests, and a new one cost 9 ms (connect, then a new backend's cold first query) before
+# the token lookup of every request, against 2.3 ms on a pooled one (bench/profile_first_token.py)
+if env_bool("DB_POOL", False):
+    DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": env_int("DB_POOL_MIN_SIZE", 2), "max_size": env_int("DB_POOL_MAX_SIZE", 20),
+        "timeout": env_float("DB_POOL_TIMEOUT", deadlines.DB_CONNECT_TIMEOUT)}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [
@@ -242,6 +252,12 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A task whose Redis connection drops is cancelled (redelivered), not finished unacked twice
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fixup closes every database connection before and after each task unless
+# this is set: each chat opened one of its own (connect, then a new backend's cold first
+# query: 7 ms before its first token, bench/profile_first_token.py). A task thread keeps its
+# connection instead, treated around each task as Django treats a request's
+# (gpu_worker.serving.signals: close_old_connections, so DB_CONN_MAX_AGE and health checks hold)
+CELERY_DB_REUSE_MAX = 2**62
 # --pool threads: one task thread per batch slot, all feeding the process's batch engine
 CELERY_WORKER_CONCURRENCY = max(1, WORKER_BATCH_MAX)
 # Enforced by Celery under prefork; under solo/threads (the GPU pools) by

@@ -7,6 +7,9 @@
   the prefork parent never touches CUDA. Then the agent starts heartbeating.
 * ``task_received`` / ``task_postrun``: the in-flight registry that lets peers redeliver
   this worker's task if it dies (kombu only would after the visibility timeout).
+* ``task_prerun`` / ``task_postrun``: the task thread's database connection is kept across
+  tasks (``CELERY_DB_REUSE_MAX``) and checked around each as Django checks a request's
+  (``close_old_connections``: older than ``DB_CONN_MAX_AGE`` or broken, it goes).
 * ``worker_shutting_down`` (SIGTERM): stop being routed to at once; the running task
   finishes (warm shutdown). ``worker_shutdown``: queued private tasks go back to ``gpu``,
   and the executor is closed so queued L2 writes land (bounded by
@@ -21,6 +24,7 @@ import redis
 from celery.signals import (
     celeryd_after_setup,
     task_postrun,
+    task_prerun,
     task_received,
     task_rejected,
     task_revoked,
@@ -30,6 +34,7 @@ from celery.signals import (
     worker_shutdown,
     worker_shutting_down,
 )
+from django.db import close_old_connections
 
 from gpu_worker.routing import registry
 from gpu_worker.serving import runtime
@@ -68,10 +73,24 @@ def _received(sender=None, request=None, **_):
         log.warning("could not record in-flight %s: %s", request.id, exc)
 
 
+@task_prerun.connect
+def _prerun(sender=None, **_):
+    _old_connections(sender)
+
+
 @task_postrun.connect
 def _postrun(sender=None, task_id=None, **_):
     worker = getattr(getattr(sender, "request", None), "hostname", None) or runtime.STATE.worker
     runtime.task_finished(task_id, worker)
+    _old_connections(sender)
+
+
+def _old_connections(task) -> None:
+    """Around a task, as around a request: the thread's connection is closed when older than
+    ``DB_CONN_MAX_AGE`` or broken, else kept (health-checked at its next use). Not for an
+    eager task: its caller's connection (a test's transaction) is not the task's."""
+    if not getattr(getattr(task, "request", None), "is_eager", False):
+        close_old_connections()
 
 
 @task_revoked.connect
