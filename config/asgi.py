@@ -9,8 +9,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # No persistent database connections here, whatever DB_CONN_MAX_AGE says (Django: "when
 # using ASGI, persistent connections should be disabled"): a request's sync code runs in
 # threads that come and go, each leaving its own connection open until it was collected
-# (16 streaming clients held up to 82 of Postgres's 100; a burst beside them was refused)
+# (16 streaming clients held up to 82 of Postgres's 100; a burst beside them was refused).
+# Connections come from a pool of the process instead (DB_POOL, unless set to 0: a new one
+# per request, config/settings.py), at most DB_POOL_MAX_SIZE of them.
 os.environ["DB_CONN_MAX_AGE"] = "0"
+os.environ.setdefault("DB_POOL", "1")
 application = get_asgi_application()
 
 from django.conf import settings  # noqa: E402  (after setup)
