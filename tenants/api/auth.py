@@ -37,6 +37,9 @@ class MemberTokenAuthentication(authentication.BaseAuthentication):
             raise drf_exc.AuthenticationFailed("Invalid, expired or revoked token.")
         if token.last_used_at is None or now - token.last_used_at >= LAST_USED_RESOLUTION:
             ApiToken.objects.filter(pk=token.pk).update(last_used_at=now)
+        # the caller's member, loaded with the token (one per user): request_member's, so it
+        # is not looked up again
+        request._kvi_member = token.member
         return token.member.user, token
 
     def authenticate_header(self, request) -> str:
