@@ -30,12 +30,20 @@ log = logging.getLogger(__name__)
 
 
 def load_member(member_id: int) -> Member:
-    member = Member.objects.select_related("tenant", "user").filter(pk=member_id).first()
+    """The member with its tenant, user and preference (one query), active or refused."""
+    member = Member.objects.select_related("tenant", "user", "preference").filter(
+        pk=member_id).first()
     if member is None:
         raise NotFound("Unknown member.")
     if not (member.active and member.tenant.active and member.user.is_active):
         raise InactiveAccount()
     return member
+
+
+def member_preference(member: Member) -> Preference | None:
+    """The preference ``load_member`` read with the member: its own tenant's only."""
+    pref = getattr(member, "preference", None)
+    return pref if pref is not None and pref.tenant_id == member.tenant_id else None
 
 
 def load_conversation(member: Member, conversation_id: int | None) -> Conversation | None:
@@ -206,7 +214,7 @@ def answer(
     started = time.monotonic()
     member = load_member(member_id)
     conv = load_conversation(member, conversation_id)
-    pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
+    pref = member_preference(member)
     memories = load_memories(member)
     executor = get_executor()
     # /v1 sends the conversation itself ("history"); /api/chat continues the stored one
