@@ -115,6 +115,9 @@ def main() -> None:
     os.chdir(ROOT)
     import django
 
+    if kind != "celery":  # the web's database settings, as config/asgi.py sets them
+        os.environ["DB_CONN_MAX_AGE"] = "0"
+        os.environ.setdefault("DB_POOL", "1")
     django.setup()
     sink = Sink(out)
     more = [s for s in os.environ.get("KVI_TRACE_MORE", "").split(",") if s]
