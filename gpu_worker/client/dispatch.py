@@ -69,6 +69,7 @@ def wait_chat(dispatched: Dispatched, timeout: float | None = None) -> dict[str,
     async_result = dispatched.result
     timeout = settings.CHAT_RESULT_TIMEOUT if timeout is None else timeout
     outcome = "error"
+    lend_back_connection()
     try:
         sealed = async_result.get(timeout=timeout, propagate=True)
         result = sealing.open_sealed(sealing.CHAT_RESULT, async_result.id, sealed)
@@ -88,6 +89,18 @@ def wait_chat(dispatched: Dispatched, timeout: float | None = None) -> dict[str,
     finally:
         _forget(async_result)
         metrics.CHAT_REQUESTS.labels(outcome).inc()
+
+
+def lend_back_connection() -> None:
+    """A pooled connection (the web under ASGI, ``DB_POOL``) goes back to its pool while the
+    request waits for a worker: a blocking chat would otherwise hold one of
+    ``DB_POOL_MAX_SIZE`` for its whole generation, and the next request past that many
+    would wait ``DB_POOL_TIMEOUT`` and fail. The next query takes one again. Inside a
+    transaction (or unpooled) the connection stays."""
+    from django.db import connection
+
+    if connection.settings_dict.get("OPTIONS", {}).get("pool") and not connection.in_atomic_block:
+        connection.close()
 
 
 def _forget(async_result: AsyncResult) -> None:

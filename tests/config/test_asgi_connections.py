@@ -71,3 +71,54 @@ def test_requests_of_the_web_process_reuse_one_pooled_connection():
     # ten requests, each on a new thread, ran on at most the pool's two server connections
     # (without the pool: ten connections, one per request)
     assert len(set(pids)) <= 2
+
+
+# A blocking chat waits for its worker without holding a pooled connection: with a pool of
+# one, a second request's query runs (within DB_POOL_TIMEOUT) while the first one waits
+WAITING = """
+import json, sys, threading
+sys.argv = ['probe']
+import config.asgi
+from django.db import close_old_connections, connection
+from gpu_worker.client.dispatch import lend_back_connection
+
+waiting, done, out = threading.Event(), threading.Event(), {}
+def chat():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT 1")
+    lend_back_connection()  # what wait_chat does before it waits for the worker
+    waiting.set()
+    done.wait(30)
+    with connection.cursor() as cursor:  # the request's work after the reply
+        cursor.execute("SELECT 2")
+        out["after"] = cursor.fetchone()[0]
+    close_old_connections()
+def other():
+    waiting.wait(30)
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 3")
+            out["other"] = cursor.fetchone()[0]
+    except Exception as exc:
+        out["other"] = type(exc).__name__
+    close_old_connections()
+    done.set()
+threads = [threading.Thread(target=chat), threading.Thread(target=other)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print(json.dumps([out.get("other"), out.get("after")]))
+"""
+
+
+@pytest.mark.django_db
+def test_a_waiting_chat_lends_its_pooled_connection_back():
+    from django.db import connection
+
+    from tests.workers import database_url_from_settings
+
+    url = database_url_from_settings(connection.settings_dict)
+    env = {"DATABASE_URL": url, "DB_POOL_MAX_SIZE": "1", "DB_POOL_MIN_SIZE": "1",
+           "DB_POOL_TIMEOUT": "1"}
+    assert _run(WAITING, **env) == [3, 2]
+    held = WAITING.replace("    lend_back_connection()  # what", "    # held: what")
+    assert _run(held, **env) == ["OperationalError", 2]  # without it: the pool's timeout
