@@ -74,11 +74,8 @@ TEMPLATES = [
 DATABASE_URL, REDIS_URL, KV_CACHE_REDIS_URL = embedded.service_urls()
 DATABASES = {"default": embedded.parse_database_url(DATABASE_URL)}
 DATABASES["default"].setdefault("OPTIONS", {}).update(deadlines.postgres_options())
-# DB_POOL (the web under ASGI, config/asgi.py): connections from one pool per process,
-# checked when taken (CONN_HEALTH_CHECKS), instead of a new one per request: Django runs an
-# ASGI request's sync code in a thread of its own, so it cannot keep a connection across
-# requests, and a new one cost 9 ms (connect, then a new backend's cold first query) before
-# the token lookup of every request, against 2.3 ms on a pooled one (bench/profile_first_token.py)
+# DB_POOL (the web under ASGI, config/asgi.py): one pool per process instead of a new
+# connection per request (9 ms before each token lookup against 2.3: docs/OPERATIONS.md)
 if env_bool("DB_POOL", False):
     DATABASES["default"]["CONN_MAX_AGE"] = 0  # the pool keeps them
     DATABASES["default"]["OPTIONS"]["pool"] = {
@@ -252,11 +249,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 # A task whose Redis connection drops is cancelled (redelivered), not finished unacked twice
 CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Celery's Django fixup closes every database connection before and after each task unless
-# this is set: each chat opened one of its own (connect, then a new backend's cold first
-# query: 7 ms before its first token, bench/profile_first_token.py). A task thread keeps its
-# connection instead, treated around each task as Django treats a request's
-# (gpu_worker.serving.signals: close_old_connections, so DB_CONN_MAX_AGE and health checks hold)
+# A task thread keeps its connection across tasks (else Celery's Django fixup closes it
+# around each: 7 ms before a chat's first token), checked around each task as Django checks
+# a request's (gpu_worker.serving.signals: DB_CONN_MAX_AGE and health checks hold)
 CELERY_DB_REUSE_MAX = 2**62
 # --pool threads: one task thread per batch slot, all feeding the process's batch engine
 CELERY_WORKER_CONCURRENCY = max(1, WORKER_BATCH_MAX)
