@@ -59,6 +59,15 @@ class _Memo:
         return value
 
 
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def compose_context(instructions: str, preference: str) -> str:
     """The system turn's text: tenant instructions, then the member's preference."""
     return SEPARATOR.join(p.strip() for p in (instructions, preference) if p and p.strip())
@@ -143,8 +152,10 @@ class ChatRenderer:
         """``segment`` split after the tenant's instructions, token-exactly, or None.
 
         The tenant part (template header + instructions) is the same text for every
-        member; it is used only when its ids are a strict prefix of the whole turn's ids
-        (a BPE merge across the boundary makes the split impossible: one segment then).
+        member; its ids must be a prefix of the whole turn's ids. Where a token merges
+        across the boundary (Qwen: "." and the separator's "\n\n" are one token), the tenant
+        part stops before that token: the ids both encodings share, whose text is then a
+        prefix of the turn (K/V of a prefix depends on nothing after it). None: one segment.
         """
         instructions = instructions.strip()
         start = segment.find(context) if instructions and context.startswith(instructions) else -1
@@ -153,9 +164,21 @@ class ChatRenderer:
         cut = start + len(instructions)
         whole = self.encode(segment, first=True)
         head = self.encode(segment[:cut], first=True)
-        if not head or len(head) >= len(whole) or whole[: len(head)] != head:
+        shared = _shared_prefix(head, whole)
+        if shared < len(head):  # a merge across the boundary
+            cut, head = self._cut_at(segment, head[:shared]), head[:shared]
+        if cut is None or not head or len(head) >= len(whole):
             return None
         return SegmentSplit(segment[:cut], tuple(head), segment[cut:], tuple(whole[len(head):]))
+
+    def _cut_at(self, segment: str, ids: list[int]) -> int | None:
+        """Where ``ids``' text ends in ``segment``, if it is a prefix that encodes back to
+        exactly ``ids``; else None."""
+        text = self.tokenizer.decode(ids, skip_special_tokens=False,
+                                     clean_up_tokenization_spaces=False)
+        if not ids or not segment.startswith(text) or self.encode(text, first=True) != ids:
+            return None
+        return len(text)
 
     # -- internals ----------------------------------------------------------------------
     def _try(self, mode: str, context: str, messages: list[dict[str, str]]) -> PromptParts | None:

@@ -65,6 +65,30 @@ def test_injected_kv_at_alpha_one_is_the_system_message_reply_token_for_token(qw
     assert bare.text == plain.text  # no memory: Qwen's own system prompt
 
 
+def test_tenant_instructions_are_shared_where_a_token_spans_the_boundary(qwen):
+    """Qwen's tokenizer makes the instructions' last "." and the separator's "\n\n" one
+    token, so the instructions' own ids are no prefix of the turn's: the tenant's segment
+    stops one token early, is the same for every member, and each member's reply is still
+    the system-message reply token for token (cold, then with the tenant's segment cached)."""
+    instr = "You are the assistant of a cooking school. Answer in one or two sentences."
+    ex = build_executor(qwen, batch_max=2, metrics=Metrics())
+    try:
+        for user, pref in (("1", "I am vegetarian."), ("2", "I was born in Nairobi.")):
+            context = instr + "\n\n" + pref
+            parts = qwen.split_prompt(context, ASK)
+            split = qwen.split_segment(parts.segment, context, instr)
+            assert split is not None and split.tenant_text.endswith("one or two sentences")
+            assert split.tenant_text + split.member_text == parts.segment
+            want = qwen.generate(qwen.plain_prompt(context, ASK), None, 1.0, TOKENS)
+            res = ex.execute(ExecutionRequest("t", user, ASK, pref, instructions=instr,
+                                              max_new_tokens=TOKENS, **PARITY))
+            assert "tenant" in res.extra["segments"], res.extra
+            assert res.text == want.text, (user, res.text, want.text)
+    finally:
+        ex.close()
+    assert ex.metrics.get("tenant_l1_hits") >= 1  # the second member reused the first's
+
+
 def test_two_members_batched_answer_as_each_alone_on_the_defaults(qwen):
     """The worker's path on Qwen's profile (calibrated: guidance 1 on deep turns, first turns
     unguided): two members' first turns decoded together give the greedy replies each gets
