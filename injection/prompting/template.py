@@ -26,6 +26,7 @@ from collections.abc import Callable, Hashable
 from typing import Any, NamedTuple, TypeVar
 
 from injection.base import SegmentSplit
+from injection.kvcache.conversation import common_prefix
 
 __all__ = ["PromptParts", "ChatRenderer", "SEPARATOR", "compose_context"]
 
@@ -57,15 +58,6 @@ class _Memo:
             while len(self._kept) > self.size:
                 self._kept.popitem(last=False)
         return value
-
-
-def _shared_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b, strict=False):
-        if x != y:
-            break
-        n += 1
-    return n
 
 
 def compose_context(instructions: str, preference: str) -> str:
@@ -164,7 +156,7 @@ class ChatRenderer:
         cut = start + len(instructions)
         whole = self.encode(segment, first=True)
         head = self.encode(segment[:cut], first=True)
-        shared = _shared_prefix(head, whole)
+        shared = common_prefix(head, whole)
         if shared < len(head):  # a merge across the boundary
             cut, head = self._cut_at(segment, head[:shared]), head[:shared]
         if cut is None or not head or len(head) >= len(whole):
