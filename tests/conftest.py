@@ -13,8 +13,10 @@ from urllib.parse import urlparse, urlunparse
 import pytest
 import redis
 
-# Redis db index reserved for engine unit tests (flushed around each test).
-ENGINE_TEST_DB = 9
+# Redis db index reserved for engine unit tests (flushed around each test): one for each
+# pytest process of a `pytest -n N` run (N <= 4; config/settings_test.py leaves them free).
+_ENGINE_TEST_DBS = (9, 15, 14, 13)
+ENGINE_TEST_DB = _ENGINE_TEST_DBS[int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:])]
 
 
 def redis_url_with_db(url: str, db: int) -> str:

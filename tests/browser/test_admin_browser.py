@@ -73,7 +73,17 @@ def test_superuser_sees_every_tenant_and_exports_usage(page, live_server, worlds
     assert rows and any(r["tenant"] == "globex" for r in rows)
 
 
-def test_tenant_admin_playground_edit_and_recompute(page, live_server, worlds, gpu_worker):
+@pytest.fixture
+def only_w1(gpu_worker):
+    """Workers another test file of this pytest process started (e.g. a routing pair) stop
+    consuming, so the playground's chats meet one worker's L1 turn after turn."""
+    from tests.e2e.conftest import only_these_consume
+
+    with only_these_consume([gpu_worker]):
+        yield gpu_worker
+
+
+def test_tenant_admin_playground_edit_and_recompute(page, live_server, worlds, only_w1):
     acme, _ = worlds
     base = live_server.url
     login(page, base, "acme-admin", "pw-admin-123")

@@ -64,15 +64,19 @@ def start_workers(scaleout_env, tmp_path_factory):
         w.stop()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def worker_pair(start_workers):
-    """Two workers shared by the routing and kvcache tests (with metrics servers)."""
+    """Two workers for a module of the routing, kvcache and task-auth tests (with metrics
+    servers), stopped after it: a test file that does not start workers meets only w1."""
     import socket
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    return start_workers("r1", "r2", WORKER_METRICS_PORT=port, WORKER_METRICS_ADDR="127.0.0.1")
+    pair = start_workers("r1", "r2", WORKER_METRICS_PORT=port, WORKER_METRICS_ADDR="127.0.0.1")
+    yield pair
+    for w in pair:
+        w.stop()
 
 
 @contextlib.contextmanager
@@ -82,7 +86,10 @@ def only_these_consume(workers):
     from gpu_worker.routing import registry
 
     keep = {w.hostname for w in workers}
-    others = [n for n in registry.live_workers() if n not in keep]
+    # a heartbeat or a ping reply: on a loaded machine either alone can miss a live worker
+    seen = set(registry.live_workers()) | {
+        host for reply in app.control.ping(timeout=2.0) for host in reply}
+    others = sorted(seen - keep)
     if others:
         app.control.cancel_consumer(registry.SHARED_QUEUE, destination=others, reply=True,
                                     timeout=10)

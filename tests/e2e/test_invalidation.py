@@ -7,7 +7,6 @@ read; both must be the new ones right after the change.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import re
@@ -21,6 +20,7 @@ from django.test import Client
 
 from tenants import actions
 from tenants.models import Preference
+from tests.e2e.conftest import only_these_consume
 from tests.tenants.conftest import clear_rate_limits
 from tests.workers import ROOT, database_url_from_settings, worker_env
 
@@ -34,7 +34,10 @@ def w2(worker_factory):
 
 @pytest.fixture
 def workers(gpu_worker, w2):
-    return [gpu_worker, w2]
+    """w1 and w2, the only workers consuming the shared queue (another file of this pytest
+    process may have left workers running)."""
+    with only_these_consume([gpu_worker, w2]):
+        yield [gpu_worker, w2]
 
 
 @pytest.fixture
@@ -76,20 +79,9 @@ def assert_next_chat_uses(key: str, member) -> dict:
     return cache
 
 
-@contextlib.contextmanager
 def only(worker):
     """Every other live worker stops consuming the shared queue for the block."""
-    from config.celery import app
-
-    others = [host for reply in app.control.ping(timeout=1.0) for host in reply
-              if host != worker.hostname]
-    if others:
-        app.control.cancel_consumer("gpu", destination=others, reply=True, timeout=10)
-    try:
-        yield
-    finally:
-        if others:
-            app.control.add_consumer("gpu", destination=others, reply=True, timeout=10)
+    return only_these_consume([worker])
 
 
 def log_count(worker, needle: str) -> int:
@@ -280,11 +272,13 @@ def test_a_warm_that_finds_its_worker_busy_is_held_then_runs(threads_worker, set
     done = re.compile(rf"background warm of member {member.pk} ran")
     held = f"background warm of member {member.pk} held until the worker is idle"
 
+    answered = []
+
     def long_chat() -> None:  # the demo model writes every token of it (about 1 s per 500)
-        Client(HTTP_AUTHORIZATION=f"Token {busy_key}").post(
+        answered.append(Client(HTTP_AUTHORIZATION=f"Token {busy_key}").post(
             "/api/chat", json.dumps({"message": "Tell me a long story.",
                                      "max_new_tokens": LONG_REPLY}),
-            content_type="application/json")
+            content_type="application/json"))
 
     with only(threads_worker):
         before = len(done.findall(threads_worker.log_tail(100_000)))
@@ -293,7 +287,9 @@ def test_a_warm_that_finds_its_worker_busy_is_held_then_runs(threads_worker, set
         deadline = time.monotonic() + 120
         while not ((worker_stats(threads_worker.hostname)["stats"] or {}).get("batch") or {}).get(
                 "active"):
-            assert time.monotonic() < deadline, threads_worker.log_tail()
+            assert time.monotonic() < deadline and talker.is_alive(), (
+                [(r.status_code, r.json().get("cache")) for r in answered],
+                threads_worker.log_tail())
             time.sleep(0.02)
         actions.do_set_preference(member, text="I am vegetarian.")  # its warm: now
         while held not in threads_worker.log_tail(100_000):

@@ -21,7 +21,8 @@ from tenants import actions
 from tenants.models import KVInvalidation
 from tests.e2e.conftest import chat_now, l2_entries, member_with_preference, wait_for
 
-pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+# serial: it stops the embedded Redis that the other pytest process of `make test` uses too
+pytestmark = [pytest.mark.e2e, pytest.mark.serial, pytest.mark.django_db(transaction=True)]
 
 
 @pytest.fixture

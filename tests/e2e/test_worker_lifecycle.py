@@ -35,8 +35,11 @@ def crew(start_workers):
     """Three workers; the tests kill or stop them, and start more, in order."""
     workers = start_workers("k1", "k2", "k3", pool="threads", WORKER_BATCH_MAX=4,
                             WORKER_MAX_DELIVERIES=MAX_DELIVERIES)
+    crew = {w.name: w for w in workers}
     with only_these_consume(workers):
-        yield {w.name: w for w in workers}
+        yield crew
+    for w in crew.values():  # k4 too: no worker of this module outlives it
+        w.stop()
 
 
 def _deliveries(task_id: str) -> int:
