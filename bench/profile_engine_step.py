@@ -12,7 +12,8 @@ warmed first; then, greedy and streamed to a callback:
   first token's ``_advance``; ``_run_forwards``: forwards of no row);
 * ``--cprofile``: cProfile of the scheduler thread over the bursts (top functions);
 * ``--ops``: torch.profiler over decoding steps of 8 rows (top operators, self time);
-* ``--profile-ttft``: cProfile of the warm batch-1 requests (caller and scheduler), then stop.
+* ``--profile-ttft``: cProfile of the warm batch-1 requests (caller and scheduler), then stop;
+* ``--decode1 N``: a warm member alone, N tokens: ms a token, a step's forward share; stop.
 
 Run: ``.venv/bin/python bench/profile_engine_step.py [--bursts 3] [--cprofile] [--ops]``.
 Figures from a shared machine compare only within one run.
@@ -135,6 +136,8 @@ def main() -> None:
     ap.add_argument("--cprofile", action="store_true")
     ap.add_argument("--ops", action="store_true")
     ap.add_argument("--top", type=int, default=30)
+    ap.add_argument("--decode1", type=int, default=0, metavar="TOKENS",
+                    help="batch-1 decode of a warm member (ms a token, the forward's share)")
     ap.add_argument("--profile-ttft", action="store_true",
                     help="cProfile the warm batch-1 requests (caller and scheduler), then stop")
     args = ap.parse_args()
@@ -162,6 +165,9 @@ def run(ex: Any, probe: Probe, args: Any) -> None:
         report(probe, main_prof, args.top, "ttft")
         return
     print(f"ttft warm member batch-1: median {statistics.median(ttfts):.1f} ms {ttfts}")
+    if args.decode1:
+        decode_one(ex, probe, args.decode1)
+        return
     probe.on = True
     walls, toks = [], 0
     for _ in range(args.bursts):
@@ -187,6 +193,22 @@ def run(ex: Any, probe: Probe, args: Any) -> None:
         print(f"ops: self ms per 8-row step over {probe.op_steps} steps")
         for key, ms in sorted(probe.op_ms.items(), key=lambda kv: -kv[1])[: args.top]:
             print(f"  {ms / probe.op_steps:7.2f}  {key}")
+
+
+def decode_one(ex: Any, probe: Probe, tokens: int) -> None:
+    """A warm member alone, ``tokens`` tokens streamed: ms a token after the first piece,
+    beside the scheduler's decode steps and their forwards (the engine's share)."""
+    stamps: list[float] = []
+    probe.ms.clear(), probe.calls.clear()
+    probe.forward_ms, probe.on = 0.0, True
+    res = ex.execute(request(8, lambda piece: stamps.append(time.perf_counter()), tokens))
+    probe.on = False
+    steps = max(probe.calls["_decode"], 1)
+    span = (stamps[-1] - stamps[0]) * 1000.0 if len(stamps) > 1 else float("nan")
+    print(f"batch-1 decode: {res.completion_tokens} tokens, {len(stamps)} pieces, "
+          f"{span / max(len(stamps) - 1, 1):.1f} ms a piece after the first; "
+          f"{probe.ms['_decode'] / steps:.1f} ms a decode step, of which forward "
+          f"{probe.forward_ms / steps:.1f} ms ({steps} steps)")
 
 
 def report(probe: Probe, caller: cProfile.Profile, top: int, what: str) -> None:

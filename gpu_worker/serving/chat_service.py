@@ -40,12 +40,6 @@ def load_member(member_id: int) -> Member:
     return member
 
 
-def member_preference(member: Member) -> Preference | None:
-    """The preference ``load_member`` read with the member: its own tenant's only."""
-    pref = getattr(member, "preference", None)
-    return pref if pref is not None and pref.tenant_id == member.tenant_id else None
-
-
 def load_conversation(member: Member, conversation_id: int | None) -> Conversation | None:
     return None if conversation_id is None else get_conversation(member, conversation_id)
 
@@ -214,7 +208,7 @@ def answer(
     started = time.monotonic()
     member = load_member(member_id)
     conv = load_conversation(member, conversation_id)
-    pref = member_preference(member)
+    pref = member.own_preference()
     memories = load_memories(member)
     executor = get_executor()
     # /v1 sends the conversation itself ("history"); /api/chat continues the stored one

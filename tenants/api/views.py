@@ -33,7 +33,6 @@ from tenants.api.serializers import (
     PreferenceWriteSerializer,
 )
 from tenants.api.throttling import ApiThrottle, ChatThrottle
-from tenants.budgets.estimate import member_preference
 from tenants.errors import Forbidden, InvalidInput, NotFound
 from tenants.models import Conversation, Preference
 from tenants.ports import run_chat
@@ -138,7 +137,7 @@ def chat_model_path() -> str:
 
 def _context_texts(member) -> list[str]:
     """What the worker puts in the system turn: tenant instructions and the preference."""
-    pref = member_preference(member)
+    pref = member.own_preference()
     texts = [member.tenant.instructions]
     if pref is not None and pref.enabled:
         texts.append(pref.text)

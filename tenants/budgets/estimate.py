@@ -18,7 +18,7 @@ from django.conf import settings
 
 from tenants.api.context_limits import model_limits
 from tenants.history import TEMPLATE_TOKENS_PER_MESSAGE, fit_counted, stored_history
-from tenants.models import Member, Preference
+from tenants.models import Member
 
 
 def model_path() -> str:
@@ -60,19 +60,6 @@ def history_texts(member: Member, conversation_id: int | None,
     return texts, count_tokens(texts)
 
 
-_NONE = object()
-
-
-def member_preference(member: Member) -> Preference | None:
-    """The member's preference row, read once per loaded member (the request's: the view's
-    context check and the budget estimate both need it)."""
-    pref = getattr(member, "_kvi_preference", _NONE)
-    if pref is _NONE:
-        pref = Preference.objects.filter(tenant=member.tenant_id, member=member).first()
-        member._kvi_preference = pref
-    return pref
-
-
 def prompt_estimate(member: Member, conversation_id: int | None, message: str,
                     params: dict) -> int:
     """Tokens the worker's prompt for this chat is expected to hold."""
@@ -80,7 +67,7 @@ def prompt_estimate(member: Member, conversation_id: int | None, message: str,
     texts = [message]
     if params.get("tools"):  # rendered into the prompt where the template supports them
         texts.append(json.dumps(params["tools"], separators=(",", ":")))
-    pref = member_preference(member)
+    pref = member.own_preference()
     context = [member.tenant.instructions, pref.text if pref is not None and pref.enabled
                else ""]
     markup = TEMPLATE_TOKENS_PER_MESSAGE * (len(history) + len(texts) + 1)

@@ -109,6 +109,18 @@ class Member(models.Model):
     def __str__(self) -> str:
         return f"{self.tenant.slug}/{self.user.get_username()}"
 
+    def own_preference(self) -> Preference | None:
+        """This member's preference row, of its own tenant only, read at most once per loaded
+        member: from ``select_related("preference")`` where it was loaded with the member
+        (the worker), else one query, remembered on the member (the web's context check
+        and budget estimate share it)."""
+        cache = self._state.fields_cache
+        if "preference" not in cache:
+            cache["preference"] = Preference.objects.filter(
+                tenant=self.tenant_id, member=self).first()
+        pref = cache["preference"]
+        return pref if pref is not None and pref.tenant_id == self.tenant_id else None
+
     @property
     def is_tenant_admin(self) -> bool:
         return self.role == self.Role.ADMIN

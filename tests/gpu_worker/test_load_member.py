@@ -6,7 +6,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from gpu_worker.serving.chat_service import load_member, member_preference
+from gpu_worker.serving.chat_service import load_member
 from tenants import actions
 
 pytestmark = pytest.mark.django_db
@@ -18,9 +18,9 @@ def test_the_member_and_its_preference_in_one_query():
     without = actions.do_add_member(tenant, "loads-2")
     with CaptureQueriesContext(connection) as queries:
         member = load_member(with_pref.pk)
-        pref = member_preference(member)
+        pref = member.own_preference()
         assert member.tenant.slug == "loads" and member.user.username == "loads-1"
     assert len(queries) == 1 and pref.text == "I like tea." and pref.tenant_id == tenant.pk
     with CaptureQueriesContext(connection) as queries:
-        assert member_preference(load_member(without.pk)) is None
+        assert load_member(without.pk).own_preference() is None
     assert len(queries) == 1

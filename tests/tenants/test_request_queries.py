@@ -12,7 +12,6 @@ from rest_framework.test import APIRequestFactory
 from tenants import actions
 from tenants.api.auth import MemberTokenAuthentication
 from tenants.api.permissions import request_member
-from tenants.budgets.estimate import member_preference
 
 pytestmark = pytest.mark.django_db
 
@@ -30,11 +29,11 @@ def test_a_token_request_reads_its_member_and_its_preference_once():
         got = request_member(request)
     assert got.pk == member.pk and got.tenant_id == tenant.pk and len(queries) == 0
     with CaptureQueriesContext(connection) as queries:
-        assert member_preference(got).text == "I like tea."
-        assert member_preference(got).text == "I like tea."
+        assert got.own_preference().text == "I like tea."
+        assert got.own_preference().text == "I like tea."
     assert len(queries) == 1
-    assert member_preference(other).text == "I like coffee."  # another member: its own
+    assert other.own_preference().text == "I like coffee."  # another member: its own
     bare = actions.do_add_member(tenant, "reads-3")
     with CaptureQueriesContext(connection) as queries:
-        assert member_preference(bare) is None and member_preference(bare) is None
+        assert bare.own_preference() is None and bare.own_preference() is None
     assert len(queries) == 1
