@@ -11,7 +11,8 @@ warmed first; then, greedy and streamed to a callback:
   (``_decode``: a step, its forward and its ``_advance``; ``_admit``: prefills, and the
   first token's ``_advance``; ``_run_forwards``: forwards of no row);
 * ``--cprofile``: cProfile of the scheduler thread over the bursts (top functions);
-* ``--ops``: torch.profiler over decoding steps of 8 rows (top operators, self time);
+* ``--ops``: torch.profiler over decoding steps of 8 rows (1 with ``--decode1``; top
+  operators, self time);
 * ``--profile-ttft``: cProfile of the warm batch-1 requests (caller and scheduler), then stop;
 * ``--decode1 N``: a warm member alone, N tokens: ms a token, a step's forward share; stop.
 
@@ -59,6 +60,7 @@ class Probe:
         self.forward_ms = 0.0
         self.prof = cProfile.Profile() if cprofile else None
         self.ops = ops
+        self.ops_rows = 8  # the steps --ops profiles: of 8 rows (1 with --decode1)
         self.op_ms: dict[str, float] = defaultdict(float)
         self.op_steps = 0
         self.on = False
@@ -71,7 +73,7 @@ class Probe:
 
         def decode(*a: Any, **k: Any) -> torch.Tensor:
             t0 = time.perf_counter()
-            if self.on and self.ops and len(a[2]) == 8:
+            if self.on and self.ops and len(a[2]) == self.ops_rows:
                 out = self._ops(orig, a, k)
             else:
                 out = orig(*a, **k)
@@ -166,7 +168,9 @@ def run(ex: Any, probe: Probe, args: Any) -> None:
         return
     print(f"ttft warm member batch-1: median {statistics.median(ttfts):.1f} ms {ttfts}")
     if args.decode1:
+        probe.ops_rows = 1
         decode_one(ex, probe, args.decode1)
+        print_ops(probe, args.top)
         return
     probe.on = True
     walls, toks = [], 0
@@ -189,9 +193,13 @@ def run(ex: Any, probe: Probe, args: Any) -> None:
         out = io.StringIO()
         pstats.Stats(probe.prof, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())
+    print_ops(probe, args.top)
+
+
+def print_ops(probe: Probe, top: int) -> None:
     if probe.op_steps:
-        print(f"ops: self ms per 8-row step over {probe.op_steps} steps")
-        for key, ms in sorted(probe.op_ms.items(), key=lambda kv: -kv[1])[: args.top]:
+        print(f"ops: self ms per {probe.ops_rows}-row step over {probe.op_steps} steps")
+        for key, ms in sorted(probe.op_ms.items(), key=lambda kv: -kv[1])[:top]:
             print(f"  {ms / probe.op_steps:7.2f}  {key}")
 
 
