@@ -27,7 +27,7 @@ from gpu_worker.serving.chat_service import (
 from gpu_worker.serving.host import get_executor
 from injection.base import DEFAULT_ALPHA, ExecutionRequest, MemoryItem
 from tenants.errors import InvalidInput
-from tenants.models import Member, Preference
+from tenants.models import Member
 
 VARIANTS = ("personalised", "plain")
 
@@ -52,7 +52,7 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
     if variant == "plain":  # no tenant instructions, no preference: the bare model
         return ExecutionRequest(tenant=str(member.tenant_id), user=None, messages=messages,
                                 injection_enabled=False, max_new_tokens=max_new_tokens)
-    pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
+    pref = member.own_preference()
     if preference_text is None:
         return build_request(member, pref, messages, params, memories=memories)
     return ExecutionRequest(

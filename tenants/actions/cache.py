@@ -12,7 +12,7 @@ from django.db.models.expressions import RawSQL
 
 from tenants import ports
 from tenants.actions.base import assert_actor_may_manage, audit
-from tenants.models import AuditEvent, KVInvalidation, Member, Preference
+from tenants.models import AuditEvent, KVInvalidation, Member
 
 # The logger keeps the name it had before actions became a package.
 log = logging.getLogger("tenants.actions")
@@ -103,7 +103,7 @@ def do_warm_kv_cache(members: Iterable[Member], *, actor=None) -> int:
     count = 0
     for member in members:
         assert_actor_may_manage(actor, member.tenant)
-        pref = Preference.objects.filter(tenant=member.tenant, member=member).first()
+        pref = member.own_preference()
         if pref is None or not pref.enabled or not pref.text:
             continue
         audit(member.tenant, AuditEvent.CACHE_WARMED, actor=actor, target=str(member),

@@ -11,7 +11,7 @@ from django.utils.html import format_html
 from tenants import actions
 from tenants.admin.scoping import TenantScopedAdmin, admin_scope
 from tenants.errors import PlatformError
-from tenants.models import ApiToken, Member, Preference
+from tenants.models import ApiToken, Member
 
 User = get_user_model()
 
@@ -71,12 +71,12 @@ class MemberAdmin(TokensGoWithTheirMember, TenantScopedAdmin):
 
     @admin.display(description="preference version")
     def preference_version(self, obj: Member):
-        pref = getattr(obj, "preference", None)
+        pref = obj.own_preference()  # list_select_related: no query
         return pref.version if pref else None
 
     @admin.display(description="preference")
     def preference_link(self, obj: Member):
-        pref = Preference.objects.filter(tenant=obj.tenant_id, member=obj).first()
+        pref = obj.own_preference()
         if pref is None:
             return "-"
         url = reverse("admin:tenants_preference_change", args=[pref.pk])

@@ -26,7 +26,7 @@ from tenants.admin.memories import rules_text
 from tenants.admin.scoping import admin_scope, scope_queryset
 from tenants.api.streaming import event_stream
 from tenants.errors import PlatformError
-from tenants.models import Member, Preference
+from tenants.models import Member
 from tenants.rules import memory_shown
 
 MESSAGE_MAX_CHARS = 4000
@@ -71,14 +71,14 @@ def _initial(members, member_id: str | None) -> dict:
     member = members.filter(pk=member_id).first() if member_id.isdigit() else None
     if member is None:  # unknown and foreign members alike
         raise Http404("No such member.")
-    pref = Preference.objects.filter(member=member).first()
+    pref = member.own_preference()
     return {"member": member, "preference": pref.text if pref else "",
             "alpha": pref.alpha if pref else None}
 
 
 def _override(member: Member, text: str, alpha: float | None):
     """(preference_text, alpha) to send: None, None when the form shows the saved one."""
-    pref = Preference.objects.filter(member=member).first()
+    pref = member.own_preference()
     if pref is not None and text == pref.text and alpha in (None, pref.alpha):
         return None, None
     return text, alpha
