@@ -79,11 +79,6 @@ def assert_next_chat_uses(key: str, member) -> dict:
     return cache
 
 
-def only(worker):
-    """Every other live worker stops consuming the shared queue for the block."""
-    return only_these_consume([worker])
-
-
 def log_count(worker, needle: str) -> int:
     return worker.log_tail(100_000).count(needle)
 
@@ -137,13 +132,13 @@ def test_every_write_path_is_seen_by_the_next_chat(acme, workers):
 
 def test_admin_clear_empties_l1_of_both_workers(acme, workers, settings):
     member, key = acme
-    settings.WORKER_AFFINITY_ENABLED = False  # shared queue only: `only()` picks the worker
+    settings.WORKER_AFFINITY_ENABLED = False  # shared queue only: `only_these_consume` picks the worker
     expected = sha("I am vegetarian.")
     for worker in workers:  # each worker computes or loads from L2 into its L1
-        with only(worker):
+        with only_these_consume([worker]):
             assert chat(key)["content_hash"] == expected
     for worker in workers:
-        with only(worker):
+        with only_these_consume([worker]):
             assert chat(key)["tier"] == "l1", worker.name
 
     needle = f"invalidated tenant={member.tenant_id} user={member.pk}"
@@ -156,7 +151,7 @@ def test_admin_clear_empties_l1_of_both_workers(acme, workers, settings):
 
     tiers = []
     for worker in workers:
-        with only(worker):
+        with only_these_consume([worker]):
             cache = chat(key)
         assert cache["content_hash"] == expected
         tiers.append(cache["tier"])
@@ -197,7 +192,7 @@ def test_an_edit_warms_its_member_so_the_next_chat_finds_segment_and_lean_cached
     member = actions.do_add_member(tenant, "alice")  # nothing to warm yet
     key = actions.do_create_api_token(member)
     done = re.compile(rf"background warm of member {member.pk} ran")
-    with only(gpu_worker):
+    with only_these_consume([gpu_worker]):
         before = len(done.findall(gpu_worker.log_tail(100_000)))
         actions.do_set_preference(member, text="Always answer in French.")
         deadline = time.monotonic() + 120  # (held until the worker is idle: idlewarms)
@@ -230,7 +225,7 @@ def test_a_warm_that_runs_before_its_edits_broadcast_is_not_evicted_by_it(gpu_wo
     scope = {"tenant": str(tenant.pk), "user": str(member.pk)}
     row = KVInvalidation.objects.create(  # an edit's row, committed, its broadcast not sent
         tenant_ref=tenant.pk, member_ref=member.pk, txid=RawSQL(CURRENT_TXID, ()))
-    with only(gpu_worker):
+    with only_these_consume([gpu_worker]):
         warmed = warm_member.apply_async(args=(member.pk,), kwargs={"after_outbox": row.pk},
                                          queue=registry.worker_queue(gpu_worker.hostname))
         assert warmed.get(timeout=120)["tier"] == "compute"
@@ -280,7 +275,7 @@ def test_a_warm_that_finds_its_worker_busy_is_held_then_runs(threads_worker, set
                                      "max_new_tokens": LONG_REPLY}),
             content_type="application/json"))
 
-    with only(threads_worker):
+    with only_these_consume([threads_worker]):
         before = len(done.findall(threads_worker.log_tail(100_000)))
         talker = threading.Thread(target=long_chat)
         talker.start()
