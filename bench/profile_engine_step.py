@@ -14,7 +14,9 @@ warmed first; then, greedy and streamed to a callback:
 * ``--ops``: torch.profiler over decoding steps of 8 rows (1 with ``--decode1``; top
   operators, self time);
 * ``--profile-ttft``: cProfile of the warm batch-1 requests (caller and scheduler), then stop;
-* ``--decode1 N``: a warm member alone, N tokens: ms a token, a step's forward share; stop.
+* ``--decode1 N``: a warm member alone, N tokens: ms a token, a step's forward share; stop;
+* ``--ab-lean``: the lean decoding step (``injection/model/lean_step.py``) against the
+  model's own forward, alternated ``--bursts`` times: batch-1 decode and 8 at once; stop.
 
 Run: ``.venv/bin/python bench/profile_engine_step.py [--bursts 3] [--cprofile] [--ops]``.
 Figures from a shared machine compare only within one run.
@@ -140,6 +142,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=30)
     ap.add_argument("--decode1", type=int, default=0, metavar="TOKENS",
                     help="batch-1 decode of a warm member (ms a token, the forward's share)")
+    ap.add_argument("--ab-lean", action="store_true",
+                    help="the lean decoding step against the model's forward, alternated")
     ap.add_argument("--profile-ttft", action="store_true",
                     help="cProfile the warm batch-1 requests (caller and scheduler), then stop")
     args = ap.parse_args()
@@ -167,6 +171,9 @@ def run(ex: Any, probe: Probe, args: Any) -> None:
         report(probe, main_prof, args.top, "ttft")
         return
     print(f"ttft warm member batch-1: median {statistics.median(ttfts):.1f} ms {ttfts}")
+    if args.ab_lean:
+        ab_lean(ex, probe, args)
+        return
     if args.decode1:
         probe.ops_rows = 1
         decode_one(ex, probe, args.decode1)
@@ -194,6 +201,23 @@ def run(ex: Any, probe: Probe, args: Any) -> None:
         pstats.Stats(probe.prof, stream=out).sort_stats("tottime").print_stats(args.top)
         print(out.getvalue())
     print_ops(probe, args.top)
+
+
+def ab_lean(ex: Any, probe: Probe, args: Any) -> None:
+    """The decoding step's lean forward against the model's own, alternated: batch-1
+    decode (``--decode1`` tokens, default 64) and 8 at once, ``--bursts`` rounds each."""
+    adapter, lean = ex.engine.adapter, ex.engine.adapter.lean
+    if lean is None:
+        print("no lean step for this model: nothing to compare")
+        return
+    for _ in range(args.bursts):
+        for name, step in (("model forward", None), ("lean step", lean)):
+            adapter.lean = step
+            print(f"[{name}]", end=" ")
+            decode_one(ex, probe, args.decode1 or 64)
+            wall, n, texts = burst(ex, list(range(8)), TOKENS)
+            print(f"[{name}] 8 at once: {n / wall:.1f} tok/s; first reply {texts[0][:60]!r}")
+    adapter.lean = lean
 
 
 def print_ops(probe: Probe, top: int) -> None:

@@ -139,6 +139,7 @@ MODEL_DEVICE = os.environ.get("MODEL_DEVICE", "")  # "" -> cuda if available, el
 MODEL_DTYPE = os.environ.get("MODEL_DTYPE", "")  # "" -> model's own (bf16 on CUDA)
 MODEL_CPU_MATMUL = os.environ.get("MODEL_CPU_MATMUL", "auto")  # auto|packed|wxt|linear: cpu_matmul.py
 MODEL_CPU_THREADS = os.environ.get("MODEL_CPU_THREADS", "engine")  # engine|shared: cpu_threads.py
+MODEL_LEAN_STEP = env_bool("MODEL_LEAN_STEP", True)  # decoding steps' lean forward: lean_step.py
 KV_ALPHA_CAP = env_float("KV_ALPHA_CAP", 1.0)  # measured: docs/BENCHMARKS.md, personalisation
 KV_L1_MAX_BYTES = env_int("KV_L1_MAX_BYTES", 2 * 1024**3)
 KV_L1_MAX_ENTRIES = env_int("KV_L1_MAX_ENTRIES", 1024)

@@ -112,6 +112,7 @@ def _build_executor():
     adapter = load_adapter(
         path, device=settings.MODEL_DEVICE or None, dtype=settings.MODEL_DTYPE or None,
         cpu_matmul=settings.MODEL_CPU_MATMUL, cpu_threads=settings.MODEL_CPU_THREADS,
+        lean_step=settings.MODEL_LEAN_STEP,
     )
     profiles.attach(adapter, path)  # the model's defaults; none: guidance off (logged once)
     client = (control.make_client(2.0, settings.KV_CACHE_REDIS_URL) if settings.KV_L2_ENABLED

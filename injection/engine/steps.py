@@ -34,12 +34,22 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
                 row_cache(adapter, job) if job.prefix is not None
                 else DynamicCache(config=adapter._cache_config))
         tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
-        out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
-                            logits_to_keep=1)
-        logits = out.logits[0, -1]
+        if (lean_step := _lean(adapter)) is not None:
+            logits = lean_step(tokens, None, None, cache)[0]
+        else:
+            out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
+                                logits_to_keep=1)
+            cache, logits = out.past_key_values, out.logits[0, -1]
     if past is None:
         job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
-    return out.past_key_values, logits
+    return cache, logits
+
+
+def _lean(adapter: Any) -> Any:
+    """The adapter's lean forward where it stands for the adapter's model now (the same
+    logits, less Python: ``model/lean_step.py``); None: the model's own forward."""
+    lean_step = getattr(adapter, "lean", None)
+    return lean_step if lean_step is not None and lean_step.fits(adapter.model) else None
 
 
 def row_cache(adapter: Any, job: RowJob) -> DynamicCache:
@@ -86,12 +96,16 @@ def prefill_group(adapter: Any, jobs: list[RowJob], *, caches: bool = True
             mask[r, width - p: width] = 1
             mask[r, width + n - k:] = 1
             pos[r, n - k:] = torch.arange(p, p + k, device=dev)
-        out = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                            cache_position=torch.arange(width, width + n, device=dev),
-                            past_key_values=cache, use_cache=True, logits_to_keep=1)
-        rows = [_row_cache(out.past_key_values, r, width, p, n, k)
+        if (lean_step := _lean(adapter)) is not None:
+            logits = lean_step(ids, mask, pos, cache)
+        else:
+            out = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                                cache_position=torch.arange(width, width + n, device=dev),
+                                past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache, logits = out.past_key_values, out.logits[:, -1]
+        rows = [_row_cache(cache, r, width, p, n, k)
                 for r, (p, k) in enumerate(zip(plens, nlens, strict=True))] if caches else []
-        return rows, out.logits[:, -1]
+        return rows, logits
 
 
 def _aligned(layers: list[Any], width: int, attr: str) -> torch.Tensor:
@@ -121,6 +135,8 @@ def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> torch.Tensor:
     mask, positions, cache_position = batch.step_inputs(adapter.device)
     last = torch.tensor([[r.gen[-1]] for r in rows], device=adapter.device)
     with torch.inference_mode():
+        if (lean_step := _lean(adapter)) is not None:
+            return lean_step(last, mask, positions, batch.cache)
         out = adapter.model(input_ids=last, attention_mask=mask, position_ids=positions,
                             cache_position=cache_position, past_key_values=batch.cache,
                             use_cache=True)

@@ -66,6 +66,9 @@ class ModelAdapter(PreferenceModel):
         self.supports_batching = self._cache_config is None
         self.matmul: Any = None  # ``cpu_matmul.MatmulChoice`` where load_adapter measured one
         self.cpu_threads = "engine"  # who computes on a CPU's cores (``cpu_threads.MODES``)
+        # a decoding step's forward without transformers' plumbing where it reproduces the
+        # model's logits bit for bit (``lean_step.py``); None: the model's own forward
+        self.lean: Any = None
 
     # -- PreferenceModel -----------------------------------------------------------
     def compute_kv(self, text: str) -> PackedKV:
@@ -75,12 +78,9 @@ class ModelAdapter(PreferenceModel):
         self._check_length(len(ids))
         input_ids = torch.tensor([ids], device=self.device)
         with torch.inference_mode():
-            out = self.model(
-                input_ids=input_ids, use_cache=True, logits_to_keep=1,
-                past_key_values=DynamicCache(config=self.model.config),
-            )
-            layers = [(layer.keys[0], layer.values[0]) for layer in out.past_key_values.layers]
-            del out
+            cache = self._prefill(input_ids, DynamicCache(config=self.model.config))
+            layers = [(layer.keys[0], layer.values[0]) for layer in cache.layers]
+            del cache
         if len(layers) != self.num_layers:
             raise ModelLoadError(f"cache has {len(layers)} layers, model {self.num_layers}")
         # stacked outside inference mode: the cached tensors are ordinary tensors
@@ -99,15 +99,23 @@ class ModelAdapter(PreferenceModel):
         with torch.inference_mode():
             cache = (self.build_cache(parent, 1.0) if parent is not None
                      else DynamicCache(config=self._cache_config))
-            out = self.model(input_ids=torch.tensor([ids], device=self.device),
-                             past_key_values=cache, use_cache=True, logits_to_keep=1)
+            cache = self._prefill(torch.tensor([ids], device=self.device), cache)
             layers = [(layer.keys[0, :, start:], layer.values[0, :, start:])
-                      for layer in out.past_key_values.layers]
-            del out, cache
+                      for layer in cache.layers]
+            del cache
         with torch.no_grad():
             keys = to_host(torch.stack([k for k, _ in layers]))
             values = to_host(torch.stack([v for _, v in layers]))
         return PackedKV(keys, values, ids)
+
+    def _prefill(self, input_ids: torch.Tensor, cache: Any) -> Any:
+        """``input_ids`` through the model after ``cache``; returns the extended cache (by
+        the lean forward where it stands for the model: ``lean_step.py``)."""
+        if self.lean is not None and self.lean.fits(self.model):
+            self.lean(input_ids, None, None, cache)
+            return cache
+        return self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
+                          logits_to_keep=1).past_key_values
 
     def split_segment(self, segment: str, context: str, instructions: str) -> SegmentSplit | None:
         """Tenant + member parts of the injected turn (None: one segment). Layers other than

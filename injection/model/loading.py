@@ -12,6 +12,7 @@ from injection.model import cpu_threads as threads
 from injection.model.adapter import ModelAdapter
 from injection.model.cpu_matmul import setup as cpu_matmul_setup
 from injection.model.dtypes import resolve_dtype
+from injection.model.lean_step import lean_step as make_lean_step
 
 __all__ = ["load_adapter"]
 
@@ -19,12 +20,14 @@ __all__ = ["load_adapter"]
 def load_adapter(
     model_path: str | Path, *, device: str | torch.device | None = None,
     dtype: str | torch.dtype | None = None, cpu_matmul: str = "auto",
-    cpu_threads: str = "engine",
+    cpu_threads: str = "engine", lean_step: bool = True,
 ) -> ModelAdapter:
     """Load a local HF model dir (offline) into a :class:`ModelAdapter`; on a CPU its
     decode-shaped products take the faster kernel measured (``cpu_matmul``), and it is
     loaded on a thread of its own whose OpenMP team ends with it (``cpu_threads``
-    "engine": see ``model/cpu_threads.py``; "shared": on the caller's thread)."""
+    "engine": see ``model/cpu_threads.py``; "shared": on the caller's thread). With
+    ``lean_step`` its decoding steps skip transformers' plumbing where the model's layout
+    allows (``model/lean_step.py``: the same logits bit for bit)."""
     if cpu_threads not in threads.MODES:
         raise ValueError(f"cpu threads mode must be one of {threads.MODES}, not {cpu_threads!r}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -32,6 +35,7 @@ def load_adapter(
     def load() -> ModelAdapter:
         adapter = _load(model_path, dev, dtype, cpu_matmul)
         adapter.cpu_threads = cpu_threads
+        adapter.lean = make_lean_step(adapter.model) if lean_step else None
         return adapter
 
     alone = dev.type == "cpu" and cpu_threads == "engine"
