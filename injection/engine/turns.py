@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from functools import partial
@@ -39,6 +40,12 @@ MAX_PENDING_OPENINGS = 8
 # up before the running opening was stored, then wait for that row and prefill the opening's
 # tokens again.
 OPENING_WAIT_S = 2.0
+# An opening starts this long after its reply at the earliest, and not at all once its
+# conversation's next turn has come: a client that answers at once (an agent, a script) has
+# that turn prefill the opening's few tokens with its message, one forward instead of two
+# (waiting for the opening's own forward cost it 129 ms of a 529 ms first token at turn 20,
+# bench/profile_first_token.py); a person reading the reply loses nothing.
+OPENING_DELAY_S = 0.5
 OPENING_PROBES = ("Hello", "what", "1", " (")  # unlike starts of a next message
 
 
@@ -76,6 +83,7 @@ class TurnGenerator:
         self._lock = threading.Lock()  # the openings waiting, and closing
         self._pending: set[Future] = set()
         self._opening_of: dict[CacheKey, Future] = {}  # the link key each opening extends
+        self._superseded: dict[CacheKey, threading.Event] = {}  # set: its next turn came
         self._openings: ThreadPoolExecutor | None = None
         self._closed = False
         self.prefill_opening = opening_pays(engine)  # build_executor may say otherwise
@@ -171,9 +179,12 @@ class TurnGenerator:
                 return
             if self._openings is None:
                 self._openings = ThreadPoolExecutor(1, thread_name_prefix="kv-opening")
-            future = self._openings.submit(self._open, key, prompt, seq, head, opening)
+            superseded = threading.Event()
+            future = self._openings.submit(self._open, key, prompt, seq, head, opening,
+                                           superseded, time.monotonic() + OPENING_DELAY_S)
             self._pending.add(future)
             self._opening_of[key] = future
+            self._superseded[key] = superseded
         # outside the lock: a future already done runs its callback here
         future.add_done_callback(partial(self._opened, key))
 
@@ -181,6 +192,7 @@ class TurnGenerator:
         with self._lock:
             if self._opening_of.get(key) is future:
                 del self._opening_of[key]
+                self._superseded.pop(key, None)
 
     def _await_opening(self, key: CacheKey) -> None:
         """Before a turn looks its link up: the opening being prefilled onto it is waited
@@ -188,19 +200,32 @@ class TurnGenerator:
         same tokens again behind it; one not started yet is cancelled."""
         with self._lock:
             future = self._opening_of.get(key)
+            if (superseded := self._superseded.get(key)) is not None:
+                superseded.set()  # one still in its delay gives way (``_open``)
         if future is None or future.done():
             return
         if future.cancel():
             self.store.metrics.incr("conv_opening_cancelled")
             return
         try:
-            future.result(timeout=OPENING_WAIT_S)
-            self.store.metrics.incr("conv_opening_awaited")
+            if future.result(timeout=OPENING_WAIT_S):
+                self.store.metrics.incr("conv_opening_awaited")
         except Exception:  # noqa: BLE001 - too slow, or failed (counted by _open): go on
             self.store.metrics.incr("conv_opening_not_awaited")
 
     def _open(self, key: CacheKey, prompt: str, seq: PackedKV, head: int,
-              opening: Callable[[], str | None]) -> None:
+              opening: Callable[[], str | None], superseded: threading.Event,
+              not_before: float) -> bool:
+        """After ``OPENING_DELAY_S``, unless the next turn came meanwhile: the opening.
+        Whether it went on to prefill it."""
+        if superseded.wait(max(0.0, not_before - time.monotonic())):
+            self.store.metrics.incr("conv_opening_cancelled")
+            return False
+        self._prefill_opening(key, prompt, seq, head, opening)
+        return True
+
+    def _prefill_opening(self, key: CacheKey, prompt: str, seq: PackedKV, head: int,
+                         opening: Callable[[], str | None]) -> None:
         """Prefill the opening after ``seq``; the longer link replaces the turn's in L1
         while that is still the one stored. Best effort: a failure costs the reuse."""
         try:
@@ -243,6 +268,8 @@ class TurnGenerator:
     def close(self) -> None:
         with self._lock:
             self._closed = True
+            for superseded in self._superseded.values():
+                superseded.set()  # openings still in their delay end now
         if self._openings is not None:
             self._openings.shutdown(wait=True, cancel_futures=True)
 

@@ -12,6 +12,7 @@ import torch
 
 from injection import InjectionExecutor, TenantLRU, build_executor
 from injection.base import CacheKey, ExecutionRequest, MemoryItem
+from injection.engine import turns
 from injection.engine.batch import BatchEngine
 from injection.engine.turns import opening_pays
 from injection.kvcache.packed import PackedKV
@@ -83,9 +84,9 @@ def test_a_turn_sent_while_its_opening_runs_waits_for_it_and_answers_the_same(sm
         off.close()
     on = build_executor(smollm, batch_max=4, metrics=Metrics(), conversation_prefill_opening=True)
     started, waiting = threading.Event(), threading.Event()
-    real_open, real_await = on.turns._open, on.turns._await_opening
+    real_open, real_await = on.turns._prefill_opening, on.turns._await_opening
 
-    def held_open(*args):  # running (not queued) until the next turn waits for it
+    def held_open(*args):  # prefilling (past its delay) until the next turn waits for it
         started.set()
         waiting.wait(30)
         waiting.clear()
@@ -100,7 +101,7 @@ def test_a_turn_sent_while_its_opening_runs_waits_for_it_and_answers_the_same(sm
             assert started.wait(30), "the opening did not start"
             started.clear()
 
-    on.turns._open, on.turns._await_opening = held_open, awaited
+    on.turns._prefill_opening, on.turns._await_opening = held_open, awaited
     try:
         got = _chat(on, drain=False, conversation_id=None, between=between, reminder=True)
         counters = on.metrics.snapshot()["counters"]
@@ -112,6 +113,25 @@ def test_a_turn_sent_while_its_opening_runs_waits_for_it_and_answers_the_same(sm
     assert counters.get("conv_opening_awaited") == 2  # before turns 3 and 4
     gained = [g.reused_tokens - w.reused_tokens for g, w in zip(got, want, strict=True)]
     assert gained[:2] == [0, 0] and all(n > 0 for n in gained[2:])
+
+
+def test_a_turn_sent_within_the_delay_cancels_its_opening(adapter, monkeypatch):
+    """A client that answers before ``OPENING_DELAY_S`` has passed: the opening never
+    runs, its turn prefills those tokens with its message and answers as with openings off;
+    closing the executor ends the last reply's opening without waiting out its delay."""
+    monkeypatch.setattr(turns, "OPENING_DELAY_S", 600.0)  # every next turn comes within it
+    replies = []
+    for opening in (False, True):
+        ex = build_executor(adapter, batch_max=4, metrics=Metrics(),
+                            conversation_prefill_opening=opening)
+        try:
+            replies.append([r.text for r in _chat(ex, drain=False, conversation_id="c1")])
+            counters = ex.metrics.snapshot()["counters"]
+        finally:
+            ex.close()
+    assert replies[0] == replies[1]
+    assert counters.get("conv_opening_cancelled") == 2  # before turns 3 and 4
+    assert not counters.get("conv_extended") and not counters.get("conv_opening_awaited")
 
 
 def test_a_queued_opening_is_cancelled_by_its_next_turn(adapter):
@@ -212,7 +232,8 @@ def test_an_opening_waits_for_an_idle_engine(adapter):
         busy = threading.Thread(target=ex.engine.run, args=(None, 1.0, [1, 2, 3], 4))
         busy.start()
         _until(lambda: ex.engine.stats()["active"] == 1, "a row running")
-        first = threading.Thread(target=ex.turns._open, args=(key, "Hi there", seq, 0, opening))
+        first = threading.Thread(target=ex.turns._prefill_opening,
+                                 args=(key, "Hi there", seq, 0, opening))
         first.start()
 
         def skipped() -> int:
@@ -226,7 +247,7 @@ def test_an_opening_waits_for_an_idle_engine(adapter):
         busy.join()
         first.join()
         assert not ex.metrics.snapshot()["counters"].get("conv_extended")
-        ex.turns._open(key, "Hi there", seq, 0, opening)
+        ex.turns._prefill_opening(key, "Hi there", seq, 0, opening)
         assert ex.metrics.snapshot()["counters"].get("conv_extended") == 1
         assert ex.conversations.l1.get(key).num_tokens > seq.num_tokens
     finally:
