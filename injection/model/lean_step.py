@@ -125,16 +125,18 @@ class LeanStep:
         return self._head(inner.norm.forward(h)[:, -1:])[:, -1]
 
     def _layer(self, p: _Layer, i: int, cache: Any, h: torch.Tensor, mask: Any, cos: torch.Tensor,
-               sin: torch.Tensor, rows: tuple[int, int]) -> torch.Tensor:
+               sin: torch.Tensor, lead: tuple[int, int]) -> torch.Tensor:
+        """Decoder layer ``i`` on ``h [B, n, hidden]`` (``lead``: ``(B, n)``), as the
+        model's layer computes it."""
         x = p.norm1(h)
-        shape = (*rows, -1, self._head_dim)
+        shape = (*lead, -1, self._head_dim)
         q = p.q(x).view(shape).transpose(1, 2)
         k = p.k(x).view(shape).transpose(1, 2)
         v = p.v(x).view(shape).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k, v = cache.update(k, v, i)
         out, _ = self._attend(p.attn, q, k, v, mask, dropout=0.0, scaling=p.attn.scaling)
-        h = h + p.o(out.reshape(*rows, -1).contiguous())
+        h = h + p.o(out.reshape(*lead, -1).contiguous())
         x = p.norm2(h)
         return h + p.down(p.act(p.gate(x)) * p.up(x))
 
