@@ -18,6 +18,7 @@ from injection.engine.batchcache import BatchCache, SlabLayer
 from injection.engine.batchrow import RowJob
 from injection.engine.guidance import lean
 from injection.kvcache.packed import PackedKV
+from injection.model.lean_step import serving
 
 
 def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
@@ -34,7 +35,7 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
                 row_cache(adapter, job) if job.prefix is not None
                 else DynamicCache(config=adapter._cache_config))
         tokens = torch.tensor([job.new_ids if ids is None else ids], device=adapter.device)
-        if (lean_step := _lean(adapter)) is not None:
+        if (lean_step := serving(adapter)) is not None:
             logits = lean_step(tokens, None, None, cache)[0]
         else:
             out = adapter.model(input_ids=tokens, past_key_values=cache, use_cache=True,
@@ -44,12 +45,6 @@ def prefill(adapter: Any, job: RowJob, ids: list[int] | None = None,
         job.kv_transfer_ms, job.kv_bytes_gpu = timer.elapsed_ms(), timer.peak_bytes
     return cache, logits
 
-
-def _lean(adapter: Any) -> Any:
-    """The adapter's lean forward where it stands for the adapter's model now (the same
-    logits, less Python: ``model/lean_step.py``); None: the model's own forward."""
-    lean_step = getattr(adapter, "lean", None)
-    return lean_step if lean_step is not None and lean_step.fits(adapter.model) else None
 
 
 def row_cache(adapter: Any, job: RowJob) -> DynamicCache:
@@ -96,7 +91,7 @@ def prefill_group(adapter: Any, jobs: list[RowJob], *, caches: bool = True
             mask[r, width - p: width] = 1
             mask[r, width + n - k:] = 1
             pos[r, n - k:] = torch.arange(p, p + k, device=dev)
-        if (lean_step := _lean(adapter)) is not None:
+        if (lean_step := serving(adapter)) is not None:
             logits = lean_step(ids, mask, pos, cache)
         else:
             out = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,
@@ -135,7 +130,7 @@ def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> torch.Tensor:
     mask, positions, cache_position = batch.step_inputs(adapter.device)
     last = torch.tensor([[r.gen[-1]] for r in rows], device=adapter.device)
     with torch.inference_mode():
-        if (lean_step := _lean(adapter)) is not None:
+        if (lean_step := serving(adapter)) is not None:
             return lean_step(last, mask, positions, batch.cache)
         out = adapter.model(input_ids=last, attention_mask=mask, position_ids=positions,
                             cache_position=cache_position, past_key_values=batch.cache,

@@ -82,8 +82,8 @@ class TurnGenerator:
         self.adapter, self.engine, self.store = adapter, engine, store
         self._lock = threading.Lock()  # the openings waiting, and closing
         self._pending: set[Future] = set()
-        self._opening_of: dict[CacheKey, Future] = {}  # the link key each opening extends
-        self._superseded: dict[CacheKey, threading.Event] = {}  # set: its next turn came
+        # the link key each opening extends: its future, and the event its next turn sets
+        self._opening_of: dict[CacheKey, tuple[Future, threading.Event]] = {}
         self._openings: ThreadPoolExecutor | None = None
         self._closed = False
         self.prefill_opening = opening_pays(engine)  # build_executor may say otherwise
@@ -183,24 +183,22 @@ class TurnGenerator:
             future = self._openings.submit(self._open, key, prompt, seq, head, opening,
                                            superseded, time.monotonic() + OPENING_DELAY_S)
             self._pending.add(future)
-            self._opening_of[key] = future
-            self._superseded[key] = superseded
+            self._opening_of[key] = (future, superseded)
         # outside the lock: a future already done runs its callback here
         future.add_done_callback(partial(self._opened, key))
 
     def _opened(self, key: CacheKey, future: Future) -> None:
         with self._lock:
-            if self._opening_of.get(key) is future:
+            if self._opening_of.get(key, (None,))[0] is future:
                 del self._opening_of[key]
-                self._superseded.pop(key, None)
 
     def _await_opening(self, key: CacheKey) -> None:
         """Before a turn looks its link up: the opening being prefilled onto it is waited
         for (``OPENING_WAIT_S`` at most), so the turn reuses it instead of prefilling the
         same tokens again behind it; one not started yet is cancelled."""
         with self._lock:
-            future = self._opening_of.get(key)
-            if (superseded := self._superseded.get(key)) is not None:
+            future, superseded = self._opening_of.get(key, (None, None))
+            if superseded is not None:
                 superseded.set()  # one still in its delay gives way (``_open``)
         if future is None or future.done():
             return
@@ -268,7 +266,7 @@ class TurnGenerator:
     def close(self) -> None:
         with self._lock:
             self._closed = True
-            for superseded in self._superseded.values():
+            for _, superseded in self._opening_of.values():
                 superseded.set()  # openings still in their delay end now
         if self._openings is not None:
             self._openings.shutdown(wait=True, cancel_futures=True)

@@ -31,6 +31,7 @@ from injection.kvcache.packed import PackedKV
 from injection.kvcache.pieces import KVPieces
 from injection.model.dtypes import resolve_dtype
 from injection.model.fingerprint import model_fingerprint
+from injection.model.lean_step import serving
 from injection.prompting.template import ChatRenderer, PromptParts
 
 __all__ = ["ModelAdapter", "resolve_dtype"]
@@ -66,8 +67,8 @@ class ModelAdapter(PreferenceModel):
         self.supports_batching = self._cache_config is None
         self.matmul: Any = None  # ``cpu_matmul.MatmulChoice`` where load_adapter measured one
         self.cpu_threads = "engine"  # who computes on a CPU's cores (``cpu_threads.MODES``)
-        # a decoding step's forward without transformers' plumbing where it reproduces the
-        # model's logits bit for bit (``lean_step.py``); None: the model's own forward
+        # the engine's forwards without transformers' plumbing where they reproduce the
+        # model's bit for bit (``lean_step.py``); None: the model's own forward
         self.lean: Any = None
 
     # -- PreferenceModel -----------------------------------------------------------
@@ -111,8 +112,8 @@ class ModelAdapter(PreferenceModel):
     def _prefill(self, input_ids: torch.Tensor, cache: Any) -> Any:
         """``input_ids`` through the model after ``cache``; returns the extended cache (by
         the lean forward where it stands for the model: ``lean_step.py``)."""
-        if self.lean is not None and self.lean.fits(self.model):
-            self.lean(input_ids, None, None, cache)
+        if (lean := serving(self)) is not None:
+            lean(input_ids, None, None, cache)
             return cache
         return self.model(input_ids=input_ids, past_key_values=cache, use_cache=True,
                           logits_to_keep=1).past_key_values

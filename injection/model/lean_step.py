@@ -1,7 +1,7 @@
-"""A decoding step's forward without transformers' per-call plumbing (llama-family models).
+"""The engine's forwards without transformers' per-call plumbing (llama-family models).
 
 A decoding step feeds one token per row through every layer. Through the model's own
-``forward`` each step also passes through transformers' decorators, keyword plumbing,
+``forward`` each step (and each prefill) also passes through transformers' decorators, keyword plumbing,
 output records and ``nn.Module.__call__`` for some 400 modules; on a CPU at batch 1 that
 Python is a sizeable share of a step (docs/benchmarks/vs-peer.md, "where batch-1 decode
 goes"). ``lean_step`` runs the same computation from the model's own parts: the same
@@ -22,8 +22,10 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import torch
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-__all__ = ["FAMILIES", "LeanStep", "lean_step"]
+__all__ = ["FAMILIES", "LeanStep", "lean_step", "serving"]
 
 FAMILIES = ("llama", "qwen2")  # model types whose decoder layer this module reproduces
 RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm")  # norms whose formula ``_norm`` repeats
@@ -89,12 +91,8 @@ class LeanStep:
     as the model's forward would; ``fits(model)`` says whether it stands for that model."""
 
     def __init__(self, model: Any) -> None:
-        from transformers.masking_utils import create_causal_mask
-        from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
-
         inner, cfg = model.model, model.config
         family = sys.modules[type(inner.layers[0].self_attn).__module__]
-        self._mask_fn = create_causal_mask
         self._attend = ALL_ATTENTION_FUNCTIONS.get_interface(
             cfg._attn_implementation, family.eager_attention_forward)
         self.model, self._modules = model, list(model.modules())
@@ -117,7 +115,7 @@ class LeanStep:
         rows, n = ids.shape
         if positions is None:
             positions = (torch.arange(n, device=h.device) + cache.get_seq_length()).unsqueeze(0)
-        mask = self._mask_fn(config=self._config, inputs_embeds=h, attention_mask=mask,
+        mask = create_causal_mask(config=self._config, inputs_embeds=h, attention_mask=mask,
                              cache=cache, position_ids=positions)
         cos, sin = _rope_tables(*inner.rotary_emb.forward(h, positions))
         for i, part in enumerate(self._layers):
@@ -139,6 +137,13 @@ class LeanStep:
         h = h + p.o(out.reshape(*lead, -1).contiguous())
         x = p.norm2(h)
         return h + p.down(p.act(p.gate(x)) * p.up(x))
+
+
+def serving(adapter: Any) -> LeanStep | None:
+    """``adapter.lean`` where it stands for ``adapter.model`` now (``LeanStep.fits``); None:
+    the model's own forward (no lean step, or a model swapped or hooked since)."""
+    lean = getattr(adapter, "lean", None)
+    return lean if lean is not None and lean.fits(adapter.model) else None
 
 
 def _hooked(modules: list[Any]) -> bool:

@@ -26,8 +26,8 @@ def load_adapter(
     decode-shaped products take the faster kernel measured (``cpu_matmul``), and it is
     loaded on a thread of its own whose OpenMP team ends with it (``cpu_threads``
     "engine": see ``model/cpu_threads.py``; "shared": on the caller's thread). With
-    ``lean_step`` its decoding steps skip transformers' plumbing where the model's layout
-    allows (``model/lean_step.py``: the same logits bit for bit)."""
+    ``lean_step`` its forwards skip transformers' plumbing where the model's layout allows
+    (``model/lean_step.py``: the same logits and K/V bit for bit)."""
     if cpu_threads not in threads.MODES:
         raise ValueError(f"cpu threads mode must be one of {threads.MODES}, not {cpu_threads!r}")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
