@@ -103,13 +103,21 @@ CONDS: dict[str, dict] = {
     # guidance where it is not the default (preferences, facts): the anchor and deep lean
     # alone, or the anchor alone
     "+ guidance - deep lean": {"contrast": GUIDANCE, "deep_lean": False},
+    # the loop guard (``engine/decoding/loops.py``): on with the model's run length or one of
+    # its own (``loop_ngram``), or off
+    "+ loop guard": {"loop_guard": True},
+    **{f"+ loop guard {k}": {"loop_guard": True, "loop_ngram": k} for k in (3, 4, 6, 8)},
+    "- loop guard": {"loop_guard": False},
+    **{f"+ default guidance + loop guard {k}": {"profile_guidance": 1.0, "loop_guard": True,
+                                                "loop_ngram": k} for k in (4, 6)},
+    "system message - loop guard": {"mode": "system", "loop_guard": False},
     # the member's values scaled above 1 (``alpha``; the platform caps it at KV_ALPHA_CAP)
     "alpha 1.5": {"alpha": 1.5},
     "alpha 2": {"alpha": 2.0},
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean",
-            "memory_lean", "deep_lean", "profile_guidance")
+            "memory_lean", "deep_lean", "profile_guidance", "loop_ngram")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -172,6 +180,7 @@ def request(index: int, case: Case, depth: int, n: int, cond: dict, budget: int)
     if mode == "system":
         msgs = [{"role": "system", "content": cond.get("frame", "{}").format("\n".join(texts))},
                 *msgs]
+    kw["loop_guard"] = cond.get("loop_guard")
     if mode != "platform":
         return ExecutionRequest(TENANT, f"q{index}-{n}", msgs, injection_enabled=False, **kw)
     for name in ("contrast", "reminder", "constrain"):
@@ -216,10 +225,12 @@ def _phase(job: tuple) -> tuple:
 def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     """The phase's switches set on the modules and the executor's memory planner;
     ``defaults`` (``_defaults``) where the phase does not set them."""
+    from injection.engine.decoding import loops
     from injection.engine.guidance import lean, plan, probe
     from injection.prompting import reminder
 
-    sw, (top, options, anchors, leans, profile) = dict(phase), defaults
+    sw, (top, options, anchors, leans, profile, ngram) = dict(phase), defaults
+    loops.NGRAM = sw.get("loop_ngram", ngram)
     adapter = ex.planner.adapter
     adapter._profile = (candidate(adapter, sw["profile_guidance"])
                         if "profile_guidance" in sw else profile)
@@ -235,13 +246,14 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
 
 
 def _defaults(ex) -> tuple:
+    from injection.engine.decoding import loops
     from injection.engine.guidance import lean, plan, probe
     from injection.prompting import reminder
 
     return (reminder.RELEVANT_TOP, ex.memories.options,
             (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED),
             (lean.LEAN_AFTER, ex.planner.memory_lean, probe.DEEP),
-            getattr(ex.planner.adapter, "_profile", None))
+            getattr(ex.planner.adapter, "_profile", None), loops.NGRAM)
 
 
 def candidate(adapter, strength: float):

@@ -150,6 +150,9 @@ class ExecutionRequest:
     # keep the member's standing instructions the decoder can keep ("answer in lowercase",
     # "never use commas": injection/prompting/constraints.py); None = the model's default
     constrain: bool | None = None
+    # the loop guard: the reply never repeats a run of its own tokens
+    # (injection/engine/decoding/loops.py); None = the model's default (model/profiles)
+    loop_guard: bool | None = None
     # the rules read from ``instructions`` when they were saved (``prompting/rules.py``;
     # ``rules.NONE``: none); None: the engine reads the instructions itself
     instruction_rules: MemoryRules | None = None

@@ -12,7 +12,7 @@ from injection.model import profiles
 
 def profile_info(adapter: Any) -> Metric:
     """Its name, model key, whether it was calibrated, the default guidance strength, and
-    whether the reminder and the decoding constraints run by default."""
+    whether the reminder, the decoding constraints and the loop guard run by default."""
     p = profiles.summary(adapter)
     info = InfoMetricFamily("kvi_model_profile", "The loaded model's profile: its defaults "
                             "and whether they were calibrated on it")
@@ -20,5 +20,6 @@ def profile_info(adapter: Any) -> Metric:
                          "calibrated": str(p["calibrated"]).lower(),
                          "guidance_default": str(p["guidance"]),
                          "reminder_default": "on" if p["reminder"] else "off",
-                         "constraints_default": "on" if p["constraints"] else "off"})
+                         "constraints_default": "on" if p["constraints"] else "off",
+                         "loop_guard_default": "on" if p["loop_guard"] else "off"})
     return info

@@ -104,6 +104,9 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     constrain = params.get("constraints")  # the same order (None: the model's)
     if constrain is None:
         constrain = getattr(member.tenant, "decoding_constraints", None)
+    guard = params.get("loop_guard")  # the same order (None: the model's)
+    if guard is None:
+        guard = getattr(member.tenant, "loop_guard", None)
     return ExecutionRequest(
         tenant=str(member.tenant_id),
         user=str(member.pk),
@@ -118,6 +121,7 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
         contrast=None if contrast is None else float(contrast),
         reminder=None if reminder is None else bool(reminder),
         constrain=None if constrain is None else bool(constrain),
+        loop_guard=None if guard is None else bool(guard),
         max_new_tokens=max_new,
         temperature=float(params.get("temperature") or 0.0),
         top_p=float(params.get("top_p") or 1.0),

@@ -64,6 +64,7 @@ def _request(member: Member, message: str, variant: str, preference_text: str | 
         contrast=contrast if contrast is not None else member.tenant.memory_contrast,
         reminder=member.tenant.memory_reminder,
         constrain=member.tenant.decoding_constraints,
+        loop_guard=member.tenant.loop_guard,
         max_new_tokens=max_new_tokens)
 
 

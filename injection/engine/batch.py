@@ -24,7 +24,7 @@ from injection.base import GenerationOutput
 from injection.engine import steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
-from injection.engine.decoding import bans
+from injection.engine.decoding import bans, loops
 from injection.engine.faults import COUNTERS, EngineFaults, close_at_exit
 from injection.engine.guidance import anchor, contrast
 from injection.engine.prefill.forwards import FORWARD_COUNTERS, EngineForwards
@@ -271,6 +271,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
         logits = bans.apply(rows, logits)  # decoding constraints, before a guide's contrast
         rows, logits = contrast.split_rows(rows, logits)  # guides choose nothing
+        logits = loops.guard(rows, logits, self._eos)  # a reply's own repeats (the profile's)
         for job, pick in self._choose(rows, logits, cached=cached):
             if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it
                 continue

@@ -113,7 +113,8 @@ class RowJob:
         self.sampler = RowSampler(self.sampling.get("temperature") or 0.0,
                                   self.sampling.get("top_p") or 1.0,
                                   self.sampling.get("seed"), device=device,
-                                  token_map=self.token_map, forced=self.phrases)
+                                  token_map=self.token_map, forced=self.phrases,
+                                  no_repeat=self.sampling.get("no_repeat", 0))
 
     def emitted(self) -> bool:
         """Whether any text reached the caller's stream (then it is resumed, never restarted)."""

@@ -23,10 +23,11 @@ class RowSampler:
 
     def __init__(self, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None,
                  *, device: torch.device | str = "cpu", token_map: Any = None,
-                 forced: Any = None) -> None:
+                 forced: Any = None, no_repeat: int = 0) -> None:
         self.temperature, self.top_p = float(temperature or 0.0), float(top_p or 1.0)
         self.token_map = token_map  # where its tokens go (``bans.TokenMap``), or None
         self.forced = forced  # the phrases its reply opens and closes with (``bans.Phrases``)
+        self.no_repeat = int(no_repeat or 0)  # the loop guard's run length (0: off; ``loops``)
         self.ending: int | None = None  # where the closing phrase started
         self.postscript: int | None = None  # where its marker started (-1: none due)
         self.title: int | None = None  # where its title's ">>" started

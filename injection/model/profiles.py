@@ -28,19 +28,20 @@ import logging
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from injection.engine.decoding import loops
 from injection.model.fingerprint import model_key
 from injection.prompting import constraints, reminder
 
 __all__ = ["PLATFORM", "PROFILE_FILE", "SWITCHES", "Profile", "ProfileError", "attach", "default_on",
-           "find", "for_adapter", "guidance_default", "guides_by_default", "packaged", "read",
-           "summary"]
+           "find", "for_adapter", "guidance_default", "guides_by_default", "loop_ngram", "packaged",
+           "read", "summary"]
 
 log = logging.getLogger(__name__)
 PROFILES_DIR = Path(__file__).with_name("profiles")
 PROFILE_FILE = "profile.json"  # beside a model's own weights (MODEL_PATH)
 # the on/off mechanisms whose default a profile may set, each with the module holding the
 # platform-wide default (its ``DEFAULT_ON``, read when asked)
-SWITCHES = {"reminder": reminder, "constraints": constraints}
+SWITCHES = {"reminder": reminder, "constraints": constraints, "loop_guard": loops}
 PLATFORM = "platform default"  # a switch's default starting so: the platform-wide one
 
 
@@ -114,7 +115,8 @@ def attach(adapter: Any, model_dir: str | Path | None = None) -> Profile | None:
                     "docs/OPERATIONS.md, model profiles)", key)
     else:
         log.info("model profile %s (%s): guidance default %s, reminder %s, decoding "
-                 "constraints %s, %s", profile.name, profile.source, profile.guidance,
+                 "constraints %s, loop guard %s, %s", profile.name, profile.source,
+                 profile.guidance,
                  *("on" if default_on(adapter, n) else "off" for n in SWITCHES),
                  "calibrated" if profile.calibrated else "not calibrated")
     return profile
@@ -165,6 +167,15 @@ def default_on(adapter: Any, name: str) -> bool:
     entry = profile.mechanisms.get(name) if profile is not None else None
     chosen = _switch(entry.get("default", PLATFORM)) if isinstance(entry, dict) else None
     return bool(SWITCHES[name].DEFAULT_ON) if chosen is None else chosen
+
+
+def loop_ngram(adapter: Any) -> int:
+    """The loop guard's run length on this model: its profile's ``loop_guard.ngram``, else
+    ``loops.NGRAM``."""
+    profile = for_adapter(adapter)
+    entry = profile.mechanisms.get("loop_guard") if profile is not None else None
+    n = entry.get("ngram") if isinstance(entry, dict) else None
+    return int(n) if isinstance(n, int) and n > 0 else loops.NGRAM
 
 
 def summary(adapter: Any) -> dict[str, Any]:

@@ -33,7 +33,7 @@ def do_create_tenant(slug: str, name: str = "", *, actor=None) -> Tenant:
 
 
 TENANT_FIELDS = ("name", "active", "audit_message_text", "max_completion_tokens",
-                 "memory_contrast", "memory_reminder", "decoding_constraints",
+                 "memory_contrast", "memory_reminder", "decoding_constraints", "loop_guard",
                  "memory_writes_enabled", "instruction_rules_enabled")
 
 
@@ -54,7 +54,7 @@ def do_update_tenant(tenant: Tenant, *, actor=None, **changes: Any) -> Tenant:
     if "name" in changes and not (changes["name"] or "").strip():
         raise InvalidInput("A tenant needs a name.")
     _strength_in_range(changes, "memory_contrast", 4)
-    for switch in ("memory_reminder", "decoding_constraints"):
+    for switch in ("memory_reminder", "decoding_constraints", "loop_guard"):
         if changes.get(switch) not in (None, True, False):
             raise InvalidInput(f"{switch} must be true, false or empty (the platform's "
                                "default).", fields={switch: ["true, false or empty."]})

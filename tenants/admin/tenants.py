@@ -18,7 +18,7 @@ class TenantForm(forms.ModelForm):
         model = Tenant
         fields = ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
                   "memory_contrast", "memory_reminder", "decoding_constraints",
-                  "memory_writes_enabled",
+                  "loop_guard", "memory_writes_enabled",
                   "instructions")
         widgets = {"instructions": forms.Textarea(attrs={"rows": 4, "cols": 80})}
 
@@ -55,7 +55,7 @@ class TenantAdmin(TenantScopedAdmin):
     def get_fields(self, request, obj=None):
         return ("slug", "name", "active", "audit_message_text", "max_completion_tokens",
                 "memory_contrast", "memory_reminder", "decoding_constraints",
-                "memory_writes_enabled",
+                "loop_guard", "memory_writes_enabled",
                 "instructions", "instruction_rules_read", "instructions_version",
                 "created_at")
 

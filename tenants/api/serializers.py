@@ -56,6 +56,10 @@ class ChatRequestSerializer(StrictSerializer):
         required=False,
         help_text=CHAT_REQUEST["constraints"],
     )
+    loop_guard = StrictBooleanField(
+        required=False,
+        help_text=CHAT_REQUEST["loop_guard"],
+    )
 
     def get_fields(self):
         fields = super().get_fields()

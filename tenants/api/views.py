@@ -114,6 +114,7 @@ class ChatView(MemberView):
             **({"contrast": data["contrast"]} if data.get("contrast") is not None else {}),
             **({"reminder": data["reminder"]} if "reminder" in data else {}),
             **({"constraints": data["constraints"]} if "constraints" in data else {}),
+            **({"loop_guard": data["loop_guard"]} if "loop_guard" in data else {}),
         }
         check_fits(chat_model_path(), [data["message"], *_context_texts(member)],
                    params["max_new_tokens"])

@@ -71,6 +71,12 @@ class Tenant(models.Model):
                   "commas, a banned word, an opening or closing phrase; at any depth of a "
                   "conversation; the tenant's win over a member's. Empty: the model's "
                   "default (on unless its profile says off).")
+    # the loop guard (injection/engine/decoding/loops.py; empty: the model's default)
+    loop_guard = models.BooleanField(
+        null=True, blank=True, default=None,
+        help_text="Keep replies from looping: a reply never says the same run of its own "
+                  "tokens twice (small models otherwise repeat a phrase until the token "
+                  "limit). Empty: the model's default (its profile's; off without one).")
     memory_writes_enabled = models.BooleanField(
         default=False,
         help_text="Members may add or remove memories from a chat (\"remember that ...\", "

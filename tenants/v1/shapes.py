@@ -87,6 +87,9 @@ class ExtensionSerializer(StrictSerializer):
     constraints = serializers.BooleanField(
         required=False,
         help_text=CHAT_REQUEST["constraints"])
+    loop_guard = serializers.BooleanField(
+        required=False,
+        help_text=CHAT_REQUEST["loop_guard"])
     conversation = serializers.IntegerField(
         required=False, min_value=1, max_value=PK_MAX,
         help_text=V1_EXTENSION["conversation"])
@@ -225,6 +228,7 @@ def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
         **({"contrast": ext["contrast"]} if ext.get("contrast") is not None else {}),
         **({"reminder": ext["reminder"]} if "reminder" in ext else {}),
         **({"constraints": ext["constraints"]} if "constraints" in ext else {}),
+        **({"loop_guard": ext["loop_guard"]} if "loop_guard" in ext else {}),
         "user": data.get("user") or None,
         "history": [{"role": m["role"], "content": m["content"]} for m in data["messages"][:-1]],
     }

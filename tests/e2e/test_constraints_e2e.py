@@ -113,3 +113,29 @@ def test_bullet_points_through_the_worker(live_server, gpu_worker, settings, dem
     assert bodies[0]["cache"]["constraints"] == ["bullets:3"], bodies[0]
     assert bodies[0]["reply"] == reply  # greedy: the same reply through both APIs
     assert bodies[1]["cache"]["constraints"] == [] and violates("bullets:3", bodies[1]["reply"])
+
+
+def test_the_loop_guard_request_then_tenant_then_default(live_server, gpu_worker, carol,
+                                                         settings, demo_model_path):
+    """``loop_guard`` (/api/chat, /v1 ``kvinject``) over the tenant's ``loop_guard`` over
+    the model's default (the demo model has no profile: off). The random model loops, so
+    the guarded reply differs; a bad value is a 400 naming the field."""
+    settings.MODEL_PATH = str(demo_model_path)
+    member, key = carol
+    status, body = post(live_server.url, "/api/chat", key, {"message": "hi", "loop_guard": 1})
+    assert status == 400 and "loop_guard" in body["error"]["fields"], body
+    with pytest.raises(InvalidInput, match="loop_guard"):
+        actions.do_update_tenant(member.tenant, loop_guard="on")
+    ask = {"constraints": False}
+    default, on, off = (_chat(live_server.url, key, **ask, **switch)["reply"]
+                        for switch in ({}, {"loop_guard": True}, {"loop_guard": False}))
+    assert default == off != on, gpu_worker.log_tail()
+    tenant = actions.do_update_tenant(Tenant.objects.get(pk=member.tenant_id), loop_guard=True)
+    assert _chat(live_server.url, key, **ask)["reply"] == on  # the tenant's switch
+    assert _chat(live_server.url, key, **ask, loop_guard=False)["reply"] == off
+    actions.do_update_tenant(tenant, loop_guard=None)
+    status, body = post(live_server.url, "/v1/chat/completions", key, {
+        "model": "kvinject", "max_tokens": 24, "temperature": 0,
+        "messages": [{"role": "user", "content": "Tell me a long story about a city."}],
+        "kvinject": {"contrast": 0, "constraints": False, "loop_guard": True}})
+    assert status == 200 and body["choices"][0]["message"]["content"] == on, body

@@ -43,7 +43,8 @@ def test_guidance_default_follows_the_profile_and_is_off_without_one():
     assert resolve(qwen, 0.5, french) == 0.5  # a request's (or tenant's) strength still holds
     assert profiles.summary(other) == {"name": "none", "model_key": "0123456789abcdef",
                                        "calibrated": False, "guidance": 0.0,
-                                       "reminder": True, "constraints": True, "defaults": {}}
+                                       "reminder": True, "constraints": True, "loop_guard": False,
+                                       "defaults": {}}
     assert profiles.summary(smol)["defaults"]["guidance"] == 1.0
 
 

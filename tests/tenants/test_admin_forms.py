@@ -131,9 +131,9 @@ def test_cli_tokens_take_a_name_and_an_expiry(acme):
         call_command("tenant", "token", "acme", "acme-user", "--expires-days", "0")
 
 
-@pytest.mark.parametrize("switch", ["memory_reminder", "decoding_constraints"])
+@pytest.mark.parametrize("switch", ["memory_reminder", "decoding_constraints", "loop_guard"])
 def test_tenant_admin_switches_a_memory_mechanism_audited(acme_admin, acme, switch):
-    """The tenant's ``memory_reminder`` / ``decoding_constraints``: off, then back to the
+    """The tenant's ``memory_reminder`` / ``decoding_constraints`` / ``loop_guard``: off, then back to the
     default (empty), each change an audited tenant.changed row; the form shows the choice."""
     page = f"/admin/tenants/tenant/{acme.tenant.pk}/change/"
     assert f'name="{switch}"' in acme_admin.get(page).content.decode()

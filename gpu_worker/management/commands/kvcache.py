@@ -101,7 +101,8 @@ class Command(CliCommandMixin, BaseCommand):
                 w(f"    model profile: {prof['name']} (model key {prof['model_key']}, "
                   f"{'calibrated' if prof['calibrated'] else 'not calibrated'}), "
                   f"guidance default {prof['guidance']}, reminder "
-                  f"{_onoff(prof.get('reminder'))}, constraints {_onoff(prof.get('constraints'))}")
+                  f"{_onoff(prof.get('reminder'))}, constraints {_onoff(prof.get('constraints'))}"
+                  f", loop guard {_onoff(prof.get('loop_guard'))}")
             pool = row.get("host_pool")
             if pool:
                 w(f"    host pool: {_mb(pool['held_bytes'])} held of {_mb(pool['max_bytes'])}, "

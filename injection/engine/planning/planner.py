@@ -40,7 +40,7 @@ from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
-from injection.model.profiles import default_on, guides_by_default
+from injection.model.profiles import default_on, guides_by_default, loop_ngram
 from injection.prompting import rules as memory_rules
 from injection.prompting.constraints import DEFAULT_ON, opening, transform
 from injection.prompting.history import fit_history
@@ -180,6 +180,17 @@ class TurnPlanner:
             mem.recalled = tuple(mem.candidates[i] for i in shown)
         return SystemTurn(alpha, mem, personal, context, remind, rules)
 
+    def _sampling(self, req: ExecutionRequest) -> dict[str, Any]:
+        """The request's sampling, with the loop guard's run length where the guard is on
+        (the batch engine keeps it: ``engine/decoding/loops.py``)."""
+        sampling = sampling_options(req)
+        guard = req.loop_guard
+        if guard is None:
+            guard = default_on(self.adapter, "loop_guard")
+        if self.batching and guard:
+            sampling["no_repeat"] = loop_ngram(self.adapter)
+        return sampling
+
     def _plain(self, req: ExecutionRequest, system: SystemTurn,
                messages: list[dict[str, str]], parts: PromptParts) -> TurnPlan:
         """Nothing injected: the whole prompt as text (the conversation's link may be
@@ -187,7 +198,7 @@ class TurnPlanner:
         link = self.turns.plan(req, messages, parts.prompt, "", 0.0, injected=False)
         return TurnPlan(system.personal, 0.0, 0.0, system.memory, system.context, "", None,
                         "", parts.mode, system.reminder, tuple(messages), parts.prompt,
-                        link, False, None, sampling_options(req), req.max_new_tokens)
+                        link, False, None, self._sampling(req), req.max_new_tokens)
 
     def _injected(self, req: ExecutionRequest, system: SystemTurn,
                   messages: list[dict[str, str]], parts: PromptParts,
@@ -197,7 +208,7 @@ class TurnPlanner:
         chash = content_hash(parts.segment)
         link = self.turns.plan(req, messages, parts.prompt, chash, member_alpha,
                                injected=True)  # the cache lookup: its result decides below
-        sampling = constrained(sampling_options(req), req, personal, on=self.batching,
+        sampling = constrained(self._sampling(req), req, personal, on=self.batching,
                                rules=system.rules,
                                default=default_on(self.adapter, "constraints"))
         found = tuple(sampling.get("constraints", ()))

@@ -22,6 +22,9 @@ CHAT_REQUEST = {
                    "(lowercase, no commas, a banned word, an opening phrase, a word limit, "
                    "…); `false` = off. Default: the tenant's `decoding_constraints`, else the "
                    "model's default (on unless its profile says off).",
+    "loop_guard": "The loop guard: the reply never says a run of its own tokens twice; "
+                  "`false` = off. Default: the tenant's `loop_guard`, else the model's default "
+                  "(its profile's; off without one).",
 }
 
 # POST /api/chat: response fields
