@@ -25,8 +25,8 @@ and after a restart (the platform's worker; the peer's server, whose prefix cach
 process) the first token of members of that tenant seen before it.
 ``--peer-results``: the peer's side from an earlier run's JSON (same machine and counts; the
 report names the file), so a change to the platform is measured without the peer again.
-Replies: the platform with its mechanisms off (contrast 0, constraints off, reminder off)
-against the peer, greedy, token for token (the first differing position where they differ).
+Replies: the platform with its mechanisms off (contrast 0, constraints, reminder and loop
+guard off) against the peer, greedy, token for token (the first differing position where they differ).
 Output: a table (ratios platform / peer of this run) and JSON under bench/results/.
 """
 

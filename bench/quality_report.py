@@ -10,7 +10,7 @@ import sys
 
 from mdsection import machine, table
 from memory_cases import evades, recites
-from quality_stats import diff, fluent, loops, share
+from quality_stats import compressible, diff, fluent, loops, share
 
 FAMILIES = ("standing", "preference", "fact")
 # the paired comparisons reported: (row, against it); "platform" over its variants is what
@@ -68,7 +68,8 @@ def fluency(scored, cases, names) -> str:
         unfluent = sum(not fluent(r[5]["text"], cases[r[0]].memory,
                                   cases[r[0]].family != "fact") for r in mine)
         rows.append([c, str(len(mine)), _pct(sum(not t.strip() for t in texts), mine),
-                     _pct(sum(loops(t) for t in texts), mine), _pct(recited, mine),
+                     _pct(sum(loops(t) for t in texts), mine),
+                     _pct(sum(compressible(t) for t in texts), mine), _pct(recited, mine),
                      _pct(unfluent, mine),
                      _pct(sum(evades(t) for t in texts), mine),
                      f"{statistics.mean(r[5]['prompt'] for r in mine):.0f}",
@@ -77,7 +78,8 @@ def fluency(scored, cases, names) -> str:
                      str(sum(r[5].get("lean") == "probe" for r in mine))])
     # a reply that measured its member's lean counts the probes' tokens (once per member: in
     # this benchmark every case is a new member) in its guide forward tokens
-    return table(["condition", "replies", "empty", "loops", "recites", "not fluent", "non-answers",
+    return table(["condition", "replies", "empty", "loops", "zlib < 0.5", "recites",
+                  "not fluent", "non-answers",
                   "prompt tokens (mean)", "reply tokens (mean)",
                   "guide forward tokens (mean)", "replies measuring a lean"], rows)
 

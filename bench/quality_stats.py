@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from collections.abc import Sequence
 
 from memory_cases import recites
@@ -67,6 +68,20 @@ def loop_share(reply: str, n: int = LOOP_N) -> float:
     words = _WORDS.findall(reply.lower())
     grams = [tuple(words[k:k + n]) for k in range(len(words) - n + 1)]
     return (len(grams) - len(set(grams))) / len(grams) if grams else 0.0
+
+
+# A second, independent look at repetition, for a mechanism that acts on exact repeats (the
+# loop guard: a reply that varies a word each time round is no loop by ``loops`` but still
+# compresses): a reply of 120 or more characters that zlib packs below half its size. On the
+# stored replies of 2026-12-01 (5,203 of 120+ characters) it flags 85 % of those ``loops``
+# flags and 2.3 % of the others.
+PACKED_BELOW, PACKED_MIN_CHARS = 0.5, 120
+
+
+def compressible(reply: str) -> bool:
+    """The reply repeats itself enough for zlib to halve it (``PACKED_BELOW``)."""
+    raw = reply.encode()
+    return len(raw) >= PACKED_MIN_CHARS and len(zlib.compress(raw, 9)) < PACKED_BELOW * len(raw)
 
 
 def loops(reply: str) -> bool:

@@ -38,7 +38,8 @@ INSTRUCTION_LINES = [
 # ~3,900 characters of tenant instructions (issue 59): whole lines, in turn
 INSTRUCTIONS = " ".join((INSTRUCTION_LINES * 8)[:54])  # 3,913
 WARM_TOKENS, TURN_TOKENS = 8, 24
-OFF = {"contrast": 0.0, "constraints": False, "reminder": False}  # the mechanisms off
+OFF = {"contrast": 0.0, "constraints": False, "reminder": False,
+       "loop_guard": False}  # the mechanisms off
 
 
 class Member(NamedTuple):

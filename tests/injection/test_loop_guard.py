@@ -14,7 +14,7 @@ import torch
 
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
-from injection.engine.decoding.loops import guard
+from injection.engine.decoding.loops import guard, verbatim
 from injection.model import profiles
 from tests.injection.test_batch import _in_threads
 from tests.injection.test_planner import ASK, TextOnly, planner
@@ -22,15 +22,18 @@ from tests.injection.test_planner import ASK, TextOnly, planner
 N = 4
 
 
+WORDS = SimpleNamespace(_kvinject_token_texts=[f" w{i}" for i in range(10)])  # token texts
+
+
 def _row(gen: list[int], n: int = 3):
-    return SimpleNamespace(sampler=SimpleNamespace(no_repeat=n), gen=gen)
+    return SimpleNamespace(sampler=SimpleNamespace(no_repeat=n, said="", seen=0, grams=None, indexed=0), gen=gen)
 
 
 def test_guard_bans_the_token_that_would_repeat_a_run_of_the_reply():
     scores = torch.zeros(4, 10)
     rows = [_row([5, 6, 7, 5, 6]), _row([5, 6, 9, 5, 6]), _row([5, 6, 7, 5, 6], n=0),
             _row([1, 2, 3, 4, 1], n=2)]
-    out = guard(rows, scores, eos={9})
+    out = guard(rows, scores, eos={9}, tokenizer=WORDS)
     assert torch.isinf(out[0]).nonzero().flatten().tolist() == [7]  # "5 6" was followed by 7
     assert torch.isfinite(out[1]).all()  # the end of turn (9) is never banned
     assert torch.equal(out[2], scores[2])  # not guarded
@@ -41,12 +44,34 @@ def test_guard_bans_the_token_that_would_repeat_a_run_of_the_reply():
 def test_a_row_the_guard_would_leave_without_a_token_keeps_its_scores():
     only = torch.full((1, 10), -float("inf"))
     only[0, 7] = 0.0  # a decoding constraint left one token, the one that repeats
-    assert torch.equal(guard([_row([5, 6, 7, 5, 6])], only, eos=()), only)
+    assert torch.equal(guard([_row([5, 6, 7, 5, 6])], only, eos=(), tokenizer=WORDS), only)
 
 
 def test_no_guarded_row_long_enough_is_the_same_tensor():
     scores = torch.zeros(2, 10)
-    assert guard([_row([1, 2]), _row([], n=0)], scores, eos=()) is scores
+    assert guard([_row([1, 2]), _row([], n=0)], scores, eos=(), tokenizer=WORDS) is scores
+
+
+@pytest.mark.parametrize(("text", "aside"), [
+    ("Sure. Here it is:\n```python\ndef f(x):\n    return f(x", True),  # an open fence
+    ("Done:\n```python\nprint(1)\n```\nThat prints one, one", False),  # closed again
+    ('  {"name": "a", "name', True), ('[{"a": 1}, {"a"', True),  # a JSON reply
+    ("Here:\n| a | b |\n| 1 | 2", True), ("Steps:\n    x = x + 1", True),  # a table, code
+    ("The sky is blue because the sky is blue", False)])
+def test_the_guard_stands_aside_where_a_form_repeats_by_nature(text, aside):
+    assert verbatim(text) is aside
+
+
+def test_guard_reads_the_reply_text_as_it_grows_and_stands_aside_in_a_code_fence():
+    texts = [" a", " b", " c", "```", "\n", "x"]
+    tok = SimpleNamespace(_kvinject_token_texts=texts)
+    row = _row([0, 1, 2, 0, 1])
+    scores = torch.zeros(1, 6)
+    assert torch.isinf(guard([row], scores, eos=(), tokenizer=tok)[0, 2])
+    assert row.sampler.said == " a b c a b" and row.sampler.seen == 5
+    row.gen += [3, 4, 0, 1, 2, 0, 1]  # a fence opened: "a b" then "c" again is left alone
+    assert guard([row], scores, eos=(), tokenizer=tok) is scores
+    assert row.sampler.said.endswith("```\n a b c a b")
 
 
 def _repeats(ids: list[int], n: int) -> int | None:

@@ -23,7 +23,8 @@ def test_shipped_profiles_hold_a_default_and_its_evidence_per_mechanism():
     assert (smol.name, smol.guidance, smol.calibrated) == ("smollm2-135m-instruct", 1.0, True)
     assert (qwen.name, qwen.guidance, qwen.calibrated) == ("qwen2.5-coder-0.5b", 1.0, True)
     for p in (smol, qwen):
-        assert set(p.mechanisms) == {"guidance", "lean", "anchor", "reminder", "constraints"}
+        assert set(p.mechanisms) == {"guidance", "lean", "anchor", "reminder", "constraints",
+                                     "loop_guard"}
         assert all("default" in m and "status" in m and "evidence" in m
                    for m in p.mechanisms.values())
     assert "p=8e-7" in smol.mechanisms["guidance"]["evidence"]["validation"]
@@ -31,6 +32,10 @@ def test_shipped_profiles_hold_a_default_and_its_evidence_per_mechanism():
     # turns did not
     assert qwen.mechanisms["guidance"]["evidence"]["pooled"]["wins"] == 13
     assert qwen.mechanisms["guidance"]["first_turns"] is False
+    # the loop guard: measured on SmolLM2 (on, run length 4), not on Qwen (the platform's: off)
+    smol_a, qwen_a = (SimpleNamespace(_model_key=k) for k in (SMOL_KEY, QWEN_KEY))
+    assert profiles.default_on(smol_a, "loop_guard") and profiles.loop_ngram(smol_a) == 4
+    assert not profiles.default_on(qwen_a, "loop_guard")
 
 
 def test_guidance_default_follows_the_profile_and_is_off_without_one():

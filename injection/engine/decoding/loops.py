@@ -8,8 +8,13 @@ reply already holds is banned for that step, as transformers' ``no_repeat_ngram_
 bans it, but over the reply's own tokens only: the prompt's are not counted (a reply may
 quote the question or a memory). The model then writes its next most likely token.
 
-It never bans the end of the turn (a reply may always stop), and a row whose every
-candidate it would ban (where a decoding constraint left only those) keeps its scores.
+It stands aside where a reply's form repeats by nature (``verbatim``): inside a fenced code
+block, in a reply that opens as JSON, on a table row or an indented line. There a name is
+called again, a key comes back, a row has the same cells: banning those repeats mangled
+identifiers ("celsius_todem_fahrenheit") and padded tables with spaces on SmolLM2
+(``bench/probe_loop_guard.py``). It never bans the end of the turn (a reply may always
+stop), and a row whose every candidate it would ban (where a decoding constraint left only
+those) keeps its scores.
 Forced tokens (a constraint's phrase or word: ``bans.forced``) are placed after the choice
 and are not affected. Applied to the choosing rows' final scores (after a guide's contrast),
 so a guided row's combination never sees a banned token.
@@ -22,33 +27,63 @@ from typing import Any
 
 import torch
 
-from injection.engine.logitprocs import build_ids, no_repeat_ngrams
+from injection.engine.decoding.text import token_texts
 
-__all__ = ["DEFAULT_ON", "NGRAM", "guard"]
+__all__ = ["DEFAULT_ON", "NGRAM", "guard", "verbatim"]
 
 DEFAULT_ON = False  # without a profile entry: a model's replies as the model writes them
 NGRAM = 4  # tokens in a run that may not come twice, where a profile names none
 
 
-def guard(rows: Sequence[Any], scores: torch.Tensor, eos: Collection[int]) -> torch.Tensor:
+def verbatim(text: str) -> bool:
+    """Whether a reply ending in ``text`` is where its form repeats by nature (see module):
+    an open code fence, a reply opening with ``{`` or ``[``, a line starting with ``|``
+    or indented by a tab or four spaces."""
+    if text.count("```") % 2 or text.lstrip()[:1] in ("{", "["):
+        return True
+    line = text.rsplit("\n", 1)[-1]
+    return line.lstrip(" ")[:1] == "|" or line.startswith(("    ", "\t"))
+
+
+def _said(row: Any, tokenizer: Any) -> str:
+    """The row's reply so far as text, kept on its sampler and extended by its new tokens."""
+    s = row.sampler
+    if len(row.gen) > s.seen:
+        table = token_texts(tokenizer)
+        s.said += "".join(table[t] if 0 <= t < len(table) else "" for t in row.gen[s.seen:])
+        s.seen = len(row.gen)
+    return s.said
+
+
+def _banned(row: Any, n: int) -> set[int]:
+    """The tokens that would complete a run of ``n`` the row's reply holds: the reply's runs
+    are indexed on its sampler (the first n-1 tokens of each -> the tokens after them) as it
+    grows, so a step looks up one key."""
+    s, gen = row.sampler, row.gen
+    if s.grams is None:
+        s.grams, s.indexed = {}, 0
+    for k in range(max(s.indexed, n - 1), len(gen)):
+        s.grams.setdefault(tuple(gen[k - n + 1:k]), set()).add(gen[k])
+    s.indexed = len(gen)
+    return s.grams.get(tuple(gen[len(gen) - n + 1:]), set())
+
+
+def guard(rows: Sequence[Any], scores: torch.Tensor, eos: Collection[int],
+          tokenizer: Any) -> torch.Tensor:
     """``scores`` (``[rows, V]``, the choosing rows') with each guarded row's repeats banned
-    (see module); the same tensor when no row is guarded or long enough to repeat."""
-    by_n: dict[int, list[int]] = {}
+    (see module; ``tokenizer``: the rows' texts); the same tensor when no row bans a token
+    (none guarded, long enough to repeat, about to repeat and outside a ``verbatim`` form)."""
+    out = scores
     for i, r in enumerate(rows):
         n = getattr(r.sampler, "no_repeat", 0) if r.sampler is not None else 0
-        if n > 0 and len(r.gen) >= n:
-            by_n.setdefault(n, []).append(i)
-    if not by_n:
-        return scores
-    scores = scores.clone()
-    keep = sorted(e for e in eos if 0 <= e < scores.shape[-1])
-    for n, idx in by_n.items():
-        ids = build_ids([rows[i].gen for i in idx], scores.device)
-        at = torch.tensor(idx, device=scores.device)
-        before = scores[at]
-        banned = no_repeat_ngrams(before, ids, n)
-        if keep:
-            banned[:, keep] = before[:, keep]
-        stuck = ~torch.isfinite(banned).any(-1, keepdim=True)
-        scores[at] = torch.where(stuck, before, banned)
-    return scores
+        if n <= 0 or len(r.gen) < n:
+            continue
+        ban = [t for t in _banned(r, n) if t not in eos and 0 <= t < scores.shape[-1]]
+        if not ban or verbatim(_said(r, tokenizer)):
+            continue
+        row = scores[i].clone()
+        row[ban] = -float("inf")
+        if bool(torch.isfinite(row).any()):  # else it keeps its scores
+            out = scores.clone() if out is scores else out
+            out[i] = row
+    return out
