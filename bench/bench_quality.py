@@ -227,12 +227,14 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     ``defaults`` (``_defaults``) where the phase does not set them."""
     from injection.engine.decoding import loops
     from injection.engine.guidance import lean, plan, probe
+    from injection.model import profiles
     from injection.prompting import reminder
 
     sw, (top, options, anchors, leans, profile, ngram) = dict(phase), defaults
     loops.NGRAM = sw.get("loop_ngram", ngram)
     adapter = ex.planner.adapter
-    adapter._profile = (candidate(adapter, sw["profile_guidance"])
+    adapter._profile = (candidate(adapter, sw["profile_guidance"],
+                                  profile or profiles.for_adapter(adapter))
                         if "profile_guidance" in sw else profile)
     lean.LEAN_AFTER = sw.get("lean", leans[0]) or None
     ex.planner.memory_lean = sw.get("memory_lean", leans[1])
@@ -256,15 +258,19 @@ def _defaults(ex) -> tuple:
             getattr(ex.planner.adapter, "_profile", None), loops.NGRAM)
 
 
-def candidate(adapter, strength: float):
+def candidate(adapter, strength: float, base=None):
     """A profile for the loaded model with guidance default ``strength`` (first turns guided,
-    deep turns anchored without the deep lean) and nothing else: a calibration's (the
-    reminder and the constraints are the platform's defaults)."""
+    deep turns anchored without the deep lean): a calibration's. The switches (the reminder,
+    the constraints, the loop guard) are ``base``'s (a profile the model has), else the
+    platform's defaults."""
     from injection.model.fingerprint import model_key
-    from injection.model.profiles import Profile
+    from injection.model.profiles import SWITCHES, Profile
 
+    kept = {k: v for k, v in (base.mechanisms if base is not None else {}).items()
+            if k in SWITCHES}
     return Profile("calibration candidate", model_key(adapter), strength, False,
-                   "bench_quality", {"guidance": {"default": strength, "first_turns": True},
+                   "bench_quality", {**kept,
+                                     "guidance": {"default": strength, "first_turns": True},
                                      "anchor": {"deep_lean": False}})
 
 
@@ -438,7 +444,9 @@ def main() -> None:
     ex, budget = worker_executor(adapter, args.workers)
     profile = dict(PROFILES[args.profile])
     if args.calibrate:  # the base: no guidance default, whatever profile the model has
-        adapter._profile = candidate(adapter, 0.0)
+        from injection.model.profiles import for_adapter
+
+        adapter._profile = candidate(adapter, 0.0, for_adapter(adapter))
         profile = {"every": 1, "cells": quality_calibrate.CELLS}
         args.split, args.family = "tuning", args.family or ",".join(quality_calibrate.FAMILIES)
     if args.cells:
