@@ -112,6 +112,7 @@ def main() -> None:
     rates = {(m, c): [] for m in engines for c in cells}
     firsts = {(m, c): [] for m in engines for c in cells}
     replies: dict = {}
+    alone: dict = {}
     try:
         for rep in range(args.reps):
             for cell in cells:
@@ -122,13 +123,19 @@ def main() -> None:
                     replies[(mode, cell)] = out
                     print(f"rep {rep} {mode} guided={cell[0]} n={cell[1]}: {r:.1f} tok/s",
                           flush=True)
+        if args.bf16:  # each of the 8 unguided questions alone, against its reply in the 8
+            alone = {m: [_wall(e, [job], TOKENS)[1][0] for job in _jobs(e.adapter, False, 8)]
+                     for m, e in engines.items()}
     finally:
         for e in engines.values():
             e.close()
     med = {k: statistics.median(v) for k, v in rates.items()}
     pre = {k: statistics.median(v) for k, v in firsts.items()}
     if args.bf16:
-        print(_bf16_report(cells, med, pre, replies, args.reps, loads))
+        print(_bf16_report(cells, med, pre, replies, args.reps, loads, Path(path).name))
+        print("\nThe same greedy reply alone as in the batch of 8 (unguided): " + ", ".join(
+            f"{m} {sum(a == b for a, b in zip(alone[m], replies[(m, (False, 8))], strict=True))}/8"
+            for m in engines))
         return
     rows = []
     for guided, n in cells:
@@ -144,7 +151,7 @@ def main() -> None:
                      f"{same('linear')}/{n}, {same('wxt')}/{n}"])
     body = "\n".join([
         f"`.venv/bin/python bench/bench_cpu_matmul.py --reps {args.reps}` — {machine()}, "
-        f"torch threads {__import__('torch').get_num_threads()}, SmolLM2-135M-Instruct "
+        f"torch threads {__import__('torch').get_num_threads()}, {Path(path).name} "
         f"float32, {TOKENS} tokens per row, greedy, prefill subtracted, median of "
         f"{args.reps}. Load: " + ", ".join(f"{m} {t:.1f} s" for m, t in loads.items()) +
         " (auto's calibration included); auto picked " + _picked(choice) + ".", "",
@@ -156,7 +163,7 @@ def main() -> None:
         write_section("cpu-matmul", body)
 
 
-def _bf16_report(cells, med, pre, replies, reps: int, loads: dict) -> str:
+def _bf16_report(cells, med, pre, replies, reps: int, loads: dict, model: str) -> str:
     rows = [[f"{n} {'guided' if g else 'unguided'}", f"{med[('auto', (g, n))]:.1f}",
              f"{med[('auto bf16', (g, n))]:.1f}",
              f"**{med[('auto bf16', (g, n))] / med[('auto', (g, n))]:.2f}x**",
@@ -165,7 +172,7 @@ def _bf16_report(cells, med, pre, replies, reps: int, loads: dict) -> str:
             for g, n in cells]
     return "\n".join([
         f"`.venv/bin/python bench/bench_cpu_matmul.py --bf16 --reps {reps}` — {machine()}, "
-        f"SmolLM2-135M-Instruct, {TOKENS} tokens per row, greedy, prefill subtracted, median "
+        f"{model}, {TOKENS} tokens per row, greedy, prefill subtracted, median "
         f"of {reps}. Load: " + ", ".join(f"{m} {t:.1f} s" for m, t in loads.items()) + ".", "",
         table(["requests", "float32 tok/s", "bfloat16 tok/s", "bf16 / fp32",
                "prefill bf16 / fp32", "same greedy replies"], rows)])
