@@ -32,10 +32,11 @@ def test_shipped_profiles_hold_a_default_and_its_evidence_per_mechanism():
     # turns did not
     assert qwen.mechanisms["guidance"]["evidence"]["pooled"]["wins"] == 13
     assert qwen.mechanisms["guidance"]["first_turns"] is False
-    # the loop guard: measured on SmolLM2 (on, run length 4), not on Qwen (the platform's: off)
-    smol_a, qwen_a = (SimpleNamespace(_model_key=k) for k in (SMOL_KEY, QWEN_KEY))
-    assert profiles.default_on(smol_a, "loop_guard") and profiles.loop_ngram(smol_a) == 4
-    assert not profiles.default_on(qwen_a, "loop_guard")
+    # the loop guard: measured on both (on, run length 4); without a profile: off
+    for key in (SMOL_KEY, QWEN_KEY):
+        adapter = SimpleNamespace(_model_key=key)
+        assert profiles.default_on(adapter, "loop_guard") and profiles.loop_ngram(adapter) == 4
+    assert not profiles.default_on(SimpleNamespace(_model_key="0" * 16), "loop_guard")
 
 
 def test_guidance_default_follows_the_profile_and_is_off_without_one():
