@@ -49,7 +49,8 @@ def test_first_turns_guide_as_the_formula_says_when_asked_and_by_default_do_not(
             msgs = [{"role": "user", "content": question}]
             default = ex.execute(ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS))
             assert "lean" not in default.extra  # no probes measured by default
-            req = ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS, contrast=strength)
+            req = ExecutionRequest("t", "u", msgs, pref, max_new_tokens=TOKENS, contrast=strength,
+                                   loop_guard=False)  # the formula's reference has no guard
             asked = ex.execute(req)
             ids = smollm.renderer.encode(smollm.plain_prompt(pref, msgs), first=True)
             lean = cached_lean(ex, req)

@@ -19,7 +19,7 @@ from injection.metrics import Metrics
 from injection.model.lean_step import lean_step
 from injection.model.loading import load_adapter
 
-PARITY = {"reminder": False, "contrast": 0.0, "constrain": False}
+PARITY = {"reminder": False, "contrast": 0.0, "constrain": False, "loop_guard": False}
 
 
 def _batch(model, lengths: list[int], seed: int) -> BatchCache:

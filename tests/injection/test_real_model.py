@@ -12,7 +12,7 @@ from injection.metrics import Metrics
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 # token parity with the system message holds with the memory mechanisms off (this model's
 # defaults turn contrast and deep-conversation reminders on)
-PARITY = {"reminder": False, "contrast": 0.0, "constrain": False}  # the plain injection
+PARITY = {"reminder": False, "contrast": 0.0, "constrain": False, "loop_guard": False}  # the plain injection
 
 
 def test_real_model_knows_the_capital_of_france(smollm):

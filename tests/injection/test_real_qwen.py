@@ -19,7 +19,7 @@ from injection.model import profiles
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model, pytest.mark.qwen]
 QWEN_SYSTEM = "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."
-PARITY = {"reminder": False, "contrast": 0.0, "constrain": False}  # the plain injection
+PARITY = {"reminder": False, "contrast": 0.0, "constrain": False, "loop_guard": False}  # the plain injection
 TOKENS = 12
 ASK = [{"role": "user", "content": "What should I cook for dinner tonight?"}]
 
