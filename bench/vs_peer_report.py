@@ -119,7 +119,7 @@ def render(results: dict, plan, args, model_name: str, seconds: float) -> str:
              f"medians of {plan.reps}; {seconds / 60:.1f} min.", "", table(head, body)]
     rep = results.get("replies")
     if rep:
-        lines.append(f"\nreplies, platform with contrast 0, constraints and reminder off vs "
+        lines.append(f"\nreplies, platform with contrast 0, constraints, reminder and loop guard off vs "
                      f"the peer (float32, greedy): {rep['equal']}/{rep['of']} equal token "
                      "for token" + "".join(
                          f"\n- member {m['member']}: first differs at token {m['position']}: "

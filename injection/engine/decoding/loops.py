@@ -14,10 +14,9 @@ called again, a key comes back, a row has the same cells: banning those repeats 
 identifiers ("celsius_todem_fahrenheit") and padded tables with spaces on SmolLM2
 (``bench/probe_loop_guard.py``). It never bans the end of the turn (a reply may always
 stop), and a row whose every candidate it would ban (where a decoding constraint left only
-those) keeps its scores.
-Forced tokens (a constraint's phrase or word: ``bans.forced``) are placed after the choice
-and are not affected. Applied to the choosing rows' final scores (after a guide's contrast),
-so a guided row's combination never sees a banned token.
+those) keeps its scores. Forced tokens (a constraint's phrase or word: ``bans.forced``) are
+placed after the choice and are not affected. Applied to the choosing rows' final scores
+(after a guide's contrast), so a guided row's combination never sees a banned token.
 """
 
 from __future__ import annotations
