@@ -271,7 +271,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
         logits = bans.apply(rows, logits)  # decoding constraints, before a guide's contrast
         rows, logits = contrast.split_rows(rows, logits)  # guides choose nothing
-        logits = loops.guard(rows, logits, self._eos, self.adapter.tokenizer)  # its repeats
+        logits = loops.guard(rows, logits, self._eos)  # a reply's own repeats (its profile's)
         for job, pick in self._choose(rows, logits, cached=cached):
             if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it
                 continue

@@ -28,9 +28,8 @@ class RowSampler:
         self.token_map = token_map  # where its tokens go (``bans.TokenMap``), or None
         self.forced = forced  # the phrases its reply opens and closes with (``bans.Phrases``)
         self.no_repeat = int(no_repeat or 0)  # the loop guard's run length (0: off; ``loops``)
-        self.said, self.seen = "", 0  # the reply's text as the guard read it, of that many tokens
-        self.grams: dict | None = None  # the guard's index of the reply's runs (``loops``)
-        self.indexed = 0  # of that many tokens
+        self.grams: dict = {}  # the loop guard's index of the reply's runs (``loops``),
+        self.indexed = 0  # of that many of its tokens
         self.ending: int | None = None  # where the closing phrase started
         self.postscript: int | None = None  # where its marker started (-1: none due)
         self.title: int | None = None  # where its title's ">>" started

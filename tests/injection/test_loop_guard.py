@@ -22,18 +22,17 @@ from tests.injection.test_planner import ASK, TextOnly, planner
 N = 4
 
 
-WORDS = SimpleNamespace(_kvinject_token_texts=[f" w{i}" for i in range(10)])  # token texts
-
-
-def _row(gen: list[int], n: int = 3):
-    return SimpleNamespace(sampler=SimpleNamespace(no_repeat=n, said="", seen=0, grams=None, indexed=0), gen=gen)
+def _row(gen: list[int], n: int = 3, text: str = "prose"):
+    """A row with its reply's ids and text (the engine's ``GenerationWatch`` keeps it)."""
+    return SimpleNamespace(sampler=SimpleNamespace(no_repeat=n, grams={}, indexed=0), gen=gen,
+                           watch=SimpleNamespace(text=text))
 
 
 def test_guard_bans_the_token_that_would_repeat_a_run_of_the_reply():
     scores = torch.zeros(4, 10)
     rows = [_row([5, 6, 7, 5, 6]), _row([5, 6, 9, 5, 6]), _row([5, 6, 7, 5, 6], n=0),
             _row([1, 2, 3, 4, 1], n=2)]
-    out = guard(rows, scores, eos={9}, tokenizer=WORDS)
+    out = guard(rows, scores, eos={9})
     assert torch.isinf(out[0]).nonzero().flatten().tolist() == [7]  # "5 6" was followed by 7
     assert torch.isfinite(out[1]).all()  # the end of turn (9) is never banned
     assert torch.equal(out[2], scores[2])  # not guarded
@@ -44,12 +43,12 @@ def test_guard_bans_the_token_that_would_repeat_a_run_of_the_reply():
 def test_a_row_the_guard_would_leave_without_a_token_keeps_its_scores():
     only = torch.full((1, 10), -float("inf"))
     only[0, 7] = 0.0  # a decoding constraint left one token, the one that repeats
-    assert torch.equal(guard([_row([5, 6, 7, 5, 6])], only, eos=(), tokenizer=WORDS), only)
+    assert torch.equal(guard([_row([5, 6, 7, 5, 6])], only, eos=()), only)
 
 
 def test_no_guarded_row_long_enough_is_the_same_tensor():
     scores = torch.zeros(2, 10)
-    assert guard([_row([1, 2]), _row([], n=0)], scores, eos=(), tokenizer=WORDS) is scores
+    assert guard([_row([1, 2]), _row([], n=0)], scores, eos=()) is scores
 
 
 @pytest.mark.parametrize(("text", "aside"), [
@@ -63,15 +62,12 @@ def test_the_guard_stands_aside_where_a_form_repeats_by_nature(text, aside):
 
 
 def test_guard_reads_the_reply_text_as_it_grows_and_stands_aside_in_a_code_fence():
-    texts = [" a", " b", " c", "```", "\n", "x"]
-    tok = SimpleNamespace(_kvinject_token_texts=texts)
-    row = _row([0, 1, 2, 0, 1])
+    row = _row([0, 1, 2, 0, 1], text=" a b c a b")
     scores = torch.zeros(1, 6)
-    assert torch.isinf(guard([row], scores, eos=(), tokenizer=tok)[0, 2])
-    assert row.sampler.said == " a b c a b" and row.sampler.seen == 5
+    assert torch.isinf(guard([row], scores, eos=())[0, 2])
     row.gen += [3, 4, 0, 1, 2, 0, 1]  # a fence opened: "a b" then "c" again is left alone
-    assert guard([row], scores, eos=(), tokenizer=tok) is scores
-    assert row.sampler.said.endswith("```\n a b c a b")
+    row.watch.text += "```\n a b c a b"
+    assert guard([row], scores, eos=()) is scores
 
 
 def _repeats(ids: list[int], n: int) -> int | None:

@@ -26,8 +26,6 @@ from typing import Any
 
 import torch
 
-from injection.engine.decoding.text import token_texts
-
 __all__ = ["DEFAULT_ON", "NGRAM", "guard", "verbatim"]
 
 DEFAULT_ON = False  # without a profile entry: a model's replies as the model writes them
@@ -44,41 +42,29 @@ def verbatim(text: str) -> bool:
     return line.lstrip(" ")[:1] == "|" or line.startswith(("    ", "\t"))
 
 
-def _said(row: Any, tokenizer: Any) -> str:
-    """The row's reply so far as text, kept on its sampler and extended by its new tokens."""
-    s = row.sampler
-    if len(row.gen) > s.seen:
-        table = token_texts(tokenizer)
-        s.said += "".join(table[t] if 0 <= t < len(table) else "" for t in row.gen[s.seen:])
-        s.seen = len(row.gen)
-    return s.said
-
-
 def _banned(row: Any, n: int) -> set[int]:
     """The tokens that would complete a run of ``n`` the row's reply holds: the reply's runs
     are indexed on its sampler (the first n-1 tokens of each -> the tokens after them) as it
     grows, so a step looks up one key."""
     s, gen = row.sampler, row.gen
-    if s.grams is None:
-        s.grams, s.indexed = {}, 0
     for k in range(max(s.indexed, n - 1), len(gen)):
         s.grams.setdefault(tuple(gen[k - n + 1:k]), set()).add(gen[k])
     s.indexed = len(gen)
     return s.grams.get(tuple(gen[len(gen) - n + 1:]), set())
 
 
-def guard(rows: Sequence[Any], scores: torch.Tensor, eos: Collection[int],
-          tokenizer: Any) -> torch.Tensor:
+def guard(rows: Sequence[Any], scores: torch.Tensor, eos: Collection[int]) -> torch.Tensor:
     """``scores`` (``[rows, V]``, the choosing rows') with each guarded row's repeats banned
-    (see module; ``tokenizer``: the rows' texts); the same tensor when no row bans a token
-    (none guarded, long enough to repeat, about to repeat and outside a ``verbatim`` form)."""
+    (see module; a row's text so far: its ``watch.text``, decoded as each token came); the
+    same tensor when no row bans a token (none guarded, long enough to repeat, about to
+    repeat and outside a ``verbatim`` form)."""
     out = scores
     for i, r in enumerate(rows):
         n = getattr(r.sampler, "no_repeat", 0) if r.sampler is not None else 0
         if n <= 0 or len(r.gen) < n:
             continue
         ban = [t for t in _banned(r, n) if t not in eos and 0 <= t < scores.shape[-1]]
-        if not ban or verbatim(_said(r, tokenizer)):
+        if not ban or verbatim(r.watch.text):
             continue
         row = scores[i].clone()
         row[ban] = -float("inf")
