@@ -83,6 +83,13 @@ def memories_used(result, memories: tuple[MemoryItem, ...]) -> list[dict]:
             for u in used if isinstance(u, dict) and u.get("id") in own]
 
 
+def _chosen(params: dict, tenant: Tenant, key: str, field: str) -> Any:
+    """A mechanism's setting: the request's ``key``, else the tenant's ``field``; None: the
+    model's default (its profile, model/profiles)."""
+    value = params.get(key)
+    return getattr(tenant, field, None) if value is None else value
+
+
 def build_request(member: Member, pref: Preference | None, messages: list[dict], params: dict,
                   stream=None, conversation_id: str | None = None,
                   memories: tuple[MemoryItem, ...] = (), watch=None,
@@ -95,18 +102,9 @@ def build_request(member: Member, pref: Preference | None, messages: list[dict],
     alpha = params.get("alpha")
     if alpha is None:
         alpha = pref.alpha if pref else DEFAULT_ALPHA
-    contrast = params.get("contrast")  # the request's, else the tenant's, else the model's
-    if contrast is None:
-        contrast = getattr(member.tenant, "memory_contrast", None)
-    reminder = params.get("reminder")  # the same order (None: the model's, model/profiles)
-    if reminder is None:
-        reminder = getattr(member.tenant, "memory_reminder", None)
-    constrain = params.get("constraints")  # the same order (None: the model's)
-    if constrain is None:
-        constrain = getattr(member.tenant, "decoding_constraints", None)
-    guard = params.get("loop_guard")  # the same order (None: the model's)
-    if guard is None:
-        guard = getattr(member.tenant, "loop_guard", None)
+    contrast, reminder, constrain, guard = (_chosen(params, member.tenant, k, f) for k, f in (
+        ("contrast", "memory_contrast"), ("reminder", "memory_reminder"),
+        ("constraints", "decoding_constraints"), ("loop_guard", "loop_guard")))
     return ExecutionRequest(
         tenant=str(member.tenant_id),
         user=str(member.pk),

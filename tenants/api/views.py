@@ -112,9 +112,7 @@ class ChatView(MemberView):
             "alpha": data.get("alpha"),
             # only when sent: the idempotency hash of requests without it stays as it was
             **({"contrast": data["contrast"]} if data.get("contrast") is not None else {}),
-            **({"reminder": data["reminder"]} if "reminder" in data else {}),
-            **({"constraints": data["constraints"]} if "constraints" in data else {}),
-            **({"loop_guard": data["loop_guard"]} if "loop_guard" in data else {}),
+            **{k: data[k] for k in ("reminder", "constraints", "loop_guard") if k in data},
         }
         check_fits(chat_model_path(), [data["message"], *_context_texts(member)],
                    params["max_new_tokens"])

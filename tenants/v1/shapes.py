@@ -226,9 +226,7 @@ def chat_params(data: dict, max_new_tokens: int) -> dict[str, Any]:
         "alpha": ext.get("alpha"),
         # only when sent: the idempotency hash of requests without it stays as it was
         **({"contrast": ext["contrast"]} if ext.get("contrast") is not None else {}),
-        **({"reminder": ext["reminder"]} if "reminder" in ext else {}),
-        **({"constraints": ext["constraints"]} if "constraints" in ext else {}),
-        **({"loop_guard": ext["loop_guard"]} if "loop_guard" in ext else {}),
+        **{k: ext[k] for k in ("reminder", "constraints", "loop_guard") if k in ext},
         "user": data.get("user") or None,
         "history": [{"role": m["role"], "content": m["content"]} for m in data["messages"][:-1]],
     }
