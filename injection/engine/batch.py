@@ -72,8 +72,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         self.max_rows = self._oom_cap = 2 * self.max_batch  # each request and its guide
         self.kv_budget_bytes, self.join_wait = int(kv_budget_bytes), join_wait_ms / 1000.0
         self.bytes_per_token, self._eos = steps.bytes_per_token(adapter), adapter._eos_ids()
-        # the generation config's processors, applied like generate() does (``sampling``)
-        self._choose = BatchChooser(adapter.model.generation_config)
+        self._choose = BatchChooser(adapter.model.generation_config)  # as generate() does
         self._waiting: deque[RowJob] = deque()
         self._forwards, self._forwarding = deque(), []  # forwards of no row (``forwards``)
         self._rows: list[RowJob] = []
@@ -270,8 +269,9 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         rows leave, then their callers wake. A row whose draw or callbacks raise fails alone."""
         leaving: list[tuple[RowJob, GenerationOutput | None, BaseException | None]] = []
         logits = bans.apply(rows, logits)  # decoding constraints, before a guide's contrast
+        own = contrast.own_scores(rows, logits)  # a guided row's, without its guide
         rows, logits = contrast.split_rows(rows, logits)  # guides choose nothing
-        logits = loops.guard(rows, logits, self._eos)  # a reply's own repeats (its profile's)
+        logits = loops.guard(rows, logits, self._eos, own)  # a reply's own repeats
         for job, pick in self._choose(rows, logits, cached=cached):
             if job.done.is_set():  # failed meanwhile (engine aborted): no more text for it
                 continue

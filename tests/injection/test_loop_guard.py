@@ -15,6 +15,8 @@ import torch
 from injection.base import ExecutionRequest
 from injection.engine.batch import BatchEngine
 from injection.engine.decoding.loops import guard, verbatim
+from injection.engine.guidance import contrast
+from injection.engine.guidance.contrast import Guide
 from injection.model import profiles
 from tests.injection.test_batch import _in_threads
 from tests.injection.test_planner import ASK, TextOnly, planner
@@ -44,6 +46,40 @@ def test_a_row_the_guard_would_leave_without_a_token_keeps_its_scores():
     only = torch.full((1, 10), -float("inf"))
     only[0, 7] = 0.0  # a decoding constraint left one token, the one that repeats
     assert torch.equal(guard([_row([5, 6, 7, 5, 6])], only, eos=()), only)
+
+
+def test_a_guided_row_whose_plausible_tokens_are_all_banned_writes_its_own_next_token():
+    """A guide's or lean's scores keep only the tokens the model finds plausible, often one:
+    where that one would repeat a run, the row takes its model's own next most likely token
+    (its scores without the guide), not the loop; an unguided row so pinned (a decoding
+    constraint's) keeps its scores."""
+    pinned = torch.full((2, 10), -float("inf"))
+    pinned[:, 7] = 0.0  # the guided scores: one plausible token, the repeat
+    own = torch.arange(20, dtype=torch.float32).reshape(2, 10)  # the model's: 9 best, then 8
+    guided, plain = _row([5, 6, 7, 5, 6]), _row([5, 6, 7, 5, 6])
+    guided.lean, plain.lean = torch.zeros(10), None
+    rows = [guided, plain]
+    out = guard(rows, pinned, eos={9}, own=lambda r: own[rows.index(r)])
+    assert torch.isinf(out[0, 7]) and int(out[0].argmax()) == 9  # its own best, 7 banned
+    assert torch.equal(out[0, :7], own[0, :7])
+    assert torch.equal(out[1], pinned[1])  # unguided: a constraint's choice stands
+
+
+def test_guided_replies_are_guarded_too(adapter, engine, monkeypatch):
+    """Through the engine: a reply guided against the same question without its memory
+    (``contrast.Guide``) never repeats a run of the guard's length, also where its model
+    finds one token plausible at each step (the plausible share at 1: the pinned case)."""
+    monkeypatch.setattr(contrast, "_LOG_PLAUSIBLE", 0.0)
+    def ids(system):
+        msgs = [{"role": "user", "content": "Tell me a story."}]
+        return adapter.renderer.encode(adapter.render_chat(
+            ([{"role": "system", "content": system}] if system else []) + msgs), first=True)
+
+    with_memory, without = ids("Answer in French, always."), ids("")
+    free = engine.run(None, 1.0, with_memory, 48, guide=Guide(1.0, None, without))
+    assert _repeats(free.token_ids, N) is not None  # else this test shows nothing
+    out = engine.run(None, 1.0, with_memory, 48, guide=Guide(1.0, None, without), no_repeat=N)
+    assert _repeats(out.token_ids, N) is None
 
 
 def test_no_guarded_row_long_enough_is_the_same_tensor():

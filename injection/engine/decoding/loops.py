@@ -16,12 +16,15 @@ identifiers ("celsius_todem_fahrenheit") and padded tables with spaces on SmolLM
 stop), and a row whose every candidate it would ban (where a decoding constraint left only
 those) keeps its scores. Forced tokens (a constraint's phrase or word: ``bans.forced``) are
 placed after the choice and are not affected. Applied to the choosing rows' final scores
-(after a guide's contrast), so a guided row's combination never sees a banned token.
+(after a guide's contrast), so a guided row's combination never sees a banned token. A
+guided or leaning row keeps only the tokens its model finds plausible (``contrast.PLAUSIBLE``),
+often one; where the guard bans all of them, the row writes its model's own next most likely
+token (``own``: its scores without the guide), as an unguided row would, instead of the loop.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import torch
@@ -53,11 +56,13 @@ def _banned(row: Any, n: int) -> set[int]:
     return s.grams.get(tuple(gen[len(gen) - n + 1:]), set())
 
 
-def guard(rows: Sequence[Any], scores: torch.Tensor, eos: Collection[int]) -> torch.Tensor:
+def guard(rows: Sequence[Any], scores: torch.Tensor, eos: Collection[int],
+          own: Callable[[Any], torch.Tensor] | None = None) -> torch.Tensor:
     """``scores`` (``[rows, V]``, the choosing rows') with each guarded row's repeats banned
     (see module; a row's text so far: its ``watch.text``, decoded as each token came); the
     same tensor when no row bans a token (none guarded, long enough to repeat, about to
-    repeat and outside a ``verbatim`` form)."""
+    repeat and outside a ``verbatim`` form). ``own(row)``: a guided row's scores without its
+    guide (``contrast.own_scores``), tried where the ban leaves its guided scores nothing."""
     out = scores
     for i, r in enumerate(rows):
         n = getattr(r.sampler, "no_repeat", 0) if r.sampler is not None else 0
@@ -66,9 +71,21 @@ def guard(rows: Sequence[Any], scores: torch.Tensor, eos: Collection[int]) -> to
         ban = [t for t in _banned(r, n) if t not in eos and 0 <= t < scores.shape[-1]]
         if not ban or verbatim(r.watch.text):
             continue
-        row = scores[i].clone()
-        row[ban] = -float("inf")
-        if bool(torch.isfinite(row).any()):  # else it keeps its scores
+        row = _without(scores[i], ban)
+        if row is None and own is not None and _guided(r):
+            row = _without(own(r).float(), ban)
+        if row is not None:  # else it keeps its scores
             out = scores.clone() if out is scores else out
             out[i] = row
     return out
+
+
+def _without(scores: torch.Tensor, ban: list[int]) -> torch.Tensor | None:
+    """A copy of one row's ``scores`` with ``ban`` at ``-inf``; None if nothing is left."""
+    row = scores.clone()
+    row[ban] = -float("inf")
+    return row if bool(torch.isfinite(row).any()) else None
+
+
+def _guided(row: Any) -> bool:
+    return getattr(row, "guide", None) is not None or getattr(row, "lean", None) is not None

@@ -25,7 +25,7 @@ fed: one fewer than the reply's).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import torch
@@ -162,6 +162,14 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
         out[at] = lean.scores(logits[mains], torch.stack([rows[i].lean for i in mains]),
                               _LOG_PLAUSIBLE)
     return [rows[i] for i in keep], out
+
+
+def own_scores(rows: list[RowJob], logits: torch.Tensor) -> Callable[[RowJob], torch.Tensor]:
+    """A row's own scores in this step (``logits``, before ``split_rows`` combines a guided
+    row's with its guide's or its lean): the loop guard's way out where a guided row's
+    plausible tokens are all banned (``decoding/loops.py``)."""
+    index = {id(r): i for i, r in enumerate(rows)}
+    return lambda job: logits[index[id(job)]]
 
 
 def mirror(job: RowJob, token: int) -> None:
