@@ -8,7 +8,8 @@ standing instruction (``reminder.standing``) and may become a rule (``rules.py``
 
 A sentence is a request when it is not conditional (``CONDITION``: a topic, a weekday, a
 message's language; conditions are not honoured, so such a memory gets no rule at all), not
-about the past (``PAST``) and not hypothetical (``HYPOTHETICAL``), and either
+about the past (``PAST``), not hypothetical (``HYPOTHETICAL``), not someone's habit told in
+the third person (``_HABIT``: "a bot I like always replies in Japanese"), and either
 
 * one of its clauses is an imperative ("reply in lowercase", "so leave them out of your
   answers", "never use commas": ``_IMPERATIVE``), or
@@ -94,13 +95,16 @@ _COMPLAINT = re.compile(
     r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
     r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*)\b", re.I)
 _SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
+# someone's habit, told in the third person ("a bot I like always replies in Japanese")
+_HABIT = re.compile(r"\b(?:always|usually|often|never|only|still|mostly)\s+(?:replies|answers|"
+                    r"responds|writes|speaks|talks|types|signs|starts|ends)\b", re.I)
 _PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 
 def is_request(sentence: str) -> bool:
     """Whether ``sentence`` asks the assistant something about its replies (see module)."""
-    if CONDITION.search(sentence) or PAST.search(sentence) or HYPOTHETICAL.search(sentence):
+    if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL, _HABIT)):
         return False
     clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]
     if clauses and _IMPERATIVE.match(clauses[0]):

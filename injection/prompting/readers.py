@@ -13,7 +13,9 @@ __all__ = ["NEG", "QUOTED", "asked_language", "bullet_count", "capped", "choice"
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
                  r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
-_BUT = re.compile(r"\b(?:but|except|other\s+than|only)\b", re.I)  # "nothing but ...": positive
+# after a negation, asks for it: "nothing but capitals", "no other words, only 'Yes'"; an
+# "only" in the negated clause does not: "don't answer only with 'Yes'" is "not only"
+_BUT = re.compile(r"\b(?:but|except|other\s+than)\b|[,;:]\s*only\b", re.I)
 QUOTED = re.compile(r"(?<![A-Za-z])[\"'‘“]([^\"'’”]+?)[\"'’”](?![A-Za-z])")
 _ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+reply|pick|"
                    r"choose|must\s+be|may\s+be)\b", re.I)  # the quoted options are the reply

@@ -24,7 +24,8 @@ NOT_RULES = {
                 "Answers with no commas at all are hard for me to follow."],
     "others": ["My brother writes all his replies in lowercase.",
                "My manager answers every message in under 15 words.",
-               "Her emails always start with 'Dear all'."],
+               "Her emails always start with 'Dear all'.",
+               "The chatbot at my bank always answers in capital letters."],
     "condition": ["If I ask about sports, only answer 'Yes' or 'No'.",
                   "On Mondays, start your replies with 'Morning!'.",
                   "If I write in German, reply in German.",
@@ -39,7 +40,9 @@ NOT_RULES = {
                  "We moved to Spain last spring."],
 }
 NEGATED = ["Please do not reply in lowercase.", "Don't answer me in capital letters.",
-           "Never write your replies in all caps.", "Do not answer in Spanish."]
+           "Never write your replies in all caps.", "Do not answer in Spanish.",
+           "Don't reply only in capital letters.",  # "not only": no rule, not the one named
+           "Do not answer with only 'True' or 'False'."]
 
 
 @pytest.mark.parametrize("memory", [m for ms in NOT_RULES.values() for m in ms])
@@ -68,6 +71,9 @@ def test_requests_of_the_same_forms_are_still_rules():
     assert rules.read("Reply in French even when I write in English.").language == "French"
     assert rules.read("When you answer, never use commas.").constraints == ("no_comma",)
     assert rules.read("Don't forget to reply in lowercase.").constraints == ("lowercase",)
+    assert rules.read("Use nothing but capital letters.").constraints == ("uppercase",)
+    assert rules.read("Only ever reply with 'True' or 'False'.").constraints == (
+        "choice:True|False",)
 
 
 def test_a_tenants_quoted_ban_is_kept():
