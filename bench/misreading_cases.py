@@ -16,7 +16,8 @@ members mention a style, a word or a language without asking for it:
 * ``quoted``: a quoted title, saying or favourite word;
 * ``language``: a language named as a fact (taught, spoken by a relative, learnt).
 
-Written for this benchmark before any reader was changed on it; no case is taken from the
+Written for this benchmark before any reader was changed on it (the last 12 of each kind were
+added 2026-12-07, before a reader ran on them, to narrow validation's interval); no case is taken from the
 issue. The split is fixed: within each kind, even positions are ``tuning``, odd ones
 ``validation``; tuning and validation cases never share a question (two separate pools).
 Readers are tuned on ``tuning`` only; ``validation`` is looked at once, after the choice.
@@ -78,6 +79,19 @@ MISREADINGS: dict[str, list[str]] = {
         "Titles in angle brackets on answers look strange to me.",
         "I'm annoyed by answers that are nothing but capital letters.",
         "Answers with zero commas confuse me.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        'Replies full of headings and bold text feel like reading a brochure.',
+        "When answers come back in all lowercase I assume the writer didn't care.",
+        "Numbered lists in every answer make me feel like I'm reading a manual.",
+        "Nothing puts me off faster than a reply that starts with 'As an AI'.",
+        'Big blocks of CAPITAL LETTERS hurt my eyes.',
+        'Overly formal answers in perfect English make me feel stupid.',
+        "Honestly the word 'journey' in replies makes me cringe.",
+        'Answers with a summary line at the end always feel repetitive to me.',
+        "It's a pet peeve of mine when replies are in Title Case.",
+        'Answers without a single comma are exhausting for me.',
+        'Responses that are just one sentence leave me wanting more.',
+        'I find replies that quote everything in double quotes distracting.',
     ],
     "negated": [
         "Don't write your answers to me in all lowercase.",
@@ -120,6 +134,19 @@ MISREADINGS: dict[str, list[str]] = {
         "Never write back to me in lowercase letters only.",
         "Don't end your replies with 'Good luck!'.",
         "Don't answer me in block letters, please.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        "Please don't give me answers in all capitals.",
+        'No need to sign off your answers with a P.S.',
+        "You don't have to keep your replies under 50 words.",
+        'Please stop writing everything in lowercase.',
+        'Never answer me in Dutch.',
+        "Avoid replying with just 'OK'.",
+        "Don't feel you must use bullet points for me.",
+        'Do not end every answer with a question.',
+        "There's no need to wrap your replies in quotation marks.",
+        "Don't just answer in one line.",
+        'Please never reply in Spanish to me.',
+        'No need to put a title on your answers.',
     ],
     "others": [
         "My sister types every message in lowercase.",
@@ -162,6 +189,19 @@ MISREADINGS: dict[str, list[str]] = {
         "My brother-in-law avoids commas when he writes.",
         "Our CEO opens every memo with 'Folks,'.",
         "My sister-in-law answers her messages with one word.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        'My daughter answers every text with a single emoji.',
+        'Our team lead writes all his emails in capital letters.',
+        "My grandmother still signs her letters with 'Yours faithfully'.",
+        'Everyone in my book club types in lowercase.',
+        'My colleague never uses commas in her messages.',
+        "The newsletter I read always ends with 'Stay curious'.",
+        'My partner replies to everything in French.',
+        'Our customer-service bot answers in three bullet points.',
+        'My teacher wants essays under 300 words.',
+        "My friend Sam only says 'yes' or 'no' on the phone.",
+        'His tweets are always written in all caps.',
+        'The forum moderator puts a title in brackets on every post.',
     ],
     "condition": [
         "If I ask about football, just answer 'Yes' or 'No'.",
@@ -209,6 +249,19 @@ MISREADINGS: dict[str, list[str]] = {
         "If I ask about cars, reply in all lowercase.",
         "Whenever I write in Greek, answer me in Greek.",
         "If it's about chess, answer with one word only.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        'If I send you code, answer only with the corrected code.',
+        "When I'm travelling, keep answers under 30 words.",
+        'On weekends, you can answer in Spanish.',
+        "If I write 'TLDR', reply in one sentence.",
+        'When I ask about recipes, use bullet points.',
+        'During exams, answer in lowercase so it feels calm.',
+        "If I'm asking about work, sign off with 'Best'.",
+        "When the question is about maths, end with 'QED'.",
+        'If I ask for a poem, write it in French.',
+        "On Fridays, start with 'Happy Friday!'.",
+        'Whenever I mention my dog, answer in capital letters.',
+        'For questions about history, give me exactly two bullet points.',
     ],
     "past": [
         "I used to write all my essays in lowercase.",
@@ -246,6 +299,19 @@ MISREADINGS: dict[str, list[str]] = {
         "My first manager made me end reports with 'Over to you'.",
         "I spent my gap year answering everyone in Italian.",
         "As an intern I wrote all my updates as bullet points.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        'In my old job I had to write every report in capital letters.',
+        'Back in school, we answered every question in French.',
+        "I used to sign all my emails with 'Cheers'.",
+        'When I was a journalist, every piece was under 200 words.',
+        'Last year I wrote everything in lowercase for a while.',
+        "At my previous company, replies had to start with 'Dear customer'.",
+        'As a student I wrote my notes in bullet points.',
+        'Years ago I only texted in Portuguese.',
+        "My former boss made us end reports with 'Regards'.",
+        'I was taught to never use commas in headlines.',
+        'We spoke only German at home when I was a child.',
+        'Before I retired, I answered letters in two sentences.',
     ],
     "hypothetical": [
         "It would be funny if a robot answered only in capital letters.",
@@ -283,6 +349,19 @@ MISREADINGS: dict[str, list[str]] = {
         "In our role-play game, the wizard answers only in rhymes.",
         "What if I wrote all my texts in uppercase for a week?",
         "Imagine a librarian who only says 'Shh'.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        'I wonder what it would be like if you answered in Latin.',
+        'Imagine a world where every reply is in capital letters.',
+        "What if an assistant only ever said 'Maybe'?",
+        'In my novel, the robot always answers in rhyme.',
+        'Suppose someone wrote every email without commas.',
+        "One day I'd like to learn to write in Japanese.",
+        'It might be fun to try a week of lowercase texting.',
+        "Picture a chatbot that ends every answer with 'Beep'.",
+        "In the game I'm playing, the narrator speaks only Italian.",
+        "I'm curious whether answers in haiku would be readable.",
+        'Pretend there was a rule that all answers had to be one word.',
+        "In the story I'm writing, a butler replies in French to everyone.",
     ],
     "quoted": [
         "My favourite book is 'The Old Man and the Sea'.",
@@ -320,6 +399,19 @@ MISREADINGS: dict[str, list[str]] = {
         "The podcast 'Lowercase Life' is my favourite.",
         "My team's slogan is 'Yes we can'.",
         "'Good luck!' is what my mum says before every exam.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        "My favourite song is 'Always Say Yes'.",
+        "The sign on my door says 'NO COMMAS, NO PROBLEMS'.",
+        "I keep a poster that reads 'Answer in Lowercase' as a joke.",
+        "My grandfather's motto was 'Keep it short'.",
+        "I'm reading a book called 'Reply in French'.",
+        "My cat is named 'Bullet Point'.",
+        "The word 'serendipity' is my favourite.",
+        "My running club's slogan is 'Never Stop'.",
+        "A mug on my desk says 'P.S. I love you'.",
+        "My band was called 'All Caps' in college.",
+        "'Less is more' is written on my fridge.",
+        "The film 'Say Anything' is my comfort movie.",
     ],
     "language": [
         "I teach Portuguese at a secondary school.",
@@ -362,6 +454,19 @@ MISREADINGS: dict[str, list[str]] = {
         "My flatmate is learning Hebrew.",
         "I grew up in Quebec, so French was my first language.",
         "My grandparents came from Portugal.",
+        # added 2026-12-07 (written before any reader ran on them): 6 tuning, 6 validation
+        'My wife is from Brazil and speaks Portuguese.',
+        "I'm taking evening classes in Japanese.",
+        'Dutch is the official language where I live.',
+        'I grew up speaking Polish with my parents.',
+        'My neighbours only speak Arabic.',
+        'I translate Korean novels for a living.',
+        'My best friend teaches German at a high school.',
+        "I'm hopeless at French despite years of lessons.",
+        'Our office in Madrid works in Spanish.',
+        'My son is learning Mandarin at school.',
+        "I can read Italian but can't speak it.",
+        "Swedish is my partner's first language.",
     ],
 }
 KINDS = tuple(MISREADINGS)
