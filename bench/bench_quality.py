@@ -100,6 +100,9 @@ CONDS: dict[str, dict] = {
     "- memory lean": {"memory_lean": False},
     # an anchored (deep) turn without the member's lean after its first token (``probe.DEEP``)
     "- deep lean": {"deep_lean": False},
+    # the profile's deep lean on (the anchor leaning after its first token), where the run's
+    # profile has it off (SmolLM2's since the fluency verdict)
+    "+ deep lean": {"profile_guidance": 1.0, "profile_deep_lean": True},
     # guidance where it is not the default (preferences, facts): the anchor and deep lean
     # alone, or the anchor alone
     "+ guidance - deep lean": {"contrast": GUIDANCE, "deep_lean": False},
@@ -117,7 +120,7 @@ CONDS: dict[str, dict] = {
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean",
-            "memory_lean", "deep_lean", "profile_guidance", "loop_ngram")
+            "memory_lean", "deep_lean", "profile_guidance", "profile_deep_lean", "loop_ngram")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -234,7 +237,8 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
     loops.NGRAM = sw.get("loop_ngram", ngram)
     adapter = ex.planner.adapter
     adapter._profile = (candidate(adapter, sw["profile_guidance"],
-                                  profile or profiles.for_adapter(adapter))
+                                  profile or profiles.for_adapter(adapter),
+                                  sw.get("profile_deep_lean", False))
                         if "profile_guidance" in sw else profile)
     lean.LEAN_AFTER = sw.get("lean", leans[0]) or None
     ex.planner.memory_lean = sw.get("memory_lean", leans[1])
@@ -258,11 +262,11 @@ def _defaults(ex) -> tuple:
             getattr(ex.planner.adapter, "_profile", None), loops.NGRAM)
 
 
-def candidate(adapter, strength: float, base=None):
+def candidate(adapter, strength: float, base=None, deep_lean: bool = False):
     """A profile for the loaded model with guidance default ``strength`` (first turns guided,
-    deep turns anchored without the deep lean): a calibration's. The switches (the reminder,
-    the constraints, the loop guard) are ``base``'s (a profile the model has), else the
-    platform's defaults."""
+    deep turns anchored, leaning after their first token where ``deep_lean``): a
+    calibration's. The switches (the reminder, the constraints, the loop guard) are
+    ``base``'s (a profile the model has), else the platform's defaults."""
     from injection.model.fingerprint import model_key
     from injection.model.profiles import SWITCHES, Profile
 
@@ -271,7 +275,7 @@ def candidate(adapter, strength: float, base=None):
     return Profile("calibration candidate", model_key(adapter), strength, False,
                    "bench_quality", {**kept,
                                      "guidance": {"default": strength, "first_turns": True},
-                                     "anchor": {"deep_lean": False}})
+                                     "anchor": {"deep_lean": deep_lean}})
 
 
 def generate(ex, budget: int, jobs: list[tuple], workers: int, partial: str,

@@ -3,7 +3,8 @@ preferences, 75 facts about the member, each with an objective check, in a fixed
 added since, each set written before it was run: 17 length preferences and 40 validation
 standing instructions of the types guidance runs for, 30 tuning language instructions, 84
 validation language instructions, 40 validation preferences and 40 validation facts, and 40
-validation language requests without a verb (quality_questions.py).
+validation language requests without a verb, 40 more tuning language instructions
+(quality_questions.py).
 
 Written for this benchmark: no case is taken from an issue, bench/memory_cases.py or
 bench/personalisation_cases.py (their distractor exchanges and filler memories are reused:
@@ -40,6 +41,8 @@ from quality_questions import (
     LANGUAGE_MORE_QUESTIONS,
     LANGUAGE_QUESTIONS,
     LANGUAGE_TUNING,
+    LANGUAGE_TUNING_2,
+    LANGUAGE_TUNING_2_QUESTIONS,
     LENGTH_PREFERENCES,
     PREFERENCES,
     PREFERENCES_FRESH,
@@ -166,6 +169,13 @@ def _language_tuning() -> list[Case]:
             for j, (phrase, args) in enumerate(LANGUAGE_TUNING)]
 
 
+def _language_tuning_2() -> list[Case]:
+    """40 more tuning cases of a language instruction (LANGUAGE_TUNING_2), one question each."""
+    return [Case("standing", "language", "tuning", phrase, LANGUAGE_TUNING_2_QUESTIONS[j],
+                 verifier("language", args, LANGUAGE_TUNING_2_QUESTIONS[j]))
+            for j, (phrase, args) in enumerate(LANGUAGE_TUNING_2)]
+
+
 def _languages(entries: list[tuple[str, dict]], questions: list[str]) -> list[Case]:
     """Validation cases of a language instruction (``entries``), one question each."""
     return [Case("standing", "language", "validation", phrase, questions[j],
@@ -181,7 +191,7 @@ CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
                      *_languages(LANGUAGE_FRESH, LANGUAGE_FRESH_QUESTIONS),
                      *_preferences(PREFERENCES_FRESH), *_facts(FACTS_FRESH),
                      *_languages(LANGUAGE_BARE, LANGUAGE_FRESH_QUESTIONS),
-                     *_facts(FACTS_FRESH_2)]
+                     *_facts(FACTS_FRESH_2), *_language_tuning_2()]
 
 
 def family_split(family: str, split: str) -> list[Case]:
