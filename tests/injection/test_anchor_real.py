@@ -42,8 +42,8 @@ def ex(smollm):
 
 
 def _ask(ex, memory: str = FRENCH, msgs=None, **kw):
-    """A turn at the guidance strength asked explicitly (the profile's default strength,
-    where the deep lean runs; by default SmolLM2's profile anchors without it: below)."""
+    """A turn at the guidance strength asked explicitly (the profile's default strength;
+    the deep lean runs at it, and by default where the profile says so: below)."""
     kw.setdefault("contrast", resolve(ex.adapter, None, [memory]))
     return ex.execute(ExecutionRequest("t", "u", msgs or _deep(), memory, max_new_tokens=N,
                                        **kw))
@@ -109,19 +109,21 @@ def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_leaning(ex, s
 
 
 def test_without_the_lean_a_deep_turn_goes_on_as_the_row(ex, smollm, monkeypatch):
-    """What SmolLM2's profile does by default (``anchor.deep_lean`` false: re-decided with the
-    fluency verdict), and what ``probe.DEEP`` off does at any strength: the anchor picks the
-    first token, the row goes on greedy, and no probes run."""
+    """What ``probe.DEEP`` off does at any strength (and a profile's ``anchor.deep_lean``
+    false): the anchor picks the first token, the row goes on greedy, and no probes run.
+    SmolLM2's profile leans by default (``anchor.deep_lean`` true since 2026-12-07): its
+    default reply is the one asked at its strength."""
     strength = resolve(smollm, None, [FRENCH])
     default = ex.execute(ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N))
+    leaning = _ask(ex)
+    assert default.text == leaning.text and "lean" in default.extra
     monkeypatch.setattr(probe, "DEEP", False)
     res = _ask(ex)
     req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
     assert ex.planner.plan(req).lean is None and "lean" not in res.extra
     want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, strength))
     assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
-    assert (default.text, default.contrast_effective) == (res.text, strength)
-    assert "lean" not in default.extra
+    assert default.contrast_effective == res.contrast_effective == strength
 
 
 def test_anchoring_off_is_the_reply_without_it_token_for_token(ex, monkeypatch):
