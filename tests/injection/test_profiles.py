@@ -28,10 +28,11 @@ def test_shipped_profiles_hold_a_default_and_its_evidence_per_mechanism():
         assert all("default" in m and "status" in m and "evidence" in m
                    for m in p.mechanisms.values())
     assert "p=8e-7" in smol.mechanisms["guidance"]["evidence"]["validation"]
-    # calibrated on tuning (bench_quality --calibrate): the anchor earned the strength, first
-    # turns did not
+    # calibrated on tuning (bench_quality --calibrate): the anchor earned the strength
     assert qwen.mechanisms["guidance"]["evidence"]["pooled"]["wins"] == 13
-    assert qwen.mechanisms["guidance"]["first_turns"] is False
+    # first turns: off at calibration (7/1), on since 2026-12-07 (more tuning languages, the
+    # loop guard on guided rows: +21/-0, confirmed on validation)
+    assert qwen.mechanisms["guidance"]["first_turns"] is True
     # the loop guard: measured on both (on, run length 4); without a profile: off
     for key in (SMOL_KEY, QWEN_KEY):
         adapter = SimpleNamespace(_model_key=key)

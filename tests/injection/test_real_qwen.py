@@ -90,9 +90,9 @@ def test_tenant_instructions_are_shared_where_a_token_spans_the_boundary(qwen):
 
 
 def test_two_members_batched_answer_as_each_alone_on_the_defaults(qwen):
-    """The worker's path on Qwen's profile (calibrated: guidance 1 on deep turns, first turns
-    unguided): two members' first turns decoded together give the greedy replies each gets
-    alone."""
+    """The worker's path on Qwen's profile (guidance 1: deep turns anchored, first turns
+    leaning with the member's lean): two members' first turns decoded together give the
+    greedy replies each gets alone."""
     assert profiles.guidance_default(qwen) == 1.0 and profiles.for_adapter(qwen).name == (
         "qwen2.5-coder-0.5b")
     ex = build_executor(qwen, batch_max=2, metrics=Metrics())
@@ -101,7 +101,8 @@ def test_two_members_batched_answer_as_each_alone_on_the_defaults(qwen):
             ExecutionRequest("t", "u2", ASK, "Always answer in French.",
                              max_new_tokens=TOKENS)]
     try:
-        alone = [ex.execute(r).text for r in reqs]
+        alone = [ex.execute(r).text for r in reqs]  # the French member's lean measured
+        ex.engine.counters["peak_batch"] = 0  # (its 8 probe rows ran together)
         got: list = [None, None]
         start = threading.Barrier(2)
 
