@@ -95,7 +95,9 @@ _COMPLAINT = re.compile(
     r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
     r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*)\b", re.I)
 _SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
-# someone's habit, told in the third person ("a bot I like always replies in Japanese")
+# someone's habit, told in the third person ("a bot I like always replies in Japanese"); not
+# where the sentence speaks to the assistant ("your answer always ends with a question, please")
+_TO_YOU = re.compile(r"\b(?:you|your|yours|please|kindly)\b", re.I)
 _HABIT = re.compile(r"\b(?:always|usually|often|never|only|still|mostly)\s+(?:replies|answers|"
                     r"responds|writes|speaks|talks|types|signs|starts|ends)\b", re.I)
 _PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
@@ -104,7 +106,8 @@ _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 def is_request(sentence: str) -> bool:
     """Whether ``sentence`` asks the assistant something about its replies (see module)."""
-    if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL, _HABIT)):
+    if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL)) or (
+            _HABIT.search(sentence) and not _TO_YOU.search(sentence)):
         return False
     clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]
     if clauses and _IMPERATIVE.match(clauses[0]):

@@ -72,6 +72,8 @@ def test_requests_of_the_same_forms_are_still_rules():
     assert rules.read("When you answer, never use commas.").constraints == ("no_comma",)
     assert rules.read("Don't forget to reply in lowercase.").constraints == ("lowercase",)
     assert rules.read("Use nothing but capital letters.").constraints == ("uppercase",)
+    assert rules.read("Every reply always ends with 'Cheers', please.").constraints == (
+        "end:Cheers",)  # said to the assistant: not someone's habit
     assert rules.read("Only ever reply with 'True' or 'False'.").constraints == (
         "choice:True|False",)
 
