@@ -162,23 +162,10 @@ def _guided_more() -> list[Case]:
     return out
 
 
-def _language_tuning() -> list[Case]:
-    """30 tuning cases of a language instruction (LANGUAGE_TUNING), one question each."""
-    return [Case("standing", "language", "tuning", phrase, LANGUAGE_QUESTIONS[j],
-                 verifier("language", args, LANGUAGE_QUESTIONS[j]))
-            for j, (phrase, args) in enumerate(LANGUAGE_TUNING)]
-
-
-def _language_tuning_2() -> list[Case]:
-    """40 more tuning cases of a language instruction (LANGUAGE_TUNING_2), one question each."""
-    return [Case("standing", "language", "tuning", phrase, LANGUAGE_TUNING_2_QUESTIONS[j],
-                 verifier("language", args, LANGUAGE_TUNING_2_QUESTIONS[j]))
-            for j, (phrase, args) in enumerate(LANGUAGE_TUNING_2)]
-
-
-def _languages(entries: list[tuple[str, dict]], questions: list[str]) -> list[Case]:
-    """Validation cases of a language instruction (``entries``), one question each."""
-    return [Case("standing", "language", "validation", phrase, questions[j],
+def _languages(entries: list[tuple[str, dict]], questions: list[str],
+               split: str = "validation") -> list[Case]:
+    """Cases of a language instruction (``entries``) in ``split``, one question each."""
+    return [Case("standing", "language", split, phrase, questions[j],
                  verifier("language", args, questions[j]))
             for j, (phrase, args) in enumerate(entries)]
 
@@ -186,12 +173,13 @@ def _languages(entries: list[tuple[str, dict]], questions: list[str]) -> list[Ca
 # later additions last: the cases before keep their index (quality_questions.py)
 CASES: list[Case] = [*_standing(), *_preferences(), *_facts(),
                      *_preferences(LENGTH_PREFERENCES), *_guided_more(),
-                     *_language_tuning(),
+                     *_languages(LANGUAGE_TUNING, LANGUAGE_QUESTIONS, "tuning"),
                      *_languages(LANGUAGE_MORE, LANGUAGE_MORE_QUESTIONS),
                      *_languages(LANGUAGE_FRESH, LANGUAGE_FRESH_QUESTIONS),
                      *_preferences(PREFERENCES_FRESH), *_facts(FACTS_FRESH),
                      *_languages(LANGUAGE_BARE, LANGUAGE_FRESH_QUESTIONS),
-                     *_facts(FACTS_FRESH_2), *_language_tuning_2()]
+                     *_facts(FACTS_FRESH_2),
+                     *_languages(LANGUAGE_TUNING_2, LANGUAGE_TUNING_2_QUESTIONS, "tuning")]
 
 
 def family_split(family: str, split: str) -> list[Case]:
