@@ -167,9 +167,9 @@ def split_rows(rows: list[RowJob], logits: torch.Tensor) -> tuple[list[RowJob], 
 def own_scores(rows: list[RowJob], logits: torch.Tensor) -> Callable[[RowJob], torch.Tensor]:
     """A row's own scores in this step (``logits``, before ``split_rows`` combines a guided
     row's with its guide's or its lean): the loop guard's way out where a guided row's
-    plausible tokens are all banned (``decoding/loops.py``)."""
-    index = {id(r): i for i, r in enumerate(rows)}
-    return lambda job: logits[index[id(job)]]
+    plausible tokens are all banned (``decoding/loops.py``). Looked up only when called:
+    nothing is built on a step that needs none."""
+    return lambda job: logits[next(i for i, r in enumerate(rows) if r is job)]
 
 
 def mirror(job: RowJob, token: int) -> None:
