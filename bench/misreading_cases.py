@@ -720,7 +720,7 @@ CONTROLS: list[tuple[str, str]] = [
     ("Close every single reply with 'Peace!', no exceptions.", "end:Peace!"),
     ("Answer whatever I ask in Norwegian; I'm trying to immerse myself.", "language:Norwegian"),
     ("I'd like each of your replies to kick off with 'Good day!'.", "start:Good day!"),
-    ("Twenty words max per reply, please.", "max_words:20"),
+    ("Twenty words max per reply, please.", "max_words:21"),  # at most 20: fewer than 21
     ("Just answer 'True' or 'False' to anything I send you.", "choice:True|False"),
     ("Whatever I ask, format your answer as three bullet points.", "bullets:3"),
     ("Please leave the word 'actually' out of every answer.", "ban:actually"),

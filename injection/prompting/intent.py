@@ -34,10 +34,16 @@ CONDITION = re.compile(
     r"(?<!even )\b(?:if|unless|in\s+case|as\s+long\s+as)\b(?!\s+(?:you\s+can|possible|needed|"
     r"necessary|you\s+(?:reply|answer|respond|write)))"
     r"|(?<!even )\b(?:when|whenever|every\s+time|each\s+time|any\s+time|once)\s+(?:I|I'm|my|the|"
-    r"it|it's|we|someone|there|a|an)\b"
+    r"it|it's|we|someone|there|a|an|your\s+" + _REPLY + r"\s+(?:is|are)\s+(?:about|on|for))\b"
+    r"|(?<!even )\b(?:when|whenever)\s+(?!(?:you|replying|answering|responding|writing|talking|"
+    r"possible|needed|necessary|appropriate|relevant|asked|unsure|in\s+doubt)\b)[a-z]+\s+[a-z]+"
     r"|\b(?:on|at|during)\s+(?:the\s+)?(?:" + _DAYS + r")\b|\bduring\s+\w+"
     r"|\bin\s+the\s+(?:mornings?|evenings?|afternoons?)\b|\bat\s+night\b"
     r"|\bfor\s+(?:\w+\s+){0,2}?(?:questions?|topics?|requests?)\s+(?:about|on)\b"
+    r"|\bfor\s+(?:anything|everything|something|stuff|things)\s+(?:\w+\s+)?(?:about|on|"
+    r"regarding|related\s+to|to\s+do\s+with)\b"
+    r"|\bfor\s+(?:my|our)\s+(?:\w+\s+){0,2}?(?:questions?|homework|emails?|messages?|essays?|"
+    r"posts?|assignments?|letters?)\b"
     r"|\b(?:sometimes|occasionally|now\s+and\s+then|from\s+time\s+to\s+time|at\s+times|"
     r"once\s+in\s+a\s+while|every\s+so\s+often)\b", re.I)
 PAST = re.compile(
@@ -51,7 +57,7 @@ PAST = re.compile(
     r"began)\b", re.I)
 HYPOTHETICAL = re.compile(
     r"\b(?:imagine|suppose|supposing|picture|pretend|hypothetically|daydream\w*|wonder(?:s|ed|ing)?|"
-    r"someday|one\s+day|what\s+if|curious|dared?|fictional)\b"
+    r"someday|one\s+day|what\s+if|curious|dared?|fictional|tempt\w*|next\s+time)\b"
     r"|\b(?:would|might|could)\s+(?:be|happen|look|seem|read|sound|learn|try)\b"
     r"|\bthought\s+about\b|\bin\s+(?:a|an|my|the|our|his|her)\s+(?:\w+\s+)?(?:story|novel|"
     r"game|play|dream|screenplay|comic|cartoon|book|fiction|role-?play\w*)\b", re.I)
@@ -95,6 +101,9 @@ _COMPLAINT = re.compile(
     r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
     r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*)\b", re.I)
 _SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
+# someone else's replies ("every answer from our helpdesk starts with ..."), not the assistant's
+_THEIRS = re.compile(r"\b" + _REPLY + r"\s+(?:(?:from|by)\s+(?!(?:you|yours|now|here|today|"
+                     r"then|time)\b)\w+|of\s+(?:my|our|his|her|their|the)\s)", re.I)
 # someone's habit, told in the third person ("a bot I like always replies in Japanese"); not
 # where the sentence speaks to the assistant ("your answer always ends with a question, please")
 _TO_YOU = re.compile(r"\b(?:you|your|yours|please|kindly)\b", re.I)
@@ -116,7 +125,8 @@ def is_request(sentence: str) -> bool:
             _WRITES.search(sentence) or _ADDRESS.search(sentence) or _PLEASE.search(sentence)):
         return True
     return (bool(_ASKS.search(sentence)) and bool(_ADDRESS.search(sentence))
-            and not _COMPLAINT.search(sentence) and not _SOMEONE.match(sentence))
+            and not _COMPLAINT.search(sentence) and not _SOMEONE.match(sentence)
+            and not _THEIRS.search(sentence))
 
 
 def requests(text: str) -> str:

@@ -22,12 +22,18 @@ _ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+rep
 _REPLY = re.compile(r"\b(?:reply|replies|answer\w*|respon\w*|say)\b", re.I)  # "Only recommend
 # 'Pro' or 'Lite'" names no reply: not the reply's options
 _LISTED = re.compile(r":\s*([^:\n/]{1,80}(?:\s/\s[^:\n/]{1,80})+)$")  # after a colon
-_FEWER = re.compile(r"\b(?:under|fewer\s+than|less\s+than|below|within)\s+(\d+)\s+words?\b",
+_TENS = {"ten": 10, "fifteen": 15, "twenty": 20, "twenty-five": 25, "thirty": 30, "forty": 40,
+         "fifty": 50, "sixty": 60, "seventy": 70, "eighty": 80, "ninety": 90, "hundred": 100,
+         "a hundred": 100, "one hundred": 100}
+_K = r"(\d+|" + "|".join(sorted(_TENS, key=len, reverse=True)) + r")"  # a word limit's number
+_FEWER = re.compile(r"\b(?:under|fewer\s+than|less\s+than|below|within)\s+" + _K + r"\s+words?\b",
                     re.I)  # fewer than k
 _AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+to|"
-                      r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+(\d+)\s+words?\b", re.I)
+                      r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+" + _K + r"\s+words?\b"
+                      r"|\b" + _K + r"\s+words?\s+(?:max(?:imum)?|at\s+most|or\s+(?:less|fewer)|"
+                      r"tops)\b", re.I)
 _WORD = re.compile(r"\w+")
-_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+(\d+)\s+words?\b",
+_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+" + _K + r"\s+words?\b",
                    re.I)  # "never more than k words": at most k
 
 
@@ -102,9 +108,13 @@ def word_count(text: str) -> int:
     return len(_WORD.findall(text))
 
 
+def _limit(said: str) -> int:
+    return int(said) if said.isdigit() else _TENS[said.lower()]
+
+
 def word_limit(text: str) -> int | None:
     """k where ``text`` asks for replies of fewer than k words (the tightest asked)."""
-    limits = [int(m.group(1)) + (pattern is not _FEWER)
+    limits = [_limit(next(g for g in m.groups() if g)) + (pattern is not _FEWER)
               for pattern, neg in ((_FEWER, False), (_AT_MOST, False), (_MORE, True))
               for m in pattern.finditer(text) if negated(text, m.start()) == neg]
     return min(limits) if limits and min(limits) > 1 else None

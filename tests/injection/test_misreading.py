@@ -25,15 +25,21 @@ NOT_RULES = {
     "others": ["My brother writes all his replies in lowercase.",
                "My manager answers every message in under 15 words.",
                "Her emails always start with 'Dear all'.",
-               "The chatbot at my bank always answers in capital letters."],
+               "The chatbot at my bank always answers in capital letters.",
+               "Every reply from the council's help desk ends with 'Kind regards'."],
     "condition": ["If I ask about sports, only answer 'Yes' or 'No'.",
                   "On Mondays, start your replies with 'Morning!'.",
                   "If I write in German, reply in German.",
                   "Now and then I enjoy answers in lowercase.",
-                  "For questions about tax, keep answers under 20 words."],
+                  "For questions about tax, keep answers under 20 words.",
+                  "When your answer is about my garden, keep it under 30 words.",
+                  "For anything to do with my thesis, reply in lowercase.",
+                  "For my Spanish homework, answer in Spanish.",
+                  "Whenever replies come in all capitals I skim them."],
     "past": ["I used to reply to every email in capital letters.",
              "At my previous job, answers had to end with 'Regards'."],
     "hypothetical": ["Imagine an assistant that answers only in French.",
+                     "I'm tempted to answer my sister only in capitals next time.",
                      "It would be strange if every answer started with 'Behold'."],
     "quoted": ["My favourite word is 'lowercase'.", "I am reading 'No Commas Allowed'."],
     "language": ["I teach Portuguese.", "My uncle only speaks Greek.",
@@ -76,6 +82,11 @@ def test_requests_of_the_same_forms_are_still_rules():
         "end:Cheers",)  # said to the assistant: not someone's habit
     assert rules.read("Only ever reply with 'True' or 'False'.").constraints == (
         "choice:True|False",)
+    assert rules.read("Whenever you reply, use lowercase.").constraints == ("lowercase",)
+    assert rules.read("Every answer from you should end with 'Cheers'.").constraints == (
+        "end:Cheers",)  # the assistant's own answers
+    assert rules.read("Thirty words max per answer, please.").constraints == ("max_words:31",)
+    assert rules.read("Keep answers to 40 words or less.").constraints == ("max_words:41",)
 
 
 def test_a_tenants_quoted_ban_is_kept():
