@@ -103,6 +103,9 @@ CONDS: dict[str, dict] = {
     # the profile's deep lean on (the anchor leaning after its first token), where the run's
     # profile has it off (SmolLM2's since the fluency verdict)
     "+ deep lean": {"profile_guidance": 1.0, "profile_deep_lean": True},
+    # a first turn the profile leaves unguided anchored: its first token as the guide would
+    # pick it, the rest unguided (the profile's ``anchor.first_turns``)
+    "+ first anchor": {"profile_first_anchor": True},
     # guidance where it is not the default (preferences, facts): the anchor and deep lean
     # alone, or the anchor alone
     "+ guidance - deep lean": {"contrast": GUIDANCE, "deep_lean": False},
@@ -120,7 +123,8 @@ CONDS: dict[str, dict] = {
 }
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean",
-            "memory_lean", "deep_lean", "profile_guidance", "profile_deep_lean", "loop_ngram")
+            "memory_lean", "deep_lean", "profile_guidance", "profile_deep_lean", "loop_ngram",
+            "profile_first_anchor")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -240,6 +244,8 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
                                   profile or profiles.for_adapter(adapter),
                                   sw.get("profile_deep_lean", False))
                         if "profile_guidance" in sw else profile)
+    if "profile_first_anchor" in sw:
+        adapter._profile = _first_anchored(profile or profiles.for_adapter(adapter))
     lean.LEAN_AFTER = sw.get("lean", leans[0]) or None
     ex.planner.memory_lean = sw.get("memory_lean", leans[1])
     probe.DEEP = sw.get("deep_lean", leans[2])
@@ -260,6 +266,13 @@ def _defaults(ex) -> tuple:
             (plan.ONE_ANCHORED_DEEP, plan.MANY_ANCHORED),
             (lean.LEAN_AFTER, ex.planner.memory_lean, probe.DEEP),
             getattr(ex.planner.adapter, "_profile", None), loops.NGRAM)
+
+
+def _first_anchored(profile):
+    """``profile`` with ``anchor.first_turns`` on (a first turn it leaves unguided anchored)."""
+    m = dict(profile.mechanisms)
+    m["anchor"] = {**m.get("anchor", {}), "first_turns": True}
+    return profile._replace(mechanisms=m)
 
 
 def candidate(adapter, strength: float, base=None, deep_lean: bool = False):

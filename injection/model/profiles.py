@@ -147,6 +147,15 @@ def guides_by_default(adapter: Any, where: str) -> bool:
     return bool(entry.get(where, True)) if isinstance(entry, dict) else True
 
 
+def anchors_first_turns(adapter: Any) -> bool:
+    """Whether a first turn the model's profile leaves unguided (``guidance.first_turns``
+    false) is anchored instead: its first token as the guide would pick it, the rest its
+    model's own (``anchor.first_turns``; absent: not)."""
+    profile = for_adapter(adapter)
+    entry = profile.mechanisms.get("anchor") if profile is not None else None
+    return isinstance(entry, dict) and entry.get("first_turns") is True
+
+
 def _switch(value: Any) -> bool | None:
     """A switch's ``default``: True/False ("on"/"off"), None for the platform-wide one."""
     if isinstance(value, bool):

@@ -249,3 +249,28 @@ def test_deep_turns_at_once_share_one_anchor_forward_and_reply_as_alone(ex):
     assert all(box[i].contrast_effective > 0 for i in range(4))
     assert eng.counters["forward_groups"] == groups + 1
     assert eng.counters["forwards_anchor"] == anchors + 4
+
+
+def test_a_profile_can_anchor_a_first_turn_and_leave_the_rest_to_the_model(ex, smollm,
+                                                                           monkeypatch):
+    """``anchor.first_turns`` (off in SmolLM2's profile): a first turn its profile leaves
+    unguided starts with the token guidance would pick (the memory as the system turn
+    against the template's own, computed here), then goes on greedy with no guide and no
+    lean; without it, the unguided reply."""
+    from injection.model import profiles
+
+    base = profiles.for_adapter(smollm)
+    assert not base.mechanisms["anchor"].get("first_turns")  # the shipped default: off
+    first_turn = [{"role": "user", "content": QUESTION}]
+    req = ExecutionRequest("t", "u", first_turn, FRENCH, max_new_tokens=N)
+    plain = ex.execute(req)
+    mech = {**base.mechanisms, "anchor": {**base.mechanisms["anchor"], "first_turns": True}}
+    monkeypatch.setattr(smollm, "_profile", base._replace(mechanisms=mech), raising=False)
+    plan = ex.planner.plan(req)
+    assert plan.anchor is not None and plan.guide is None and plan.lean is None
+    res = ex.execute(req)
+    want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, base.guidance))
+    assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
+    assert res.guide_prefill_tokens == len(plan.anchor.ids) + len(plan.anchor.guide.ids)
+    assert res.guide_decode_tokens == 0 and plain.guide_prefill_tokens == 0
+    assert res.text != plain.text  # the anchor chose another first token here

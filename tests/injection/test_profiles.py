@@ -188,3 +188,35 @@ def test_a_profile_with_the_reminder_off_leaves_deep_turns_unanchored(demo_model
     assert plans["on"].reminder.text and plans["on"].anchor is not None
     off = plans["off"]
     assert not off.reminder.text and off.anchor is None and off.guide is None
+
+
+def test_a_profile_can_anchor_a_first_turn_it_leaves_unguided(demo_model_path):
+    """``anchor.first_turns``: a first turn whose guidance the profile leaves off gets an
+    anchor instead (its first token as the guide would pick it, then no guide and no lean);
+    absent, or with guidance on, as before. Planned from the tokenizer alone."""
+    from transformers import AutoTokenizer
+
+    from injection.base import ExecutionRequest
+    from tests.injection.test_planner import TextOnly, planner
+
+    text = TextOnly(AutoTokenizer.from_pretrained(str(demo_model_path)))
+    turns = planner(text, batching=True)
+    req = ExecutionRequest("t", "u", [{"role": "user", "content": "How do bees make honey?"}],
+                           "Always answer in French.")
+    plans = {}
+    for name, guidance, anchor in (("unguided", False, {}), ("anchored", False, {
+            "first_turns": True}), ("guided", True, {"first_turns": True})):
+        text._profile = profiles.Profile("mine", "", 1.0, True, "test", {
+            "guidance": {"default": 1.0, "first_turns": guidance}, "anchor": anchor})
+        plans[name] = turns.plan(req)
+    assert plans["unguided"].anchor is None and plans["unguided"].guide is None
+    assert plans["unguided"].lean is None
+    anchored = plans["anchored"]
+    assert anchored.anchor is not None and anchored.guide is None and anchored.lean is None
+    assert anchored.anchor.guide.ids and anchored.anchor.ids  # the turn against its guide
+    assert plans["guided"].anchor is None  # guided (its lean or guide row): no anchor
+    assert plans["guided"].lean is not None or plans["guided"].guide is not None
+    text._profile = profiles.Profile("mine", "", 1.0, True, "test", {
+        "guidance": {"default": 1.0, "first_turns": False}, "anchor": {"first_turns": True}})
+    plain = ExecutionRequest("t", "u", req.messages, "I have a cat named Tom.")
+    assert turns.plan(plain).anchor is None  # nothing guidance would serve: nothing anchored

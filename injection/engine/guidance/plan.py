@@ -49,8 +49,8 @@ from injection.kvcache.chain import segment_split
 from injection.prompting.reminder import turns_before
 from injection.prompting.template import compose_context
 
-__all__ = ["build_guide", "guide_figures", "plan_anchor", "plan_guide", "turn_strength",
-           "unreminded"]
+__all__ = ["build_guide", "first_anchor", "guide_figures", "plan_anchor", "plan_guide",
+           "turn_strength", "unreminded"]
 
 # A member with several memories: a turn with fewer exchanges before it than this is
 # guided against the same turn without its reminder (0: never). Measured on the memory
@@ -121,6 +121,19 @@ def plan_anchor(adapter: Any, req: ExecutionRequest, messages: list[dict[str, st
         req.instructions if keep_instructions else "", ""))
     return AnchorPlan(strength, tuple(adapter.renderer.encode(parts.prompt, first=False)),
                       negative)
+
+
+def first_anchor(adapter: Any, guide: GuidePlan, messages: list[dict[str, str]], *,
+                 context: str, segment: str) -> AnchorPlan | None:
+    """A one-memory first turn that its model's profile leaves unguided, anchored
+    (``anchor.first_turns``): its first token as ``guide`` (the turn's unreminded guide)
+    would pick it, then its model's own tokens. The positive is the turn's own prompt after
+    its segment, the negative the guide's input; None where the segment differs."""
+    parts = adapter.split_prompt(context, messages)
+    if parts.segment != segment:
+        return None
+    return AnchorPlan(guide.strength, tuple(adapter.renderer.encode(parts.prompt, first=False)),
+                      guide)
 
 
 def turn_strength(adapter: Any, req: ExecutionRequest, constraints: tuple[str, ...],

@@ -35,12 +35,12 @@ from typing import Any, NamedTuple
 
 from injection.base import ExecutionRequest, SegmentSplit
 from injection.engine.guidance import probe
-from injection.engine.guidance.plan import plan_anchor, plan_guide, turn_strength
+from injection.engine.guidance.plan import first_anchor, plan_anchor, plan_guide, turn_strength
 from injection.engine.planning.plan import TurnPlan
 from injection.engine.request_checks import sampling_options
 from injection.kvcache.chain import segment_split
 from injection.kvcache.kvsource import content_hash
-from injection.model.profiles import default_on, guides_by_default, loop_ngram
+from injection.model.profiles import anchors_first_turns, default_on, guides_by_default, loop_ngram
 from injection.prompting import rules as memory_rules
 from injection.prompting.constraints import DEFAULT_ON, opening, transform
 from injection.prompting.history import fit_history
@@ -218,11 +218,15 @@ class TurnPlanner:
                   "keep_instructions": self.guide_keeps_instructions}
         guide = plan_guide(self.adapter, req, messages, mem, system.reminder,
                            prompt_ids=link.prompt_ids, done=link.done, **common)
+        first = None  # a first turn the profile leaves unguided: perhaps anchored
         if guide is not None and not defaulted_here(self.adapter, req, "first_turns"):
-            guide, common["on"] = None, False  # a first turn the profile leaves unguided
-        anchor = plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
-                             segment=parts.segment, **common)
-        deep = probe.DEEP and defaulted_here(self.adapter, req, "deep_lean")
+            first = first_anchor(self.adapter, guide, messages, context=system.context,
+                                 segment=parts.segment) if anchors_first_turns(
+                                     self.adapter) else None
+            guide, common["on"] = None, False
+        anchor = first or plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
+                                      segment=parts.segment, **common)
+        deep = probe.DEEP and defaulted_here(self.adapter, req, "deep_lean") and not first
         lean = self.leans.plan(  # a first turn's, instead of its guide; an anchored one's too
             req, guide or (anchor.guide if anchor and deep else None),
             on=self.memory_lean, context=system.context, segment=parts.segment,
