@@ -106,6 +106,8 @@ CONDS: dict[str, dict] = {
     # a first turn the profile leaves unguided anchored: its first token as the guide would
     # pick it, the rest unguided (the profile's ``anchor.first_turns``)
     "+ first anchor": {"profile_first_anchor": True},
+    # deep turns anchored (and leaning, as the profile says) where the profile leaves them not
+    "+ anchor": {"profile_deep_anchor": True},
     # guidance where it is not the default (preferences, facts): the anchor and deep lean
     # alone, or the anchor alone
     "+ guidance - deep lean": {"contrast": GUIDANCE, "deep_lean": False},
@@ -124,7 +126,7 @@ CONDS: dict[str, dict] = {
 # the switches a condition sets outside its request, for a phase of its own (``generate``)
 SWITCHES = ("recall_top", "segment_tokens", "recall_k", "anchor", "anchor_many", "lean",
             "memory_lean", "deep_lean", "profile_guidance", "profile_deep_lean", "loop_ngram",
-            "profile_first_anchor")
+            "profile_first_anchor", "profile_deep_anchor")
 # (depth, memories) -> conditions
 PROFILES: dict[str, dict] = {
     # day to day (576 replies, 7.3 min on 2 cores): injected with no mechanism (guidance, reminder and
@@ -244,8 +246,10 @@ def _set_switches(ex, phase: tuple, defaults: tuple) -> None:
                                   profile or profiles.for_adapter(adapter),
                                   sw.get("profile_deep_lean", False))
                         if "profile_guidance" in sw else profile)
-    if "profile_first_anchor" in sw:
-        adapter._profile = _first_anchored(profile or profiles.for_adapter(adapter))
+    for switch, key in (("profile_first_anchor", "first_turns"),
+                        ("profile_deep_anchor", "deep_turns")):
+        if switch in sw:
+            adapter._profile = _anchored(adapter._profile or profiles.for_adapter(adapter), key)
     lean.LEAN_AFTER = sw.get("lean", leans[0]) or None
     ex.planner.memory_lean = sw.get("memory_lean", leans[1])
     probe.DEEP = sw.get("deep_lean", leans[2])
@@ -268,10 +272,11 @@ def _defaults(ex) -> tuple:
             getattr(ex.planner.adapter, "_profile", None), loops.NGRAM)
 
 
-def _first_anchored(profile):
-    """``profile`` with ``anchor.first_turns`` on (a first turn it leaves unguided anchored)."""
+def _anchored(profile, key: str):
+    """``profile`` with ``anchor.<key>`` on (first turns it leaves unguided, or deep turns,
+    anchored)."""
     m = dict(profile.mechanisms)
-    m["anchor"] = {**m.get("anchor", {}), "first_turns": True}
+    m["anchor"] = {**m.get("anchor", {}), key: True}
     return profile._replace(mechanisms=m)
 
 

@@ -136,8 +136,9 @@ def guidance_default(adapter: Any) -> float:
 
 def guides_by_default(adapter: Any, where: str) -> bool:
     """Whether the model's default guidance runs ``where``: "first_turns" (the member's lean
-    or the guide row on a conversation's first turns: ``guidance.first_turns``) or
-    "deep_lean" (an anchored deep turn leaning after its first token: ``anchor.deep_lean``).
+    or the guide row on a conversation's first turns: ``guidance.first_turns``),
+    "deep_turns" (a reminded deep turn anchored: ``anchor.deep_turns``) or "deep_lean" (an
+    anchored deep turn leaning after its first token: ``anchor.deep_lean``).
     Only for a turn whose strength is the default; a request's or tenant's strength
     guides as before. Absent from a profile: on (as the strength says)."""
     profile = for_adapter(adapter)

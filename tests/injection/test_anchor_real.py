@@ -41,6 +41,17 @@ def ex(smollm):
     ex.close()
 
 
+@pytest.fixture
+def anchoring(smollm, monkeypatch):
+    """SmolLM2's profile with deep turns anchored by default (``anchor.deep_turns``, off in
+    the shipped profile): the anchor's mechanics at the profile's strength."""
+    from injection.model import profiles
+
+    base = profiles.for_adapter(smollm)
+    mech = {**base.mechanisms, "anchor": {**base.mechanisms["anchor"], "deep_turns": True}}
+    monkeypatch.setattr(smollm, "_profile", base._replace(mechanisms=mech), raising=False)
+
+
 def _ask(ex, memory: str = FRENCH, msgs=None, **kw):
     """A turn at the guidance strength asked explicitly (the profile's default strength;
     the deep lean runs at it, and by default where the profile says so: below)."""
@@ -111,19 +122,29 @@ def test_a_deep_turn_starts_as_its_message_alone_would_and_goes_on_leaning(ex, s
 def test_without_the_lean_a_deep_turn_goes_on_as_the_row(ex, smollm, monkeypatch):
     """What ``probe.DEEP`` off does at any strength (and a profile's ``anchor.deep_lean``
     false): the anchor picks the first token, the row goes on greedy, and no probes run.
-    SmolLM2's profile leans by default (``anchor.deep_lean`` true since 2026-12-07): its
-    default reply is the one asked at its strength."""
+    Asked at its strength, SmolLM2's deep turn leans (``anchor.deep_lean`` true)."""
     strength = resolve(smollm, None, [FRENCH])
-    default = ex.execute(ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N))
     leaning = _ask(ex)
-    assert default.text == leaning.text and "lean" in default.extra
+    assert "lean" in leaning.extra
     monkeypatch.setattr(probe, "DEEP", False)
     res = _ask(ex)
     req = ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N)
     assert ex.planner.plan(req).lean is None and "lean" not in res.extra
     want = _continued(ex, smollm, req, _first_token(smollm, FRENCH, strength))
     assert res.text.strip() == smollm.tokenizer.decode(want, skip_special_tokens=True).strip()
-    assert default.contrast_effective == res.contrast_effective == strength
+    assert leaning.contrast_effective == res.contrast_effective == strength
+
+
+def test_smollm2s_profile_leaves_deep_turns_unanchored(ex):
+    """``anchor.deep_turns`` false in SmolLM2's profile (2026-12-07: its gain was French this
+    model cannot write, docs/BENCHMARKS.md quality): a default deep turn is the unguided
+    reply token for token; asked at a strength, it is anchored as before."""
+    default = ex.execute(ExecutionRequest("t", "u", _deep(), FRENCH, max_new_tokens=N))
+    unguided = _ask(ex, contrast=0.0)
+    assert default.text == unguided.text and default.guide_prefill_tokens == 0
+    assert "lean" not in default.extra and default.contrast_effective == 0.0
+    asked = _ask(ex)
+    assert asked.guide_prefill_tokens > 0 and asked.text != default.text
 
 
 def test_anchoring_off_is_the_reply_without_it_token_for_token(ex, monkeypatch):
@@ -133,7 +154,7 @@ def test_anchoring_off_is_the_reply_without_it_token_for_token(ex, monkeypatch):
     assert off.contrast_effective == 0.0 and off.guide_prefill_tokens == 0
 
 
-def test_an_anchor_is_planned_only_where_it_applies(ex):
+def test_an_anchor_is_planned_only_where_it_applies(ex, anchoring):
     """Not at depth 0 (guided there), not for an instruction the decoder keeps, not for a
     preference, not when the request asks for no guidance; with several memories, on
     turns no longer guided and without tenant instructions, after the turn's segment."""
@@ -175,7 +196,7 @@ def test_a_failing_anchor_leaves_the_turn_unanchored(ex, monkeypatch):
     assert ex.engine.counters["anchor_failures"] == 1
 
 
-def test_several_memories_start_as_their_reminded_message_alone_would(ex, smollm):
+def test_several_memories_start_as_their_reminded_message_alone_would(ex, smollm, anchoring):
     """Several memories, past their guided turns: the first token the last message alone
     picks with its reminder against without it, both after the member's segment; then the
     row's own greedy reply."""
@@ -216,7 +237,7 @@ def test_the_callers_own_stop_during_the_anchor_is_raised_not_swallowed(ex, monk
     assert ex.engine.counters["anchor_failures"] == 0
 
 
-def test_deep_turns_at_once_share_one_anchor_forward_and_reply_as_alone(ex):
+def test_deep_turns_at_once_share_one_anchor_forward_and_reply_as_alone(ex, anchoring):
     """Four members' deep turns whose anchors queue together (the engine held meanwhile)
     run them as one forward; every reply is the same as the turn alone."""
     import threading

@@ -72,8 +72,10 @@ def test_first_turns_guide_as_the_formula_says_when_asked_and_by_default_do_not(
                 {"role": "assistant", "content": f"Answer {k}."}
                 for k in range(2) for j in range(2)] + [{"role": "user", "content": "Hi?"}]
         res = ex.execute(ExecutionRequest("t", "u", deep, CASES[1][0], max_new_tokens=4))
-        # the turn carries the reminder: no guide row, an anchor (test_anchor_real.py)
-        assert res.contrast_effective == strength and res.guide_decode_tokens == 0
+        # the turn carries the reminder: no guide row, and by SmolLM2's profile no anchor
+        # either (``anchor.deep_turns`` false, test_anchor_real.py)
+        assert res.contrast_effective == 0.0 and res.guide_decode_tokens == 0
+        assert res.guide_prefill_tokens == 0
     finally:
         ex.close()
 

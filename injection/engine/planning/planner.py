@@ -97,8 +97,8 @@ def _transformed(found: tuple[str, ...], sink: Any, piece: str) -> None:
 
 
 def defaulted_here(adapter: Any, req: ExecutionRequest, where: str) -> bool:
-    """Whether guidance runs ``where`` ("first_turns", "deep_lean") on this turn: always at a
-    strength the request or tenant set, else as the model's profile says
+    """Whether guidance runs ``where`` ("first_turns", "deep_turns", "deep_lean") on this
+    turn: always at a strength the request or tenant set, else as the model's profile says
     (``model/profiles.guides_by_default``: chosen on it by measurement)."""
     return req.contrast is not None or guides_by_default(adapter, where)
 
@@ -224,8 +224,9 @@ class TurnPlanner:
                                  segment=parts.segment) if anchors_first_turns(
                                      self.adapter) else None
             guide, common["on"] = None, False
-        anchor = first or plan_anchor(self.adapter, req, messages, mem, system.reminder, guide,
-                                      segment=parts.segment, **common)
+        anchor = first or (plan_anchor(
+            self.adapter, req, messages, mem, system.reminder, guide, segment=parts.segment,
+            **common) if defaulted_here(self.adapter, req, "deep_turns") else None)
         deep = probe.DEEP and defaulted_here(self.adapter, req, "deep_lean") and not first
         lean = self.leans.plan(  # a first turn's, instead of its guide; an anchored one's too
             req, guide or (anchor.guide if anchor and deep else None),
