@@ -41,7 +41,7 @@ from injection.prompting.verdicts import violates
 TENANT = "bench-misreading"
 CODES = {"German": "de", "Spanish": "es", "French": "fr", "Italian": "it", "Dutch": "nl",
          "Portuguese": "pt", "Japanese": "ja", "Greek": "el", "Swedish": "sv",
-         "Polish": "pl", "Turkish": "tr"}
+         "Polish": "pl", "Turkish": "tr", "Norwegian": "no"}
 # the standing family's cells run beside them (depth, memories): the goal figures
 STANDING = {"every": 1, "cells": {(0, 1): ["platform"], (8, 1): ["platform"]}}
 
