@@ -16,11 +16,11 @@ members mention a style, a word or a language without asking for it:
 * ``quoted``: a quoted title, saying or favourite word;
 * ``language``: a language named as a fact (taught, spoken by a relative, learnt).
 
-Written for this benchmark before any reader was changed on it (the last 12 of each kind were
-added 2026-12-07, before a reader ran on them, to narrow validation's interval); no case is taken from the
-issue. A second batch of 24 a kind (and 8 controls) was written 2026-12-07 by a helper that had
-not seen the readers, before any reader ran on them. The split is fixed: within each kind, even positions are ``tuning``, odd ones
-``validation``; tuning and validation cases never share a question (two separate pools).
+Written for this benchmark before any reader was changed on it (12 more of each kind were
+added 2026-12-07, before a reader ran on them, to narrow validation's interval); no case is
+taken from the issue. A second batch of 24 a kind (and 8 controls) was written 2026-12-07 by a
+helper that had not seen the readers, before any reader ran on them. The split is fixed:
+within each kind, even positions are ``tuning``, odd ones ``validation``; tuning and validation cases never share a question (two separate pools).
 Readers are tuned on ``tuning`` only; ``validation`` is looked at once, after the choice.
 """
 
@@ -93,7 +93,7 @@ MISREADINGS: dict[str, list[str]] = {
         'Answers without a single comma are exhausting for me.',
         'Responses that are just one sentence leave me wanting more.',
         'I find replies that quote everything in double quotes distracting.',
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "Ugh, I can't stand replies that open with 'Absolutely!'.",
         "When answers come back all in uppercase, it feels like I'm being told off.",
         "Not a big fan of answers chopped into bullet points; the flow just disappears for me.",
@@ -173,7 +173,7 @@ MISREADINGS: dict[str, list[str]] = {
         "Don't just answer in one line.",
         'Please never reply in Spanish to me.',
         'No need to put a title on your answers.',
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "Please don't reply in all caps, it makes me jumpy.",
         "Don't reply in exactly three sentences every time.",
         "Don't turn every answer into a list.",
@@ -253,7 +253,7 @@ MISREADINGS: dict[str, list[str]] = {
         "My friend Sam only says 'yes' or 'no' on the phone.",
         'His tweets are always written in all caps.',
         'The forum moderator puts a title in brackets on every post.',
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "A colleague of mine writes every Slack message in lowercase.",
         "Tom always answers the group chat in ALL CAPS.",
         "Grandma ends every phone call with 'Be good'.",
@@ -338,7 +338,7 @@ MISREADINGS: dict[str, list[str]] = {
         "On Fridays, start with 'Happy Friday!'.",
         'Whenever I mention my dog, answer in capital letters.',
         'For questions about history, give me exactly two bullet points.',
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "For work questions, answer in bullet points so I can paste them into Jira.",
         "Whenever I ask about my diet, keep it under 40 words.",
         "If I write to you in Japanese, reply in Japanese so I can practise.",
@@ -413,7 +413,7 @@ MISREADINGS: dict[str, list[str]] = {
         'I was taught to never use commas in headlines.',
         'We spoke only German at home when I was a child.',
         'Before I retired, I answered letters in two sentences.',
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "Back when I worked at the bank, every letter closed with 'Yours sincerely'.",
         "In my emo phase I typed every MSN message in aLtErNaTiNg CaPs.",
         "For ten years my Christmas cards all ended with 'Peace on earth'.",
@@ -488,7 +488,7 @@ MISREADINGS: dict[str, list[str]] = {
         "I'm curious whether answers in haiku would be readable.",
         'Pretend there was a rule that all answers had to be one word.',
         "In the story I'm writing, a butler replies in French to everyone.",
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "I wish my boss would write his emails in lowercase instead of shouting in caps.",
         "Wouldn't it be great if every meeting invite were under 20 words?",
         "Sometimes I wish my kids would answer with more than 'Fine'.",
@@ -563,7 +563,7 @@ MISREADINGS: dict[str, list[str]] = {
         "My band was called 'All Caps' in college.",
         "'Less is more' is written on my fridge.",
         "The film 'Say Anything' is my comfort movie.",
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "My favourite Bond film is 'Never Say Never Again'.",
         "'Reply All' is the podcast I recommend to everyone.",
         "The poster in my classroom says 'Always Be Kind'.",
@@ -643,7 +643,7 @@ MISREADINGS: dict[str, list[str]] = {
         'My son is learning Mandarin at school.',
         "I can read Italian but can't speak it.",
         "Swedish is my partner's first language.",
-        # 2026-12-07, second batch, by a helper that had not seen the readers: 12 tuning, 12 validation
+        # 2026-12-07, second batch (a helper that had not seen the readers): 12 + 12
         "I write my diary in Spanish so my roommates can't read it.",
         "Most of my work emails are in German because our HQ is in Munich.",
         "My mum and I text each other in Tagalog.",
@@ -715,7 +715,7 @@ CONTROLS: list[tuple[str, str]] = [
     ("Please reply without commas.", "no_comma"),
     ("Whenever you answer, use lowercase letters.", "lowercase"),
     ("Always reply to me in Turkish.", "language:Turkish"),
-    # 2026-12-07, second batch, by a helper that had not seen the readers: 4 tuning, 4 validation
+    # 2026-12-07, second batch (a helper that had not seen the readers): 4 + 4
     ("Could you write everything you send me in lower case? It's easier on my eyes.", "lowercase"),
     ("Close every single reply with 'Peace!', no exceptions.", "end:Peace!"),
     ("Answer whatever I ask in Norwegian; I'm trying to immerse myself.", "language:Norwegian"),

@@ -141,20 +141,24 @@ def guides_by_default(adapter: Any, where: str) -> bool:
     anchored deep turn leaning after its first token: ``anchor.deep_lean``).
     Only for a turn whose strength is the default; a request's or tenant's strength
     guides as before. Absent from a profile: on (as the strength says)."""
-    profile = for_adapter(adapter)
-    if profile is None:
-        return False
-    entry = profile.mechanisms.get("guidance" if where == "first_turns" else "anchor")
-    return bool(entry.get(where, True)) if isinstance(entry, dict) else True
+    return _flag(adapter, "guidance" if where == "first_turns" else "anchor", where, True)
 
 
 def anchors_first_turns(adapter: Any) -> bool:
     """Whether a first turn the model's profile leaves unguided (``guidance.first_turns``
     false) is anchored instead: its first token as the guide would pick it, the rest its
     model's own (``anchor.first_turns``; absent: not)."""
+    return _flag(adapter, "anchor", "first_turns", False)
+
+
+def _flag(adapter: Any, section: str, key: str, absent: bool) -> bool:
+    """The profile's ``section.key`` (``absent`` where the entry or the key is missing);
+    False without a profile."""
     profile = for_adapter(adapter)
-    entry = profile.mechanisms.get("anchor") if profile is not None else None
-    return isinstance(entry, dict) and entry.get("first_turns") is True
+    if profile is None:
+        return False
+    entry = profile.mechanisms.get(section)
+    return bool(entry.get(key, absent)) if isinstance(entry, dict) else absent
 
 
 def _switch(value: Any) -> bool | None:

@@ -108,13 +108,9 @@ def word_count(text: str) -> int:
     return len(_WORD.findall(text))
 
 
-def _limit(said: str) -> int:
-    return int(said) if said.isdigit() else _TENS[said.lower()]
-
-
 def word_limit(text: str) -> int | None:
     """k where ``text`` asks for replies of fewer than k words (the tightest asked)."""
-    limits = [_limit(next(g for g in m.groups() if g)) + (pattern is not _FEWER)
+    limits = [_number(next(g for g in m.groups() if g)) + (pattern is not _FEWER)
               for pattern, neg in ((_FEWER, False), (_AT_MOST, False), (_MORE, True))
               for m in pattern.finditer(text) if negated(text, m.start()) == neg]
     return min(limits) if limits and min(limits) > 1 else None
@@ -222,8 +218,10 @@ _SENT_END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*(?=\s|$)")  # a word's end, then
 
 
 def _number(said: str) -> int:
+    """A count as said: digits, "single", or a number word (``_NUMBERS``, ``_TENS``)."""
     said = said.lower()
-    return 1 if "single" in said else int(said) if said.isdigit() else _NUMBERS[said]
+    return 1 if "single" in said else int(said) if said.isdigit() else (
+        _NUMBERS.get(said) or _TENS[said])
 
 
 def sentence_limit(text: str) -> int | None:

@@ -41,15 +41,22 @@ def ex(smollm):
     ex.close()
 
 
+def _anchor_on(smollm, monkeypatch, key: str):
+    """SmolLM2's shipped profile with ``anchor.<key>`` on, attached for the test; returns
+    the shipped one."""
+    from injection.model import profiles
+
+    base = profiles.for_adapter(smollm)
+    mech = {**base.mechanisms, "anchor": {**base.mechanisms["anchor"], key: True}}
+    monkeypatch.setattr(smollm, "_profile", base._replace(mechanisms=mech), raising=False)
+    return base
+
+
 @pytest.fixture
 def anchoring(smollm, monkeypatch):
     """SmolLM2's profile with deep turns anchored by default (``anchor.deep_turns``, off in
     the shipped profile): the anchor's mechanics at the profile's strength."""
-    from injection.model import profiles
-
-    base = profiles.for_adapter(smollm)
-    mech = {**base.mechanisms, "anchor": {**base.mechanisms["anchor"], "deep_turns": True}}
-    monkeypatch.setattr(smollm, "_profile", base._replace(mechanisms=mech), raising=False)
+    _anchor_on(smollm, monkeypatch, "deep_turns")
 
 
 def _ask(ex, memory: str = FRENCH, msgs=None, **kw):
@@ -278,15 +285,11 @@ def test_a_profile_can_anchor_a_first_turn_and_leave_the_rest_to_the_model(ex, s
     unguided starts with the token guidance would pick (the memory as the system turn
     against the template's own, computed here), then goes on greedy with no guide and no
     lean; without it, the unguided reply."""
-    from injection.model import profiles
-
-    base = profiles.for_adapter(smollm)
-    assert not base.mechanisms["anchor"].get("first_turns")  # the shipped default: off
     first_turn = [{"role": "user", "content": QUESTION}]
     req = ExecutionRequest("t", "u", first_turn, FRENCH, max_new_tokens=N)
     plain = ex.execute(req)
-    mech = {**base.mechanisms, "anchor": {**base.mechanisms["anchor"], "first_turns": True}}
-    monkeypatch.setattr(smollm, "_profile", base._replace(mechanisms=mech), raising=False)
+    base = _anchor_on(smollm, monkeypatch, "first_turns")
+    assert not base.mechanisms["anchor"].get("first_turns")  # the shipped default: off
     plan = ex.planner.plan(req)
     assert plan.anchor is not None and plan.guide is None and plan.lean is None
     res = ex.execute(req)
