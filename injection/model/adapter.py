@@ -70,6 +70,7 @@ class ModelAdapter(PreferenceModel):
         # the engine's forwards without transformers' plumbing where they reproduce the
         # model's bit for bit (``lean_step.py``); None: the model's own forward
         self.lean: Any = None
+        self.fused = 0  # projection groups stacked into one product each (``fused.py``)
 
     # -- PreferenceModel -----------------------------------------------------------
     def compute_kv(self, text: str) -> PackedKV:

@@ -42,8 +42,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["MODES", "PACKED", "ROWS", "MatmulChoice", "calibrate", "choose", "install", "pack",
-           "packed_linear", "setup", "small_linear"]
+__all__ = ["MODES", "PACKED", "ROWS", "MatmulChoice", "calibrate", "choose", "forget", "install",
+           "pack", "packed_linear", "setup", "small_linear", "uses_packed"]
 
 ROWS = (1, 2, 4, 8, 16)  # decoding row counts measured; a count between two: the larger's
 PREFILL_ROWS = 64  # a prefill-sized product, timed for ``packed`` against ``F.linear``
@@ -207,9 +207,24 @@ def install(model: nn.Module, choice: MatmulChoice,
     return len(linears)
 
 
+def forget(layer: nn.Module) -> None:
+    """Drop ``layer``'s reordered weight (its products go elsewhere now: ``fused.py``)."""
+    _PACKED.pop(layer, None)
+
+
+def uses_packed(m: nn.Module, rows: int) -> bool:
+    """Whether a routed layer multiplies ``rows`` rows by its reordered weight."""
+    return _pick(m, rows) == PACKED and m in _PACKED
+
+
+def _pick(m: nn.Module, rows: int) -> int:
+    use = getattr(m, "wxt_rows", ())
+    return use[rows] if rows < len(use) else PACKED * getattr(m, "prefill_packed", False)
+
+
 def _routed_forward(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    pick = m.wxt_rows[rows] if rows < len(m.wxt_rows) else PACKED * m.prefill_packed
+    pick = _pick(m, rows)
     if pick == PACKED and (w := _PACKED.get(m)) is not None:
         return packed_linear(x, w, m.bias)
     if pick > 0:

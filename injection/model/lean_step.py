@@ -25,6 +25,8 @@ import torch
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from injection.model.fused import Stacked, stacked_of
+
 __all__ = ["FAMILIES", "LeanStep", "lean_step", "serving"]
 
 FAMILIES = ("llama", "qwen2")  # model types whose decoder layer this module reproduces
@@ -46,6 +48,8 @@ class _Layer(NamedTuple):
     up: Callable[..., torch.Tensor]
     down: Callable[..., torch.Tensor]
     act: Callable[..., torch.Tensor]
+    qkv: Stacked | None  # q, k and v from one product (``fused.py``); None: three
+    gate_up: Stacked | None
 
 
 def _bound(layer: Any) -> _Layer:
@@ -53,7 +57,8 @@ def _bound(layer: Any) -> _Layer:
     return _Layer(_norm(layer.input_layernorm), attn, attn.q_proj.forward,
                   attn.k_proj.forward, attn.v_proj.forward, attn.o_proj.forward,
                   _norm(layer.post_attention_layernorm), mlp.gate_proj.forward,
-                  mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward)
+                  mlp.up_proj.forward, mlp.down_proj.forward, mlp.act_fn.forward,
+                  stacked_of(attn), stacked_of(mlp))
 
 
 def _norm(module: Any) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -128,15 +133,15 @@ class LeanStep:
         model's layer computes it."""
         x = p.norm1(h)
         shape = (*lead, -1, self._head_dim)
-        q = p.q(x).view(shape).transpose(1, 2)
-        k = p.k(x).view(shape).transpose(1, 2)
-        v = p.v(x).view(shape).transpose(1, 2)
+        q, k, v = p.qkv(x) if p.qkv is not None else (p.q(x), p.k(x), p.v(x))
+        q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k, v = cache.update(k, v, i)
         out, _ = self._attend(p.attn, q, k, v, mask, dropout=0.0, scaling=p.attn.scaling)
         h = h + p.o(out.reshape(*lead, -1).contiguous())
         x = p.norm2(h)
-        return h + p.down(p.act(p.gate(x)) * p.up(x))
+        gate, up = p.gate_up(x) if p.gate_up is not None else (p.gate(x), p.up(x))
+        return h + p.down(p.act(gate) * up)
 
 
 def serving(adapter: Any) -> LeanStep | None:

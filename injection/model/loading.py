@@ -12,6 +12,7 @@ from injection.model import cpu_threads as threads
 from injection.model.adapter import ModelAdapter
 from injection.model.cpu_matmul import setup as cpu_matmul_setup
 from injection.model.dtypes import resolve_dtype
+from injection.model.fused import fuse
 from injection.model.lean_step import lean_step as make_lean_step
 
 __all__ = ["load_adapter"]
@@ -35,6 +36,8 @@ def load_adapter(
     def load() -> ModelAdapter:
         adapter = _load(model_path, dev, dtype, cpu_matmul)
         adapter.cpu_threads = cpu_threads
+        if lean_step:  # the lean step's stacked projections (``fused.py``)
+            adapter.fused = fuse(adapter.model, adapter.matmul)
         adapter.lean = make_lean_step(adapter.model) if lean_step else None
         return adapter
 
