@@ -18,7 +18,8 @@ Every request is a streamed greedy ``/v1/chat/completions`` turn; each question 
 both servers ("Question k: ..."), so neither serves a whole prompt from a cache. Measured
 (bench/vs_peer_workloads.py): a warm member's and a new member's batch-1 time to the first
 token, batch-1 streamed decode, 8 and 16 members at once against one after another, a
-16-client soak (bounded in seconds and streams), turn ``--turns`` of a conversation, and
+16-client soak (bounded in seconds and streams), turn ``--turns`` of a conversation (sent
+back to back, and in other conversations 2 s after the reply before it, as a person reads), and
 ``--tenant-members`` members of a second tenant with ~3,900-character instructions (a new
 member's first token; memory held: RSS of the server processes, and the platform's Redis),
 and after a restart (the platform's worker; the peer's server, whose prefix cache is in its

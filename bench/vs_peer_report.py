@@ -47,8 +47,13 @@ def side_figures(r: dict, plan) -> dict:
          "turn_ttft": median(x["ttft"] for x in r["turn"]) * 1000,
          "turn_cached": median(x["cached"] for x in r["turn"]),
          "turn_prompt": median(x["prompt"] for x in r["turn"]),
+         "turn_paused_ttft": median(x["ttft"] for x in r.get("turn_paused") or [{"ttft": 0.0}])
+         * 1000,
          "tenant_ttft": median(r["tenant_new_ttft"]) * 1000,
          "restart_ttft": median(r.get("restart_ttft") or [0.0]) * 1000}
+    if tb := r.get("tenant_burst"):
+        f["tenant_rate"] = tb["tokens"] / tb["wall"]
+        f["tenant_max_ttft"] = max(tb["ttft"]) * 1000
     for n in plan.bursts:
         b = r[f"burst{n}"]
         f[f"one_after{n}"] = b["one_after"]["wall"]
@@ -93,8 +98,13 @@ def render(results: dict, plan, args, model_name: str, seconds: float) -> str:
             (f"turn {plan.turns} of a conversation, first token (ms)", "turn_ttft", "{:.0f}",
              "low"),
             (f"turn {plan.turns}: prompt tokens / from a cache", "turn_prompt", "{:.0f}", ""),
+            (f"turn {plan.turns}, sent {plan.pause:g} s after the reply: first token (ms)",
+             "turn_paused_ttft", "{:.0f}", "low"),
             (f"{plan.tenant_members} members, 3,900-char instructions: new member's first "
              "token (ms)", "tenant_ttft", "{:.0f}", "low"),
+            (f"{min(max(plan.bursts), plan.tenant_members)} of them at once (tok/s)",
+             "tenant_rate", "{:.1f}", "high"),
+            ("those at once, slowest first token (ms)", "tenant_max_ttft", "{:.0f}", "low"),
             ("after a restart, a member seen before: first token (ms)", "restart_ttft",
              "{:.0f}", "low"),
             ("memory held after them: server RSS (MiB)", "rss", "{:.0f}", "low"),
@@ -129,20 +139,22 @@ def render(results: dict, plan, args, model_name: str, seconds: float) -> str:
             lines.append(f"\npeer figures from an earlier run on this machine: {peer['from']}")
         lines.append(f"\npeer: {peer['name']}, float32, `--enable-prefix-caching`, "
                      "`VLLM_CPU_KVCACHE_SPACE=4` (its RSS holds that preallocated KV cache); "
-                     "as it set itself up: " + "; ".join(peer["notes"]))
+                     "as it set itself up: " + "; ".join(dict.fromkeys(peer["notes"])))
     fails = [*results["platform"]["soak"]["failed"], *(peer["soak"]["failed"] if peer else [])]
     lines += [f"soak failure: {f}" for f in fails[:5]]
     return "\n".join(lines)
 
 
 def _cell(f: dict, key: str, fmt: str, second: str | None) -> str:
+    if f.get(key) is None:  # a figure an older run did not measure
+        return "–"
     text = fmt.format(f[key])
     return f"{text} / {fmt.format(f[second])}" if second else text
 
 
 def _ratio(ours: dict, theirs: dict | None, key: str, better: str) -> str:
     """platform / peer; '(behind)' where the platform is slower or smaller."""
-    if not theirs or not better or not theirs[key] or not ours[key]:
+    if not theirs or not better or not theirs.get(key) or not ours.get(key):
         return "–"
     r = ours[key] / theirs[key]
     behind = r > 1 if better == "low" else r < 1

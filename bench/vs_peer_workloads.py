@@ -38,6 +38,10 @@ INSTRUCTION_LINES = [
 # ~3,900 characters of tenant instructions (issue 59): whole lines, in turn
 INSTRUCTIONS = " ".join((INSTRUCTION_LINES * 8)[:54])  # 3,913
 WARM_TOKENS, TURN_TOKENS = 8, 24
+# before the paused timed turn: a person reads the reply before asking again, far longer in
+# practice; the platform prepares the next turn's opening (injection/engine/turns.py,
+# OPENING_DELAY_S 0.5 s after a reply), the peer has nothing to do with the time
+PAUSE_S = 2.0
 OFF = {"contrast": 0.0, "constraints": False, "reminder": False,
        "loop_guard": False}  # the mechanisms off
 
@@ -65,6 +69,7 @@ class Plan(NamedTuple):
     soak_streams: int  # per client, at most
     turns: int  # the conversation's measured turn
     conversations: int
+    pause: float  # seconds a member reads the last reply before the paused timed turn
     compare: int  # members whose replies are compared
     tenant_members: int
     groups: dict  # tenant -> (instructions, member preferences)
@@ -82,7 +87,7 @@ class Plan(NamedTuple):
                   for i in range(tenant_members + reps)]
         return cls(reps, 16 if quick else 64, bursts, 3 if quick else 16,
                    10.0 if quick else 120.0, 2 if quick else 40, turns or (3 if quick else 20),
-                   1 if quick else 2, 2 if quick else 8, tenant_members,
+                   1 if quick else 2, PAUSE_S, 2 if quick else 8, tenant_members,
                    {"simple": ("", tuple(simple)), "tenant": (INSTRUCTIONS, tuple(tenant))})
 
 
@@ -164,12 +169,15 @@ def soak(side: Side, members: list[Member], plan: Plan) -> dict:
             "tokens": sum(n for _, n in ok), "failed": failed}
 
 
-def conversation(side: Side, member: Member, plan: Plan, k0: int) -> dict:
+def conversation(side: Side, member: Member, plan: Plan, k0: int, pause: float = 0.0) -> dict:
     """Turns 1 .. ``turns`` of one conversation (the replies the server gives), the last one
-    timed; the platform continues its conversation by id (``kvinject.conversation``)."""
+    timed, sent back to back or ``pause`` seconds after the reply before it; the platform
+    continues its conversation by id (``kvinject.conversation``)."""
     messages: list[dict] = []
     extra: dict = {}
     for t in range(1, plan.turns + 1):
+        if t == plan.turns and pause:
+            time.sleep(pause)
         messages.append({"role": "user", "content": question(k0 + t)})
         r = turn(side, member, messages, plan.tokens if t == plan.turns else TURN_TOKENS, extra)
         messages.append({"role": "assistant", "content": r["text"]})
@@ -207,6 +215,8 @@ def run_all(side: Side, groups: dict[str, list[Member]], plan: Plan,
     done("soak")
     out["turn"] = [conversation(side, simple[c], plan, 3000 + 100 * c)
                    for c in range(plan.conversations)]
+    out["turn_paused"] = [conversation(side, simple[c], plan, 3500 + 100 * c, plan.pause)
+                          for c in range(plan.conversations)]
     done(f"turn {plan.turns}")
     out["replies"] = [ask(side, m, i, plan.tokens, OFF)["text"]
                       for i, m in enumerate(simple[:plan.compare])]
@@ -218,6 +228,8 @@ def run_all(side: Side, groups: dict[str, list[Member]], plan: Plan,
     out["tenant_memory_after"] = memory()
     out["tenant_new_ttft"] = [ask(side, m, 5000 + r, plan.tokens)["ttft"]
                               for r, m in enumerate(tenant[plan.tenant_members:])]
+    n = min(max(plan.bursts), plan.tenant_members)  # members of the tenant seen before, at once
+    out["tenant_burst"] = burst(side, tenant[:n], 6000, plan.tokens, True)
     t0 = time.perf_counter()
     side = restart()
     out["restart_s"] = time.perf_counter() - t0
