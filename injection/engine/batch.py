@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from injection.base import GenerationOutput
-from injection.engine import steps
+from injection.engine import heads, steps
 from injection.engine.batchcache import BatchCache
 from injection.engine.batchrow import RowJob
 from injection.engine.decoding import bans, loops
@@ -236,7 +236,7 @@ class BatchEngine(EngineForwards, EngineFaults, GroupPrefill):
         guided = guided or contrast.prefill_guide(self.adapter, job, resume, self.counters)
         if not resume:
             self._capture_segment(job, past)  # before the batch takes the row's K/V
-        self._batch.add(past)  # all layers or none
+        self._batch.add(past, heads.head_of(job))  # all layers or none
         self._rows.append(job)
         if guided is not None:  # the guide right after its row
             self._batch.add(guided[0])

@@ -28,12 +28,13 @@ from transformers import DynamicCache
 from transformers.cache_utils import DynamicLayer
 
 from injection.devices import to_host
+from injection.engine import heads
 from injection.hostmem import KV_COPIES
 from injection.kvcache.packed import PackedKV
 
 __all__ = ["BatchCache", "SlabLayer"]
 
-Snapshot = tuple[list[tuple[torch.Tensor, torch.Tensor, int, int]], list[int]]
+Snapshot = tuple[list[tuple[torch.Tensor, torch.Tensor, int, int]], list[int], list[Any]]
 
 
 class SlabLayer(DynamicLayer):
@@ -79,6 +80,8 @@ class BatchCache:
     def __init__(self, *, spare: bool = True, max_slots: int = 0) -> None:
         self.cache: DynamicCache | None = None
         self.pads: list[int] = []
+        # per row: (key, tokens) of a head it shares with other rows (``heads.py``), or None
+        self.heads: list[tuple[int, int] | None] = []
         self.spare, self.max_slots = spare, max_slots
 
     def fresh(self) -> BatchCache:
@@ -94,9 +97,15 @@ class BatchCache:
         """Columns per row (padding included): the cache's sequence length."""
         return 0 if self.cache is None else self.cache.layers[0].n
 
-    def add(self, row_cache: DynamicCache) -> None:
+    def add(self, row_cache: DynamicCache, head: tuple[int, int] | None = None) -> None:
         """Append a prefilled batch-1 cache as the last row (padding whichever is shorter).
-        An empty batch adopts a row cache of ``SlabLayer`` s as it is (no copy)."""
+        An empty batch adopts a row cache of ``SlabLayer`` s as it is (no copy). ``head``:
+        the row's first tokens may be shared with rows of the same key (``heads.py``)."""
+        head = heads.checked(self, row_cache, head)
+        self._add(row_cache)
+        self.heads.append(head)
+
+    def _add(self, row_cache: DynamicCache) -> None:
         if self.cache is None and self.spare and _adoptable(row_cache):
             self.cache, self.pads = DynamicCache(), [0]
             self.cache.layers = list(row_cache.layers)
@@ -127,8 +136,9 @@ class BatchCache:
         are a quarter of the width. Rows that stay where they are are not copied: where
         only rows from past the new end move into free slots (``filled``), only they are."""
         if not rows:
-            self.cache, self.pads = None, []
+            self.cache, self.pads, self.heads = None, [], []
             return
+        self.heads = [self.heads[i] for i in rows]
         pads = [self.pads[i] for i in rows]
         trim, width = min(pads), self.width
         moved = [(j, i) for j, i in enumerate(rows) if i != j]
@@ -176,15 +186,15 @@ class BatchCache:
         the width only, so restoring the width undoes it)."""
         layers = [] if self.cache is None else [
             (x.kbuf, x.vbuf, x.rows, x.n) for x in self.cache.layers]
-        return layers, list(self.pads)
+        return layers, list(self.pads), list(self.heads)
 
     def restore(self, snap: Snapshot) -> None:
         """Undo whatever a failed step appended to some layers and not to others."""
-        layers, pads = snap
+        layers, pads, row_heads = snap
         if self.cache is not None and layers:
             for layer, state in zip(self.cache.layers, layers, strict=True):
                 layer.set(*state)
-        self.pads = list(pads)
+        self.pads, self.heads = list(pads), list(row_heads)
 
     def consistent(self) -> bool:
         """Every layer ``[rows, H, width, D]`` with one width, and a pad per row."""

@@ -14,6 +14,7 @@ from transformers import DynamicCache
 
 from injection.base import GenerationOutput
 from injection.devices import KVTimer
+from injection.engine import heads
 from injection.engine.batchcache import BatchCache, SlabLayer
 from injection.engine.batchrow import RowJob
 from injection.engine.guidance import lean
@@ -125,12 +126,16 @@ def _row_cache(cache: Any, r: int, width: int, p: int, n: int, k: int) -> Dynami
     return row
 
 
+SHARE_HEADS = True  # rows sharing a head attend to it in one read (``heads.py``)
+
+
 def decode(adapter: Any, batch: BatchCache, rows: list[RowJob]) -> torch.Tensor:
     """One decoding step for every row: the rows' next-token logits ``[B, V]``."""
     mask, positions, cache_position = batch.step_inputs(adapter.device)
     last = torch.tensor([[r.gen[-1]] for r in rows], device=adapter.device)
     with torch.inference_mode():
-        if (lean_step := serving(adapter)) is not None:
+        if (lean_step := serving(adapter)) is not None:  # rows sharing a head: read once
+            batch.cache.head_groups = heads.groups(batch) if SHARE_HEADS else []
             return lean_step(last, mask, positions, batch.cache)
         out = adapter.model(input_ids=last, attention_mask=mask, position_ids=positions,
                             cache_position=cache_position, past_key_values=batch.cache,

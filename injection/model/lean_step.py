@@ -25,6 +25,7 @@ import torch
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
+from injection.model import shared_attention
 from injection.model.fused import Stacked, stacked_of
 
 __all__ = ["FAMILIES", "LeanStep", "lean_step", "serving"]
@@ -137,7 +138,12 @@ class LeanStep:
         q, k, v = (t.view(shape).transpose(1, 2) for t in (q, k, v))
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k, v = cache.update(k, v, i)
-        out, _ = self._attend(p.attn, q, k, v, mask, dropout=0.0, scaling=p.attn.scaling)
+        groups = getattr(cache, "head_groups", None) if lead[1] == 1 else None
+        if groups:  # rows sharing a head (``shared_attention.py``)
+            out = shared_attention.attend(q, k, v, mask, p.attn.scaling, groups, lambda *a: (
+                self._attend(p.attn, *a, dropout=0.0, scaling=p.attn.scaling)[0]))
+        else:
+            out, _ = self._attend(p.attn, q, k, v, mask, dropout=0.0, scaling=p.attn.scaling)
         h = h + p.o(out.reshape(*lead, -1).contiguous())
         x = p.norm2(h)
         gate, up = p.gate_up(x) if p.gate_up is not None else (p.gate(x), p.up(x))

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from injection.engine import steps
+from injection.engine import heads, steps
 from injection.engine.batchrow import RowJob
 from injection.engine.decoding import bans
 from injection.engine.guidance import anchor, contrast
@@ -149,7 +149,7 @@ class GroupPrefill:
         try:
             for job in group:
                 self._capture_segment(job, caches[at[id(job)]])
-                self._batch.add(caches[at[id(job)]])  # all layers or none
+                self._batch.add(caches[at[id(job)]], heads.head_of(job))  # all layers or none
                 self._rows.append(job)
                 joined.append(job)
                 if job.guide is not None:
