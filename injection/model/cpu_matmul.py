@@ -43,7 +43,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["MODES", "PACKED", "ROWS", "MatmulChoice", "calibrate", "choose", "forget", "install",
-           "pack", "packed_linear", "setup", "small_linear", "uses_packed"]
+           "pack", "packed_linear", "rows_of", "setup", "small_linear", "uses_packed"]
 
 ROWS = (1, 2, 4, 8, 16)  # decoding row counts measured; a count between two: the larger's
 PREFILL_ROWS = 64  # a prefill-sized product, timed for ``packed`` against ``F.linear``
@@ -212,6 +212,11 @@ def forget(layer: nn.Module) -> None:
     _PACKED.pop(layer, None)
 
 
+def rows_of(x: torch.Tensor) -> int:
+    """The rows a linear layer multiplies in ``x`` (every dimension but the last)."""
+    return x.numel() // x.shape[-1] if x.shape[-1] else 0
+
+
 def uses_packed(m: nn.Module, rows: int) -> bool:
     """Whether a routed layer multiplies ``rows`` rows by its reordered weight."""
     return _pick(m, rows) == PACKED and m in _PACKED
@@ -223,7 +228,7 @@ def _pick(m: nn.Module, rows: int) -> int:
 
 
 def _routed_forward(m: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    rows = rows_of(x)
     pick = _pick(m, rows)
     if pick == PACKED and (w := _PACKED.get(m)) is not None:
         return packed_linear(x, w, m.bias)

@@ -54,8 +54,7 @@ class Stacked(NamedTuple):
     def __call__(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
         """Each separate layer's output: slices of one product where the packed kernel
         serves this many rows, else each layer's own."""
-        rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-        if cpu_matmul.uses_packed(self.layer, rows):
+        if cpu_matmul.uses_packed(self.layer, cpu_matmul.rows_of(x)):
             return self.layer(x).split(self.sizes, dim=-1)
         return tuple(p(x) for p in self.parts)
 
@@ -72,15 +71,15 @@ def fuse(model: nn.Module, choice: cpu_matmul.MatmulChoice | None) -> int:
     layers = getattr(getattr(model, "model", None), "layers", None) or []
     if choice is None or not choice.packs or not layers:
         return 0
-    plans = [parts for layer in layers for name, names in GROUPS
-             if (parts := _parts(getattr(layer, name, None), names)) is not None]
-    if len(plans) != 2 * len(layers) or any(p not in cpu_matmul._PACKED for g in plans for p in g):
+    plans = [(owner, parts) for layer in layers for name, names in GROUPS
+             if (parts := _parts(owner := getattr(layer, name, None), names)) is not None]
+    if len(plans) != len(GROUPS) * len(layers) or any(
+            p not in cpu_matmul._PACKED for _, parts in plans for p in parts):
         return 0
-    built = [_stack(parts, choice) for parts in plans]
+    built = [_stack(parts, choice) for _, parts in plans]
     if built[0] is None or not all(_same(built[i]) for i in {0, 1, len(built) - 2, len(built) - 1}):
         return 0
-    for layer, stacked in zip((ly for ly in layers for _ in GROUPS), built, strict=True):
-        owner = layer.self_attn if stacked.parts[0] is layer.self_attn.q_proj else layer.mlp
+    for (owner, _), stacked in zip(plans, built, strict=True):
         _adopt(owner, stacked)
     return len(built)
 
@@ -151,7 +150,6 @@ def _sliced_forward(part: nn.Linear, x: torch.Tensor) -> torch.Tensor:
     if found is None:
         return nn.functional.linear(x, part.weight, part.bias)
     layer, start, size = found
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    if cpu_matmul.uses_packed(layer, rows):
+    if cpu_matmul.uses_packed(layer, cpu_matmul.rows_of(x)):
         return layer(x)[..., start:start + size]
     return cpu_matmul._routed_forward(part, x)
