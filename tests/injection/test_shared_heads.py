@@ -123,3 +123,37 @@ def test_members_of_one_tenant_get_the_same_replies_reading_the_head_once(
         finally:
             ex.close()
     assert replies[0] == replies[1]
+
+
+def _tenant_batch(adapter, head, key):
+    """Three rows of the demo model: the tenant's K/V, then each member's own tokens."""
+    batch = batchcache.BatchCache()
+    for own in ("I am Ana.", "Bo here, hello there, how are you?", "Chen."):
+        cache = adapter.build_cache(head, 1.0, room=8)
+        ids = torch.tensor([adapter.tokenizer(own)["input_ids"]])
+        with torch.inference_mode():
+            adapter.lean(ids, None, None, cache)
+        batch.add(cache, key)
+    return batch
+
+
+def test_a_decoding_step_with_a_shared_head_gives_the_models_logits(adapter, monkeypatch):
+    """Deterministic, no threads: rows that begin with the tenant's K/V are grouped, and
+    a decoding step through ``steps.decode`` gives the logits of a step that reads a copy
+    per row, up to rounding, with the same next tokens."""
+    head = adapter.compute_kv(INSTRUCTIONS)
+    assert head.num_tokens >= heads.MIN_TOKENS
+    key = (id(head), head.num_tokens)
+    rows = [type("Row", (), {"gen": [7]})() for _ in range(3)]
+    logits, seen = {}, []
+    real_groups = heads.groups
+    monkeypatch.setattr(steps.heads, "groups",
+                        lambda batch: seen.append(len(out := real_groups(batch))) or out)
+    for share in (True, False):
+        monkeypatch.setattr(steps, "SHARE_HEADS", share)
+        batch = _tenant_batch(adapter, head, key)
+        assert batch.heads == [key] * 3 and len(set(batch.pads)) > 1  # padded rows
+        logits[share] = steps.decode(adapter, batch, rows)
+    assert seen == [1]  # the shared step grouped the three rows; the other did not ask
+    assert torch.allclose(logits[True], logits[False], atol=1e-4, rtol=1e-4)
+    assert torch.equal(logits[True].argmax(-1), logits[False].argmax(-1))
