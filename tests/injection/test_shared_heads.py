@@ -16,6 +16,7 @@ from injection import build_executor
 from injection.base import ExecutionRequest
 from injection.engine import batchcache, heads, steps
 from injection.metrics import Metrics
+from injection.model.loading import load_adapter
 from injection.model.shared_attention import HeadGroup, attend
 
 HQ, HKV, D = 8, 2, 16
@@ -137,10 +138,14 @@ def _tenant_batch(adapter, head, key):
     return batch
 
 
-def test_a_decoding_step_with_a_shared_head_gives_the_models_logits(adapter, monkeypatch):
+def test_a_decoding_step_with_a_shared_head_gives_the_models_logits(demo_model_path,
+                                                                     monkeypatch):
     """Deterministic, no threads: rows that begin with the tenant's K/V are grouped, and
     a decoding step through ``steps.decode`` gives the logits of a step that reads a copy
-    per row, up to rounding, with the same next tokens."""
+    per row, up to rounding, with the same next tokens. Its own adapter: the session's may
+    have had its lean step taken away by another test."""
+    adapter = load_adapter(str(demo_model_path), device="cpu", dtype="fp32")
+    assert adapter.lean is not None
     head = adapter.compute_kv(INSTRUCTIONS)
     assert head.num_tokens >= heads.MIN_TOKENS
     key = (id(head), head.num_tokens)
