@@ -105,6 +105,8 @@ class LeanStep:
         self._config, self._inner, self._head = cfg, inner, model.lm_head.forward
         self._layers = [_bound(x) for x in inner.layers[: cfg.num_hidden_layers]]
         self._head_dim = inner.layers[0].self_attn.head_dim
+        grouped = getattr(inner.layers[0].self_attn, "num_key_value_groups", 1) > 1
+        self._sdpa_gqa = cfg._attn_implementation == "sdpa" and grouped
 
     def fits(self, model: Any) -> bool:
         """Whether it computes ``model``'s forward now: the model it was built from, with no
@@ -112,10 +114,12 @@ class LeanStep:
         return model is self.model and not _hooked(self._modules)
 
     def __call__(self, ids: torch.Tensor, mask: torch.Tensor | None,
-                 positions: torch.Tensor | None, cache: Any) -> torch.Tensor:
+                 positions: torch.Tensor | None, cache: Any,
+                 last: torch.Tensor | None = None) -> torch.Tensor:
         """The last position's logits ``[B, V]`` for ``ids [B, n]`` after ``cache`` (which
         it extends); ``mask`` and ``positions`` as the model takes them (None: derived
-        as the model derives them, from the cache's length)."""
+        as the model derives them, from the cache's length); ``last [B]``: each row's
+        position whose logits to give instead (rows padded after their tokens)."""
         inner = self._inner
         h = inner.embed_tokens.forward(ids)
         rows, n = ids.shape
@@ -126,7 +130,9 @@ class LeanStep:
         cos, sin = _rope_tables(*inner.rotary_emb.forward(h, positions))
         for i, part in enumerate(self._layers):
             h = self._layer(part, i, cache, h, mask, cos, sin, (rows, n))
-        return self._head(inner.norm.forward(h)[:, -1:])[:, -1]
+        h = inner.norm.forward(h)
+        h = h[:, -1:] if last is None else h[torch.arange(rows, device=h.device), last, None]
+        return self._head(h)[:, -1]
 
     def _layer(self, p: _Layer, i: int, cache: Any, h: torch.Tensor, mask: Any, cos: torch.Tensor,
                sin: torch.Tensor, lead: tuple[int, int]) -> torch.Tensor:
@@ -142,12 +148,27 @@ class LeanStep:
         if groups:  # rows sharing a head (``shared_attention.py``)
             out = shared_attention.attend(q, k, v, mask, p.attn.scaling, groups, lambda *a: (
                 self._attend(p.attn, *a, dropout=0.0, scaling=p.attn.scaling)[0]))
+        elif self._sdpa_gqa and lead[1] > 1 and mask is not None and q.device.type == "cpu":
+            out = _masked_gqa(q, k, v, mask, p.attn.scaling)
         else:
             out, _ = self._attend(p.attn, q, k, v, mask, dropout=0.0, scaling=p.attn.scaling)
         h = h + p.o(out.reshape(*lead, -1).contiguous())
         x = p.norm2(h)
         gate, up = p.gate_up(x) if p.gate_up is not None else (p.gate(x), p.up(x))
         return h + p.down(p.act(gate) * up)
+
+
+def _masked_gqa(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                scaling: float) -> torch.Tensor:
+    """The model's sdpa attention for several queries under a mask (a prefill of padded
+    rows), with each K/V head read by its group of query heads (``enable_gqa``) where
+    transformers copies it once per query head first (``repeat_kv``: it leaves that copy
+    out only without a mask, for CUDA's kernels). On the CPU the same flash kernel then
+    computes the same sums: equal bit for bit, without copying the rows' K/V three times
+    (SmolLM2, 14 rows of about 800 columns: 0.6 s of a 2 s prefill)."""
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q, k, v, attn_mask=mask, dropout_p=0.0, scale=scaling, enable_gqa=True)
+    return out.transpose(1, 2).contiguous()
 
 
 def serving(adapter: Any) -> LeanStep | None:

@@ -16,6 +16,7 @@ from injection import build_executor
 from injection.base import ExecutionRequest
 from injection.engine.batchcache import BatchCache
 from injection.metrics import Metrics
+from injection.model import lean_step as lean_mod
 from injection.model.lean_step import lean_step
 from injection.model.loading import load_adapter
 
@@ -161,3 +162,42 @@ def test_smollm2s_logits_bit_for_bit(smollm):
 def test_qwens_logits_bit_for_bit(qwen):
     assert qwen.lean is not None
     _steps_agree(qwen.model, qwen.lean, [31, 18], steps=2)
+
+
+def _padded_prefill_agrees(adapter, monkeypatch, prefixes: list[int], new: int) -> None:
+    """Rows after prefixes of ``prefixes`` tokens each take ``new`` tokens in one padded
+    forward (a group prefill's shape): the lean step's logits and K/V equal the model's bit
+    for bit, and its attention read each K/V head by its query group (``_masked_gqa``)."""
+    calls = []
+    real = lean_mod._masked_gqa
+    monkeypatch.setattr(lean_mod, "_masked_gqa", lambda *a: (calls.append(1), real(*a))[1])
+    batch, twin = _batch(adapter.model, prefixes, 2), _batch(adapter.model, prefixes, 2)
+    width = max(prefixes)
+    ids = torch.randint(3, 1000, (len(prefixes), new), generator=torch.Generator().manual_seed(4))
+    mask = torch.tensor([[0] * (width - p) + [1] * (p + new) for p in prefixes])
+    pos = torch.stack([torch.arange(p, p + new) for p in prefixes])
+    with torch.inference_mode():
+        got = adapter.lean(ids, mask, pos, batch.cache)
+        want = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                             past_key_values=twin.cache, use_cache=True,
+                             logits_to_keep=1).logits[:, -1]
+    assert torch.equal(got, want)
+    for a, b in zip(batch.cache.layers, twin.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    assert len(calls) == adapter.num_layers
+
+
+def test_a_padded_prefill_reads_kv_heads_by_group_bit_for_bit(adapter, monkeypatch):
+    assert adapter.model.model.layers[0].self_attn.num_key_value_groups > 1
+    _padded_prefill_agrees(adapter, monkeypatch, [37, 12, 25], 9)
+
+
+@pytest.mark.real_model
+def test_smollm2s_padded_prefill_bit_for_bit(smollm, monkeypatch):
+    _padded_prefill_agrees(smollm, monkeypatch, [300, 180, 260, 299], 21)
+
+
+@pytest.mark.real_model
+@pytest.mark.qwen
+def test_qwens_padded_prefill_bit_for_bit(qwen, monkeypatch):
+    _padded_prefill_agrees(qwen, monkeypatch, [200, 150, 199], 17)
