@@ -11,12 +11,11 @@ Storage: each layer owns ``[slots, H, capacity, D]`` key and value buffers
 ``width`` columns. A decoding step writes its column in place (no ``cat`` per step);
 capacity doubles when it runs out. A joining row no longer than the batch is copied
 into a free slot; a longer one, or a full set of slots, rebuilds the buffers once
-(doubling the slots). Leaving rows free their slots, which rows from past the new end
-move into (``filled``: only those are copied, 2 ms against 32 ms for compacting 16 rows
-of SmolLM2 at 150 columns); unused columns are dropped once a quarter of the width
-(every row copied then). ``spare=False`` keeps no
-spare capacity: every step reallocates, as ``DynamicCache``'s ``cat`` did (the
-benchmark's "before").
+(doubling the slots; ``make_room``: once for a group). Leaving rows free their slots,
+which rows from past the new end move into (``filled``: only those are copied); unused
+columns are dropped once a quarter of the width. ``spare=False`` keeps no spare
+capacity: every step reallocates, as ``DynamicCache``'s ``cat`` did (the benchmark's
+"before").
 """
 
 from __future__ import annotations
@@ -84,8 +83,7 @@ class BatchCache:
         self.heads: list[tuple[int, int] | None] = []
         self.spare, self.max_slots = spare, max_slots
 
-    def fresh(self) -> BatchCache:
-        """An empty cache with the same storage policy."""
+    def fresh(self) -> BatchCache:  # an empty cache with the same storage policy
         return BatchCache(spare=self.spare, max_slots=self.max_slots)
 
     @property
@@ -93,8 +91,7 @@ class BatchCache:
         return len(self.pads)
 
     @property
-    def width(self) -> int:
-        """Columns per row (padding included): the cache's sequence length."""
+    def width(self) -> int:  # columns per row, padding included: the sequence length
         return 0 if self.cache is None else self.cache.layers[0].n
 
     def add(self, row_cache: DynamicCache, head: tuple[int, int] | None = None) -> None:
@@ -131,10 +128,26 @@ class BatchCache:
         self.cache.layers = layers
         self.pads = [p + grow for p in self.pads] + [wide - n]
 
+    def make_room(self, rows: int, width: int, columns: int) -> None:
+        """Slots for ``rows`` rows at least ``width`` columns wide (the rows there shifted
+        right) and capacity for ``columns``, in one rebuild: rows joining together (a group
+        prefill) then each take a free slot, where one by one each power of two of slots
+        and each longer row would copy every row into new buffers."""
+        grow = max(0, width - self.width)
+        cap = max(columns, self.width + grow) if self.spare else self.width + grow
+        if self.cache is None or (rows <= self._slots() and not grow
+                                  and cap <= self.cache.layers[0].kbuf.shape[2]):
+            return
+        slots, wide = max(self._grown_slots(rows), self._slots()), self.width + grow
+        with torch.no_grad():
+            built = [_moved(x, x.kbuf, x.vbuf, slots, max(cap, x.kbuf.shape[2]), grow)
+                     for x in self.cache.layers]  # all layers first: an OOM changes nothing
+        self.cache.layers = [SlabLayer(kb, vb, self.rows, wide, self.spare) for kb, vb in built]
+        self.pads = [p + grow for p in self.pads]
+
     def keep(self, rows: list[int]) -> None:
-        """Keep only ``rows`` (in this order); drop columns no remaining row uses once they
-        are a quarter of the width. Rows that stay where they are are not copied: where
-        only rows from past the new end move into free slots (``filled``), only they are."""
+        """Keep only ``rows`` (in this order); drop columns no row uses once they are a
+        quarter of the width. Only rows moving into freed slots are copied (``filled``)."""
         if not rows:
             self.cache, self.pads, self.heads = None, [], []
             return
@@ -163,8 +176,8 @@ class BatchCache:
 
     @staticmethod
     def filled(n: int, leaving: set[int]) -> list[int]:
-        """The order for ``keep`` when rows ``leaving`` of ``n`` go: the others stay in their
-        slots, those past the new end move into the slots freed before it."""
+        """``keep``'s order when rows ``leaving`` of ``n`` go: the others stay in their slots,
+        those past the new end move into the slots freed before it."""
         m = n - len(leaving)
         order = list(range(m))
         tail = [i for i in range(m, n) if i not in leaving]
@@ -173,8 +186,7 @@ class BatchCache:
         return order
 
     def reserve(self, columns: int) -> None:
-        """Room for ``columns`` more per row in every layer (before a step: no layer grows
-        inside the model's forward)."""
+        """Room for ``columns`` more per row in every layer (none grows inside a forward)."""
         if self.cache is not None:
             with torch.no_grad():
                 for layer in self.cache.layers:
@@ -228,7 +240,7 @@ class BatchCache:
         return PackedKV(keys, values, token_ids[start: start + keys.shape[2]])
 
     # -- storage ------------------------------------------------------------------------
-    def _slots(self) -> int:
+    def _slots(self) -> int:  # rows the buffers hold
         return 0 if self.cache is None else self.cache.layers[0].kbuf.shape[0]
 
     def _grown_slots(self, rows: int) -> int:
@@ -239,21 +251,29 @@ class BatchCache:
 
     def _rebuilt(self, i: int, k: torch.Tensor, v: torch.Tensor, slots: int, wide: int,
                  grow: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer ``i``'s buffers with the old rows shifted ``grow`` columns right and the
-        new row ``(k, v)`` last."""
+        """Layer ``i``'s buffers: the old rows shifted ``grow`` right, ``(k, v)`` last."""
         old = None if self.cache is None else self.cache.layers[i]
         cap = max(wide, old.kbuf.shape[2] if old is not None else 0)
         cap = max(cap, 2 * wide) if self.spare and old is None else cap
-        out = []
-        for new, mine in ((k, None if old is None else old.keys),
-                          (v, None if old is None else old.values)):
-            buf = _empty_like(new, slots, cap)
-            if mine is not None:
-                buf[: mine.shape[0], :, :grow] = 0
-                buf[: mine.shape[0], :, grow:wide] = mine
-            _put_row(buf, 0 if mine is None else mine.shape[0], new, wide)
-            out.append(buf)
-        return out[0], out[1]
+        bufs = _moved(old, k, v, slots, cap, grow)
+        for buf, new in zip(bufs, (k, v), strict=True):
+            _put_row(buf, 0 if old is None else old.rows, new, wide)
+        return bufs
+
+
+def _moved(old: SlabLayer | None, k: torch.Tensor, v: torch.Tensor, slots: int, cap: int,
+           grow: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """New ``[slots, H, cap, D]`` buffers (shaped as ``k``/``v``) holding ``old``'s rows
+    shifted ``grow`` columns right, zeros before them."""
+    out = []
+    for like, mine in ((k, None if old is None else old.keys),
+                       (v, None if old is None else old.values)):
+        buf = _empty_like(like, slots, cap)
+        if mine is not None:
+            buf[: mine.shape[0], :, :grow] = 0
+            buf[: mine.shape[0], :, grow:grow + mine.shape[2]] = mine
+        out.append(buf)
+    return out[0], out[1]
 
 
 def _adoptable(row_cache: DynamicCache) -> bool:

@@ -81,6 +81,31 @@ def test_rows_join_and_leave_between_steps_keeping_the_layout():
     _assert_layout(batch, [want[1]])
 
 
+def test_room_made_for_a_group_lets_each_of_its_rows_take_a_free_slot():
+    """``make_room``: one rebuild (the rows there shifted right, capacity for the steps to
+    come); then rows up to that width each take a free slot, the buffers never rebuilt."""
+    batch = BatchCache()
+    first, group = _row(4, 1), [_row(n, 10 + n) for n in (7, 5, 9, 6)]
+    batch.add(first)
+    _append(want := [_own(first)], _step(batch, 2))
+    batch.make_room(1 + len(group), 9, 9 + 20)
+    assert batch.pads == [4] and batch.width == 9
+    _assert_layout(batch, want)
+    bufs = [x.kbuf for x in batch.cache.layers]
+    assert bufs[0].shape[0] >= 5 and bufs[0].shape[2] >= 29
+    for row in group:
+        batch.add(row)
+        want.append(_own(row))
+    _assert_layout(batch, want)
+    assert batch.pads == [4, 2, 4, 0, 3]
+    for _ in range(20):  # within the capacity made: steps write in place
+        _append(want, _step(batch, 3))
+    _assert_layout(batch, want)
+    assert all(x.kbuf is b for x, b in zip(batch.cache.layers, bufs, strict=True))
+    batch.make_room(5, 9, 29)  # room already there: nothing changes
+    assert all(x.kbuf is b for x, b in zip(batch.cache.layers, bufs, strict=True))
+
+
 def test_rows_leaving_free_slots_that_rows_past_the_new_end_move_into():
     """The engine's order (``filled``): rows before the new end stay in their slots, rows past
     it move into the freed ones; unused columns stay until they are a quarter of the width."""

@@ -147,6 +147,9 @@ class GroupPrefill:
         at = {id(r): k for k, r in enumerate(forward)}
         joined: list[RowJob] = []
         try:
+            width = max(c.get_seq_length() for c in caches)
+            self._batch.make_room(len(self._rows) + len(forward), width, max(
+                self._batch.width, width) + max(j.max_new_tokens for j in forward))
             for job in group:
                 self._capture_segment(job, caches[at[id(job)]])
                 self._batch.add(caches[at[id(job)]], heads.head_of(job))  # all layers or none
