@@ -18,6 +18,7 @@ from injection.engine import heads
 from injection.engine.batchcache import BatchCache, SlabLayer
 from injection.engine.batchrow import RowJob
 from injection.engine.guidance import lean
+from injection.engine.prefill import in_place
 from injection.kvcache.packed import PackedKV
 from injection.model.lean_step import serving
 
@@ -70,6 +71,11 @@ def prefill_group(adapter: Any, jobs: list[RowJob], *, caches: bool = True
     ``BatchCache.add``; none with ``caches`` False: a forward that wants first tokens only)
     and the logits of every row's last token ``[k, V]``.
     """
+    lean_step = serving(adapter)
+    if lean_step is not None and adapter._cache_config is None and any(
+            j.prefix is not None for j in jobs):  # the prefixes copied once (``in_place.py``)
+        with torch.inference_mode():
+            return in_place.prefill(adapter, lean_step, jobs, caches)
     dev = adapter.device
     plens = [j.prefix.num_tokens if j.prefix is not None else 0 for j in jobs]
     nlens = [len(j.new_ids) for j in jobs]
@@ -92,7 +98,7 @@ def prefill_group(adapter: Any, jobs: list[RowJob], *, caches: bool = True
             mask[r, width - p: width] = 1
             mask[r, width + n - k:] = 1
             pos[r, n - k:] = torch.arange(p, p + k, device=dev)
-        if (lean_step := serving(adapter)) is not None:
+        if lean_step is not None:
             logits = lean_step(ids, mask, pos, cache)
         else:
             out = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,

@@ -17,7 +17,7 @@ never on a read.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import NamedTuple
 
 import torch
@@ -151,6 +151,29 @@ class KVPieces:
                 moved = p.kv.device != keys.device  # the whole entry goes over
                 KV_COPIES.add(site, p.kv.nbytes if moved else p.nbytes)
                 at += p.tokens
+
+    def fill_layers(self, keys: Sequence[torch.Tensor], values: Sequence[torch.Tensor], *,
+                    site: str = "assemble") -> None:
+        """As :meth:`fill`, into one ``[H, >= T, D]`` destination per layer (buffers made
+        layer by layer: a process's allocator reuses those, where one buffer of every
+        layer is fresh memory, page faults included, each time)."""
+        at, dev = 0, keys[0].device
+        with torch.no_grad():
+            for p in self.pieces:
+                cols, n = slice(at, at + p.tokens), p.tokens
+                src_k, src_v = p.kv.keys, p.kv.values
+                if src_k.device != dev:
+                    src_k, src_v = (t.to(dev, non_blocking=True) for t in (src_k, src_v))
+                    HOST_POOL.guard(p.kv.keys)
+                    HOST_POOL.guard(p.kv.values)
+                for i, (k, v) in enumerate(zip(keys, values, strict=True)):
+                    k[:, cols].copy_(src_k[i, :, :n])
+                    if p.scale != 1.0:
+                        torch.mul(src_v[i, :, :n], p.scale, out=v[:, cols])
+                    else:
+                        v[:, cols].copy_(src_v[i, :, :n])
+                KV_COPIES.add(site, p.kv.nbytes if p.kv.device != dev else p.nbytes)
+                at += n
 
     def __repr__(self) -> str:
         return f"KVPieces({[(p.tokens, p.scale) for p in self.pieces]}, nbytes={self.nbytes})"
