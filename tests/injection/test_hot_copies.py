@@ -56,6 +56,24 @@ def test_pieces_fill_equals_the_concatenation_with_one_copy_per_piece():
     assert b.values.equal(kv(7, 2).values)  # the cached piece is never scaled in place
 
 
+def test_pieces_fill_layer_by_layer_writes_what_fill_writes():
+    """``fill_layers`` (a group prefill's per-layer buffers): the same K/V, scaled piece
+    included, into ``[H, T, D]`` views of a row of each layer, counted once per piece."""
+    a, b = kv(5, 1), kv(7, 2)
+    pieces = KVPieces([Piece(a, 5), Piece(b, 6, 0.5)])
+    keys, values = pieces.empty("cpu")
+    pieces.fill(keys, values)
+    rows = [torch.zeros(3, 2, 15, 4) for _ in range(2)], [torch.zeros(3, 2, 15, 4)
+                                                           for _ in range(2)]
+    before = KV_COPIES.snapshot()
+    pieces.fill_layers([k[1, :, 4:] for k in rows[0]], [v[1, :, 4:] for v in rows[1]])
+    assert KV_COPIES.since(before) == {"assemble": (2, a.nbytes + b.nbytes * 6 // 7)}
+    for i in range(2):
+        assert torch.equal(rows[0][i][1, :, 4:], keys[i])
+        assert torch.equal(rows[1][i][1, :, 4:], values[i])
+        assert not rows[0][i][[0, 2]].any() and not rows[0][i][1, :, :4].any()
+
+
 def test_a_row_cache_from_pieces_gives_the_logits_of_the_old_cache(adapter):
     """The row's slab cache (pieces copied once, the prompt written in place) against the
     concatenated prefix in a cache built as before: the same logits, bit for bit."""
