@@ -45,6 +45,7 @@ from typing import Any
 import torch
 
 from injection.base import run_here
+from injection.model.lean_step import INERT
 
 __all__ = ["HiddenStateEmbedder", "REFERENCE_SENTENCES", "early_exit"]
 
@@ -197,4 +198,5 @@ def _stopper(flag: threading.local):
     def hook(_module, _args, output):
         if getattr(flag, "on", False):
             raise _Exit(output[0] if isinstance(output, tuple) else output)
+    setattr(hook, INERT, True)  # off outside ``early_exit``: the lean step may stand in
     return hook

@@ -178,12 +178,30 @@ def serving(adapter: Any) -> LeanStep | None:
     return lean if lean is not None and lean.fits(adapter.model) else None
 
 
+INERT = "lean_step_inert"  # a hook with this attribute true does nothing on a lean forward
+# transformers' hook for ``output_hidden_states``: it stays once installed and acts only
+# while a forward that asked for those outputs collects them
+_CAPTURING = ("transformers.utils.output_capturing", "output_capturing_hook")
+
+
 def _hooked(modules: list[Any]) -> bool:
+    """Whether a hook the lean step would not call is registered. Hooks that act only
+    inside a forward of their own are not counted (the memory embedder's early exit,
+    marked ``INERT``, and transformers' output capturing): they stay registered, and
+    would otherwise set the lean step aside for the life of the process."""
     from torch.nn.modules import module as nn_module
 
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return True
-    return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+    return any(not _inert(h) for m in modules
+               for hooks in (m._forward_hooks, m._forward_pre_hooks) for h in hooks.values())
+
+
+def _inert(hook: Any) -> bool:
+    if getattr(hook, INERT, False):
+        return True
+    name = getattr(hook, "__qualname__", "")
+    return getattr(hook, "__module__", None) == _CAPTURING[0] and name.endswith(_CAPTURING[1])
 
 
 def lean_step(model: Any) -> LeanStep | None:

@@ -78,8 +78,11 @@ def test_without_a_prefix_in_the_group_the_general_path_runs(lean_adapter, monke
 
 
 @pytest.mark.real_model
-def test_smollm2s_members_of_one_tenant_each_as_alone(smollm, monkeypatch):
-    """Three members of one tenant with 1,100-character instructions."""
+def test_smollm2s_members_of_one_tenant_each_as_alone(real_model_path, monkeypatch):
+    """Three members of one tenant with 1,100-character instructions (SmolLM2 loaded here:
+    the session's copy may carry another test's hook)."""
+    smollm = load_adapter(real_model_path, device="cpu")
+    assert steps.serving(smollm) is not None
     tenant = ("You answer for a cooking school. " * 30).strip()
     rows = [(f"{tenant} {p}", q, 1.0) for p, q in zip(
         PREFS, ["What should I cook tonight?", "Plan my weekend.",

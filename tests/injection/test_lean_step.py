@@ -128,6 +128,30 @@ def test_models_it_does_not_reproduce_get_none(qwen2_tiny):
     assert lean.fits(qwen2_tiny) and not lean.fits(copy.copy(qwen2_tiny))
 
 
+def test_the_memory_embedders_exit_hook_leaves_it_serving(demo_model_path):
+    """The embedder's early exit stays registered on a layer once a memory was embedded, and
+    transformers' output capturing once a forward asked for hidden states; both act only
+    inside such a forward, so the lean step keeps serving (it used to stand aside for the
+    life of the worker after the first embedding). Any other hook still sets it aside."""
+    from injection.memory.embed import early_exit
+    from injection.model.lean_step import serving
+
+    adapter = load_adapter(str(demo_model_path), device="cpu", dtype="fp32")
+    ids = torch.tensor([[5, 6, 7, 8]])
+    hidden = early_exit(adapter.model, ids, 1)
+    with torch.inference_mode():
+        want = adapter.model(input_ids=ids, output_hidden_states=True).hidden_states[1]
+    assert torch.equal(hidden, want)  # the hook still stops the embedder's forward there
+    assert any(m._forward_hooks for m in adapter.model.modules())
+    assert serving(adapter) is adapter.lean  # transformers' capturing hooks left in place too
+    handle = adapter.model.model.layers[0].register_forward_hook(lambda *a: None)
+    try:
+        assert serving(adapter) is None
+    finally:
+        handle.remove()
+    assert serving(adapter) is adapter.lean
+
+
 def test_the_engines_replies_are_the_same_with_or_without_it(demo_model_path, chat_messages):
     """Through the executor (batch engine, 3 members at once, rows of different lengths):
     the same replies with the lean step as with the model's forward (``MODEL_LEAN_STEP=0``)."""
