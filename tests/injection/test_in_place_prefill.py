@@ -18,7 +18,7 @@ from injection.engine.batchrow import RowJob
 from injection.engine.prefill import in_place
 from injection.model.loading import load_adapter
 from tests.injection.test_batch import PREFS, _row
-from tests.injection.test_batch_faults import _until
+from tests.injection.test_batch_faults import _held_start, _until
 from tests.injection.test_group_prefill import ROWS
 
 
@@ -109,16 +109,8 @@ def test_the_engines_grouped_rows_answer_as_alone(lean_adapter, monkeypatch):
 
     def ask(i):
         out[i] = eng.generate(made[i][0], made[i][1], ROWS[i][2], 24)
-    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(ROWS))]
-    threads[0].start()
-    assert entered.wait(60)
-    for t in threads[1:]:
-        t.start()
-    try:
-        for t in threads:
-            t.join(120)
-    finally:
-        eng.close()
+    _held_start([threading.Thread(target=ask, args=(i,)) for i in range(len(ROWS))],
+                entered.is_set, eng)
     assert calls == [len(ROWS) - 1] and eng.counters["grouped_rows"] == len(ROWS) - 1
     alone = [lean_adapter.generate(p, kv, a, 24) for (p, kv), (_, _, a) in zip(made, ROWS,
                                                                            strict=True)]

@@ -80,6 +80,19 @@ def test_a_qwen2_models_logits_bit_for_bit(qwen2_tiny, lengths):
     _steps_agree(qwen2_tiny, lean_step(qwen2_tiny), lengths)
 
 
+def _forwards_agree(adapter, ids, mask, pos, batch, twin) -> None:
+    """``ids`` after ``batch`` by the lean step and after its ``twin`` by the model's forward:
+    the same last logits and the same K/V in every layer, bit for bit."""
+    with torch.inference_mode():
+        got = adapter.lean(ids, mask, pos, batch.cache)
+        want = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,
+                             past_key_values=twin.cache, use_cache=True,
+                             logits_to_keep=1).logits[:, -1]
+    assert torch.equal(got, want)
+    for a, b in zip(batch.cache.layers, twin.cache.layers, strict=True):
+        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+
+
 def test_a_prefill_after_a_prefix_bit_for_bit(adapter, demo_model_path):
     """Multi-token forwards (a segment's K/V, a continuation after a parent, a row's
     prefill with its logits) give the model forward's K/V and logits exactly."""
@@ -99,14 +112,7 @@ def test_a_prefill_after_a_prefix_bit_for_bit(adapter, demo_model_path):
             [[1] * (11 + len(more)), [0] * 5 + [1] * (6 + len(more))])
         pos = None if not padded else torch.stack(
             [torch.arange(11, 11 + len(more)), torch.arange(6, 6 + len(more))])
-        with torch.inference_mode():
-            got = adapter.lean(rows, mask, pos, batch.cache)
-            want = adapter.model(input_ids=rows, attention_mask=mask, position_ids=pos,
-                                 past_key_values=twin.cache, use_cache=True,
-                                 logits_to_keep=1).logits[:, -1]
-        assert torch.equal(got, want)
-        for a, b in zip(batch.cache.layers, twin.cache.layers, strict=True):
-            assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+        _forwards_agree(adapter, rows, mask, pos, batch, twin)
 
 
 def test_models_it_does_not_reproduce_get_none(qwen2_tiny):
@@ -200,14 +206,7 @@ def _padded_prefill_agrees(adapter, monkeypatch, prefixes: list[int], new: int) 
     ids = torch.randint(3, 1000, (len(prefixes), new), generator=torch.Generator().manual_seed(4))
     mask = torch.tensor([[0] * (width - p) + [1] * (p + new) for p in prefixes])
     pos = torch.stack([torch.arange(p, p + new) for p in prefixes])
-    with torch.inference_mode():
-        got = adapter.lean(ids, mask, pos, batch.cache)
-        want = adapter.model(input_ids=ids, attention_mask=mask, position_ids=pos,
-                             past_key_values=twin.cache, use_cache=True,
-                             logits_to_keep=1).logits[:, -1]
-    assert torch.equal(got, want)
-    for a, b in zip(batch.cache.layers, twin.cache.layers, strict=True):
-        assert torch.equal(a.keys, b.keys) and torch.equal(a.values, b.values)
+    _forwards_agree(adapter, ids, mask, pos, batch, twin)
     assert len(calls) == adapter.num_layers
 
 
