@@ -167,11 +167,8 @@ class KVPieces:
                     HOST_POOL.guard(p.kv.keys)
                     HOST_POOL.guard(p.kv.values)
                 for i, (k, v) in enumerate(zip(keys, values, strict=True)):
-                    k[:, cols].copy_(src_k[i, :, :n])
-                    if p.scale != 1.0:
-                        torch.mul(src_v[i, :, :n], p.scale, out=v[:, cols])
-                    else:
-                        v[:, cols].copy_(src_v[i, :, :n])
+                    _put(k[None, :, cols], src_k[i:i + 1], n, 1.0)  # on ``dev``: no move
+                    _put(v[None, :, cols], src_v[i:i + 1], n, p.scale)
                 KV_COPIES.add(site, p.kv.nbytes if p.kv.device != dev else p.nbytes)
                 at += n
 

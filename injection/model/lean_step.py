@@ -193,7 +193,7 @@ def _hooked(modules: list[Any]) -> bool:
 
     if nn_module._global_forward_hooks or nn_module._global_forward_pre_hooks:
         return True
-    return any(not _inert(h) for m in modules
+    return any(not _inert(h) for m in modules if m._forward_hooks or m._forward_pre_hooks
                for hooks in (m._forward_hooks, m._forward_pre_hooks) for h in hooks.values())
 
 
