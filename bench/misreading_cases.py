@@ -22,11 +22,17 @@ taken from the issue. A second batch of 24 a kind (and 8 controls) was written 2
 helper that had not seen the readers, before any reader ran on them. The split is fixed:
 within each kind, even positions are ``tuning``, odd ones ``validation``; tuning and validation cases never share a question (two separate pools).
 Readers are tuned on ``tuning`` only; ``validation`` is looked at once, after the choice.
+A third batch (``misreading_batch3.py``: 76 memories a kind, 16 controls, ``batch`` 3) was
+written 2026-12-08 by a helper that had not seen the readers, and committed before any reader
+ran on it; it is split by its own positions the same way. Batches 1-2's validation had been
+looked at when readers 6 were written, so batch 3's validation is the unseen check.
 """
 
 from __future__ import annotations
 
 from typing import NamedTuple
+
+from misreading_batch3 import BATCH3, CONTROLS3
 
 __all__ = ["CONTROLS", "KINDS", "MISREADINGS", "Case", "cases", "controls"]
 
@@ -36,6 +42,7 @@ class Case(NamedTuple):
     split: str  # tuning | validation
     memory: str
     question: str
+    batch: int = 1  # 1: this module's lists (the first two batches); 3: misreading_batch3.py
 
 
 MISREADINGS: dict[str, list[str]] = {
@@ -752,20 +759,29 @@ def _question(split: str, i: int) -> str:
     return pool[i % len(pool)]
 
 
-def cases(split: str | None = None) -> list[Case]:
-    """The misreading cases (of one ``split``, or all): even positions of a kind tuning."""
+def _split(i: int) -> str:
+    return "tuning" if i % 2 == 0 else "validation"
+
+
+def cases(split: str | None = None, batch: int | None = None) -> list[Case]:
+    """The misreading cases (of one ``split`` and ``batch``, or all): even positions of a
+    kind in each batch's list tuning."""
     out = []
-    for k, kind in enumerate(KINDS):
-        for i, memory in enumerate(MISREADINGS[kind]):
-            s = "tuning" if i % 2 == 0 else "validation"
-            out.append(Case(kind, s, memory, _question(s, i // 2 + 3 * k)))
-    return [c for c in out if split is None or c.split == split]
+    for b, lists, shift in ((1, MISREADINGS, 0), (3, BATCH3, 11)):
+        for k, kind in enumerate(KINDS):
+            for i, memory in enumerate(lists[kind]):
+                s = _split(i)
+                out.append(Case(kind, s, memory, _question(s, i // 2 + 3 * k + shift), b))
+    return [c for c in out if (split is None or c.split == split)
+            and (batch is None or c.batch == batch)]
 
 
-def controls(split: str | None = None) -> list[tuple[Case, str]]:
+def controls(split: str | None = None, batch: int | None = None) -> list[tuple[Case, str]]:
     """The positive controls with the rule each asks, split as ``cases``."""
     out = []
-    for i, (memory, want) in enumerate(CONTROLS):
-        s = "tuning" if i % 2 == 0 else "validation"
-        out.append((Case("control", s, memory, _question(s, i // 2 + 7)), want))
-    return [c for c in out if split is None or c[0].split == split]
+    for b, listed, shift in ((1, CONTROLS, 7), (3, CONTROLS3, 13)):
+        for i, (memory, want) in enumerate(listed):
+            s = _split(i)
+            out.append((Case("control", s, memory, _question(s, i // 2 + shift), b), want))
+    return [c for c in out if (split is None or c[0].split == split)
+            and (batch is None or c[0].batch == batch)]
