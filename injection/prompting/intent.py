@@ -29,7 +29,12 @@ __all__ = ["CONDITION", "HYPOTHETICAL", "PAST", "is_request", "requests"]
 
 _REPLY = r"(?:answers?|repl(?:y|ies)|responses?)"
 _DAYS = (r"(?:mon|tues|wednes|thurs|fri|satur|sun|week)days?|weekends?|holidays?|"
-         r"(?:my\s+)?birthdays?|rainy\s+days?|(?:\w+\s+)?(?:mornings?|evenings?|nights?)")
+         r"(?:my\s+)?birthdays?|rainy\s+days?|(?:\w+\s+)?(?:mornings?|evenings?|nights?)|"
+         r"(?:my\s+)?days?\s+off|vacations?")
+# a kind of message or task a rule may be scoped to ("for crypto questions, ...")
+_TASKS = (r"(?:questions?|topics?|requests?|queries|emails?|messages?|letters?|essays?|posts?|"
+          r"tweets?|homework|assignments?|exercises?|stories|reports?|reviews?|drafts?|code|"
+          r"recipes?|speech(?:es)?|eulog(?:y|ies)|captions?|texts?|notes?|summaries)")
 CONDITION = re.compile(
     r"(?<!even )\b(?:if|unless|in\s+case|as\s+long\s+as)\b(?!\s+(?:you\s+can|possible|needed|"
     r"necessary|you\s+(?:reply|answer|respond|write)))"
@@ -37,9 +42,14 @@ CONDITION = re.compile(
     r"it|it's|we|someone|there|a|an|your\s+" + _REPLY + r"\s+(?:is|are)\s+(?:about|on|for))\b"
     r"|(?<!even )\b(?:when|whenever)\s+(?!(?:you|replying|answering|responding|writing|talking|"
     r"possible|needed|necessary|appropriate|relevant|asked|unsure|in\s+doubt)\b)[a-z]+\s+[a-z]+"
-    r"|\b(?:on|at|during)\s+(?:the\s+)?(?:" + _DAYS + r")\b|\bduring\s+\w+"
+    r"|\b(?:on|at|during|over)\s+(?:the\s+)?(?:" + _DAYS + r")\b|\bduring\s+\w+"
+    r"|\b(?:mon|tues|wednes|thurs|fri|satur|sun)days?\b|\bonly\s+(?:for|when|whenever|on|during|"
+    r"while|at)\b"
+    r"|\bfor\s+(?!(?:every|each|all|any)\b)(?:(?!(?:answers?|repl\w*|responses?)\b)[\w&'-]+\s+)"
+    r"{0,3}?" + _TASKS + r"\b"
+    r"|^\s*for\s+(?!(?:every|each|all|any|anything|everything|whatever|me|now)\b)[^,]{1,60}?\b"
+    r"(?:I|I'm|I've|you|that|which|we)\b[^,]*,"
     r"|\bin\s+the\s+(?:mornings?|evenings?|afternoons?)\b|\bat\s+night\b"
-    r"|\bfor\s+(?:\w+\s+){0,2}?(?:questions?|topics?|requests?)\s+(?:about|on)\b"
     r"|\bfor\s+(?:anything|everything|something|stuff|things)\s+(?:\w+\s+)?(?:about|on|"
     r"regarding|related\s+to|to\s+do\s+with)\b"
     r"|\bfor\s+(?:my|our)\s+(?:\w+\s+){0,2}?(?:questions?|homework|emails?|messages?|essays?|"
@@ -59,8 +69,9 @@ HYPOTHETICAL = re.compile(
     r"\b(?:imagine|suppose|supposing|picture|pretend|hypothetically|daydream\w*|wonder(?:s|ed|ing)?|"
     r"someday|one\s+day|what\s+if|curious|dared?|fictional|tempt\w*|next\s+time)\b"
     r"|\b(?:would|might|could)\s+(?:be|happen|look|seem|read|sound|learn|try)\b"
-    r"|\bthought\s+about\b|\bin\s+(?:a|an|my|the|our|his|her)\s+(?:\w+\s+)?(?:story|novel|"
-    r"game|play|dream|screenplay|comic|cartoon|book|fiction|role-?play\w*)\b", re.I)
+    r"|\bthought\s+about\b|\bin\s+(?:a|an|my|the|our|his|her)\s+(?:[\w-]+\s+)?(?:story|novel|"
+    r"game|play|dream|screenplay|comic|cartoon|book|fiction|role-?play\w*|drafts?|manuscripts?|"
+    r"scripts?|campaigns?|fanfic\w*|sketch(?:es)?|poems?)\b", re.I)
 _LEAD = (r"(?:(?:please|kindly|always|also|just|only|and|so|then|simply|now|from\s+now\s+on|"
          r"going\s+forward|in\s+future|from\s+today|at\s+all\s+times|every\s+time|"
          r"for\s+(?:every|each|all)\s+(?:\w+\s+)?" + _REPLY + r"|(?:when|whenever)\s+(?:you\s+)?"
@@ -99,7 +110,8 @@ _COMPLAINT = re.compile(
     r"detest|loathe|can'?t\s+(?:stand|bear)|cannot\s+(?:stand|bear)|headaches?|tiring|"
     r"hard\s+(?:for\s+me\s+)?to|drives?\s+me|stress\w*|anxious|rude|lazy|sloppy|"
     r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
-    r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*)\b", re.I)
+    r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*|cringe\w*|curt|wince|robotic|"
+    r"condescending|patroni[sz]ing|off-?putting|jarring|awkward|makes?\s+me\s+\w+)\b", re.I)
 _SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
 # someone else's replies ("every answer from our helpdesk starts with ..."), not the assistant's
 _THEIRS = re.compile(r"\b" + _REPLY + r"\s+(?:(?:from|by)\s+(?!(?:you|yours|now|here|today|"
@@ -110,13 +122,18 @@ _TO_YOU = re.compile(r"\b(?:you|your|yours|please|kindly)\b", re.I)
 _HABIT = re.compile(r"\b(?:always|usually|often|never|only|still|mostly)\s+(?:replies|answers|"
                     r"responds|writes|speaks|talks|types|signs|starts|ends)\b", re.I)
 _PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
+# a sentence about replies of some kind ("Replies that just say 'Correct' and stop there feel
+# curt to me"): with a complaint, its verbs describe those replies, not what to do
+_DESCRIBED = re.compile(r"^\s*(?:\w+\s+){0,2}?" + _REPLY + r"\s+(?:that|which|with|without|"
+                        r"in|full|written|made|ending|starting|opening|where)\b", re.I)
 _SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
 
 
 def is_request(sentence: str) -> bool:
     """Whether ``sentence`` asks the assistant something about its replies (see module)."""
     if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL)) or (
-            _HABIT.search(sentence) and not _TO_YOU.search(sentence)):
+            _HABIT.search(sentence) and not _TO_YOU.search(sentence)) or (
+            _DESCRIBED.match(sentence) and _COMPLAINT.search(sentence)):
         return False
     clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]
     if clauses and _IMPERATIVE.match(clauses[0]):

@@ -11,8 +11,8 @@ __all__ = ["NEG", "QUOTED", "asked_language", "bullet_count", "capped", "choice"
            "keywords", "names_language", "negated", "placeholder_count",
            "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
-NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|none|nothing|zero|"
-                 r"free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
+NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|didn'?t|did\s+not|none|nothing|"
+                 r"zero|free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
 # after a negation, asks for it: "nothing but capitals", "no other words, only 'Yes'"; an
 # "only" in the negated clause does not: "don't answer only with 'Yes'" is "not only"
 _BUT = re.compile(r"\b(?:but|except|other\s+than)\b|[,;:]\s*only\b", re.I)
@@ -67,9 +67,16 @@ def asked_language(text: str) -> str | None:
     for pattern in (_IN_LANGUAGE, _LANGUAGE):
         for m in pattern.finditer(text):
             cut = max(text.rfind(p, 0, m.start()) for p in ".;:!?,") + 1  # its clause
-            if not denied(text[cut:], m.start() - cut):
+            clause = text[cut:]
+            if not denied(clause, m.start() - cut) and not (
+                    pattern is _LANGUAGE and _THEIRS.match(clause)):
                 return m.group().split()[-1].capitalize()
     return None
+
+
+# a clause about someone else ("my wife is the Norwegian one"): a bare language named there
+# is theirs, not one asked for
+_THEIRS = re.compile(r"\s*(?:my|our|his|her|their)\b", re.I)
 
 
 _LAPSE = re.compile(r"\b(?:forget(?:ting|s)?|forgot|fail(?:s|ing)?|miss(?:es|ing)?|"

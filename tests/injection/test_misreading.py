@@ -19,6 +19,8 @@ from injection.prompting.reminder import standing
 
 NOT_RULES = {
     "dislike": ["Replies in capital letters give me a headache.",
+                "Answers that open with 'Sure thing' and stop there seem curt to me.",
+                "Answers that begin with 'Great, thanks for asking' make me cringe.",
                 "I really cannot stand all-caps answers.",
                 "I dislike it when someone replies in lowercase.",
                 "Answers with no commas at all are hard for me to follow."],
@@ -35,10 +37,18 @@ NOT_RULES = {
                   "When your answer is about my garden, keep it under 30 words.",
                   "For anything to do with my thesis, reply in lowercase.",
                   "For my Spanish homework, answer in Spanish.",
-                  "Whenever replies come in all capitals I skim them."],
+                  "Whenever replies come in all capitals I skim them.",
+                  "For cover letters you draft for me, end with 'Yours sincerely'.",
+                  "For the toast I'm writing, don't use the word 'honestly'.",
+                  "For chess questions, answer only 'Good move' or 'Bad move'.",
+                  "On my days off, start replies with 'Hey!'.",
+                  "Over the holidays, reply in Italian.",
+                  "Fridays only: write to me in lowercase.",
+                  "Reply in Dutch, but only for my Dutch course exercises."],
     "past": ["I used to reply to every email in capital letters.",
              "At my previous job, answers had to end with 'Regards'."],
     "hypothetical": ["Imagine an assistant that answers only in French.",
+                     "In my sci-fi manuscript, the robot replies to everything in Latin.",
                      "I'm tempted to answer my sister only in capitals next time.",
                      "It would be strange if every answer started with 'Behold'."],
     "quoted": ["My favourite word is 'lowercase'.", "I am reading 'No Commas Allowed'."],
@@ -49,6 +59,11 @@ NEGATED = ["Please do not reply in lowercase.", "Don't answer me in capital lett
            "Never write your replies in all caps.", "Do not answer in Spanish.",
            "Don't reply only in capital letters.",  # "not only": no rule, not the one named
            "Do not answer with only 'True' or 'False'."]
+# "I'd rather you didn't ...": what is refused is not asked, whatever else the memory names
+REFUSED = ["I'd rather you didn't answer in Polish just because my name sounds Polish.",
+           "I'd rather you didn't reply in Finnish; my husband is the Finnish one.",
+           "I'd prefer you didn't sign off with 'Best regards'.",
+           "i'd rather you didn't write in all lowercase"]
 
 
 @pytest.mark.parametrize("memory", [m for ms in NOT_RULES.values() for m in ms])
@@ -62,6 +77,13 @@ def test_a_memory_that_asks_nothing_gets_no_rule(memory):
 def test_a_negation_is_never_the_opposite_rule(memory):
     read = rules.read(memory)
     assert read.standing  # a request, asking for nothing the decoder or the guide keeps
+    assert read.constraints == () and read.language is None
+    assert not rules.guided(read, ()) and detect([], memory) == ()
+
+
+@pytest.mark.parametrize("memory", REFUSED)
+def test_what_a_member_would_rather_not_have_is_no_rule(memory):
+    read = rules.read(memory)
     assert read.constraints == () and read.language is None
     assert not rules.guided(read, ()) and detect([], memory) == ()
 
@@ -87,6 +109,10 @@ def test_requests_of_the_same_forms_are_still_rules():
         "end:Cheers",)  # the assistant's own answers
     assert rules.read("Thirty words max per answer, please.").constraints == ("max_words:31",)
     assert rules.read("Keep answers to 40 words or less.").constraints == ("max_words:41",)
+    assert rules.read("For every reply, use lowercase.").constraints == ("lowercase",)
+    assert rules.read("For all your answers, use lowercase.").constraints == ("lowercase",)
+    assert rules.read("I hate capitals, so write in lowercase.").constraints == ("lowercase",)
+    assert rules.read("Don't answer in English; use Spanish.").language == "Spanish"
 
 
 def test_a_tenants_quoted_ban_is_kept():
