@@ -25,7 +25,9 @@ Readers are tuned on ``tuning`` only; ``validation`` is looked at once, after th
 A third batch (``misreading_batch3.py``: 76 memories a kind, 16 controls, ``batch`` 3) was
 written 2026-12-08 by a helper that had not seen the readers, and committed before any reader
 ran on it; it is split by its own positions the same way. Batches 1-2's validation had been
-looked at when readers 6 were written, so batch 3's validation is the unseen check.
+looked at when readers 6 were written, so batch 3's validation is the unseen check. A fourth
+(``misreading_batch4.py``: 76 a kind, 24 controls, ``batch`` 4), written the same way after
+batch 3's validation had been looked at, is the unseen check for readers 7.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from misreading_batch3 import BATCH3, CONTROLS3
+from misreading_batch4 import BATCH4, CONTROLS4
 
 __all__ = ["CONTROLS", "KINDS", "MISREADINGS", "Case", "cases", "controls"]
 
@@ -42,7 +45,7 @@ class Case(NamedTuple):
     split: str  # tuning | validation
     memory: str
     question: str
-    batch: int = 1  # 1: this module's lists (the first two batches); 3: misreading_batch3.py
+    batch: int = 1  # 1: this module's lists (the first two batches); 3, 4: misreading_batchN.py
 
 
 MISREADINGS: dict[str, list[str]] = {
@@ -767,7 +770,7 @@ def cases(split: str | None = None, batch: int | None = None) -> list[Case]:
     """The misreading cases (of one ``split`` and ``batch``, or all): even positions of a
     kind in each batch's list tuning."""
     out = []
-    for b, lists, shift in ((1, MISREADINGS, 0), (3, BATCH3, 11)):
+    for b, lists, shift in ((1, MISREADINGS, 0), (3, BATCH3, 11), (4, BATCH4, 5)):
         for k, kind in enumerate(KINDS):
             for i, memory in enumerate(lists[kind]):
                 s = _split(i)
@@ -779,7 +782,7 @@ def cases(split: str | None = None, batch: int | None = None) -> list[Case]:
 def controls(split: str | None = None, batch: int | None = None) -> list[tuple[Case, str]]:
     """The positive controls with the rule each asks, split as ``cases``."""
     out = []
-    for b, listed, shift in ((1, CONTROLS, 7), (3, CONTROLS3, 13)):
+    for b, listed, shift in ((1, CONTROLS, 7), (3, CONTROLS3, 13), (4, CONTROLS4, 3)):
         for i, (memory, want) in enumerate(listed):
             s = _split(i)
             out.append((Case("control", s, memory, _question(s, i // 2 + shift), b), want))
