@@ -56,6 +56,9 @@ ABBREVIATION = re.compile(r"\b(?:e\.\s?g|i\.\s?e|etc|vs|cf)\.", re.I)
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
 _STYLE = re.compile(r"(?:in|into|all|block)$", re.I)  # "in capitals", "all caps": a style
+# a removal after a negation ("don't drop the capital letters"): writing as usual, no case rule
+_DROPPED = re.compile(r"\b(?:don'?t|do\s+not|never|not)\s+(?:\w+\s+)?(?:drop|remove|lose|strip|"
+                      r"ditch|omit|skip|leave\s+(?:out|off)|get\s+rid\s+of)\b", re.I)
 SENTENCE = re.compile(r"[.;!?]+\s*")
 SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
 _CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|without|only)\b)", re.I)
@@ -77,9 +80,12 @@ def asked(text: str) -> set[str]:
         for m in _LOWER.finditer(clause):  # "not in lowercase": no rule, never capitals
             lower = lower or not denied(clause, m.start())
         for m in _UPPER.finditer(clause):  # "never in capitals": no shouting, that is all
+            if _DROPPED.search(clause[:m.start()]):  # "don't drop the capitals": as usual
+                continue
             neg = denied(clause, m.start())
             upper, lower = upper or not neg, lower or (neg and _letters(clause, m))
         lower = lower or any(denied(clause, m.start()) and _letters(clause, m)
+                             and not _DROPPED.search(clause[:m.start()])
                              for m in _CAPITALS.finditer(clause))
     for sentence in SENTENCE.split(text):
         if NEG.search(sentence) and any(forbids(sentence, *m.span())

@@ -31,6 +31,15 @@ _REPLY = r"(?:answers?|repl(?:y|ies)|responses?)"
 _DAYS = (r"(?:mon|tues|wednes|thurs|fri|satur|sun|week)days?|weekends?|holidays?|"
          r"(?:my\s+)?birthdays?|rainy\s+days?|(?:\w+\s+)?(?:mornings?|evenings?|nights?)|"
          r"(?:my\s+)?days?\s+off|vacations?")
+# what opens a sentence "X: ..." without scoping it: a note, or every reply ("Every answer: ...")
+_NOTE = (r"(?:important|note|notes?\s+to\s+self|reminder|rule|preference|request|ps|p\.s|tip|"
+         r"fyi|format|formatting|style|language|tone|always|please|also|and|so|"
+         r"(?:(?:every|each|all|any|your|my)\s+)*(?:of\s+)?(?:your\s+)?" + _REPLY + r")")
+# what a sentence-opening "For ...," names that scopes nothing: every reply, or a purpose
+_ALWAYS = (r"(?:every|each|all|any|anything|everything|whatever|me|now|good|ever|once|clarity|"
+           r"readability|simplicity|brevity|accessibility|consistency|reference|convenience|"
+           r"example|instance|fun|safety|ease|your\s+" + _REPLY + r"|the\s+(?:time\s+being|rest|"
+           r"future|record))\b")
 # a kind of message or task a rule may be scoped to ("for crypto questions, ...")
 _TASKS = (r"(?:questions?|topics?|requests?|queries|emails?|messages?|letters?|essays?|posts?|"
           r"tweets?|homework|assignments?|exercises?|stories|reports?|reviews?|drafts?|code|"
@@ -40,6 +49,9 @@ CONDITION = re.compile(
     r"necessary|you\s+(?:reply|answer|respond|write)))"
     r"|(?<!even )\b(?:when|whenever|every\s+time|each\s+time|any\s+time|once)\s+(?:I|I'm|my|the|"
     r"it|it's|we|someone|there|a|an|your\s+" + _REPLY + r"\s+(?:is|are)\s+(?:about|on|for))\b"
+    r"|\b(?:when|whenever)\s+you(?:'re|\s+are)?\s+(?!(?:reply|answer|respond|writ|talk|speak|"
+    r"get\s+back)\w*\b)[a-z]+"
+    r"|\b(?:reply|respond|answer)\s+to\s+(?:that|those|these)\b"
     r"|(?<!even )\b(?:when|whenever)\s+(?!(?:you|replying|answering|responding|writing|talking|"
     r"possible|needed|necessary|appropriate|relevant|asked|unsure|in\s+doubt)\b)[a-z]+\s+[a-z]+"
     r"|\b(?:on|at|during|over)\s+(?:the\s+)?(?:" + _DAYS + r")\b|\bduring\s+\w+"
@@ -47,8 +59,7 @@ CONDITION = re.compile(
     r"while|at)\b"
     r"|\bfor\s+(?!(?:every|each|all|any)\b)(?:(?!(?:answers?|repl\w*|responses?)\b)[\w&'-]+\s+)"
     r"{0,3}?" + _TASKS + r"\b"
-    r"|^\s*for\s+(?!(?:every|each|all|any|anything|everything|whatever|me|now)\b)[^,]{1,60}?\b"
-    r"(?:I|I'm|I've|you|that|which|we)\b[^,]*,"
+    r"|^\s*(?:for|when\s+it\s+comes\s+to)\s+(?!" + _ALWAYS + r")[^,:]{1,60}[,:]"
     r"|\bin\s+the\s+(?:mornings?|evenings?|afternoons?)\b|\bat\s+night\b"
     r"|\bfor\s+(?:anything|everything|something|stuff|things)\s+(?:\w+\s+)?(?:about|on|"
     r"regarding|related\s+to|to\s+do\s+with)\b"
@@ -89,6 +100,12 @@ _VERBS = (r"(?:reply|respond|answer|write|speak|talk|use|keep|start|begin|open|e
           r"type|stop|switch|avoid|leave|wrap|enclose|quote|repeat|forget|be|ever|highlight|"
           r"emphasi[sz]e|mark|go|exceed|shout|bother|add|sign)\b))\b")
 _IMPERATIVE = re.compile(r"^\s*" + _LEAD + _VERBS, re.I)
+# a rule headed by the kind of text it is for ("Cover letters: under 250 words"): a noun
+# phrase, then no imperative; not a reason ("I prefer German: write ...", "Commas confuse my
+# screen reader: reply with none"), an imperative ("Be brief: ...") or a note
+_HEADED = re.compile(r"^\s*(?!(?:" + _NOTE + r")\s*:)(?!(?:I|I'm|I've|I'd|my|me|we|our|it|this|"
+                     r"that|there|be)\b)(?!" + _LEAD + _VERBS + r")(?:[\w'&-]+\s+){0,5}?[\w'&-]+"
+                     r"\s*:\s+(?!" + _LEAD + _VERBS + r")", re.I)
 # a reply's verb: an imperative of it after "so", "and", ... is the assistant's to do
 _WRITES = re.compile(r"\b(?:repl(?:y|ies|ying|ied)|respond\w*|answer\w*|writ(?:e|es|ing)|"
                      r"speak\w*|talk\w*|typ(?:e|ing)|say\w*|greet\w*|communicat\w*)\b|\bme\b",
@@ -126,14 +143,14 @@ _PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
 # curt to me"): with a complaint, its verbs describe those replies, not what to do
 _DESCRIBED = re.compile(r"^\s*(?:\w+\s+){0,2}?" + _REPLY + r"\s+(?:that|which|with|without|"
                         r"in|full|written|made|ending|starting|opening|where)\b", re.I)
-_SPLIT = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")
+_SPLIT = re.compile(r"(?<=[!?])\s+|(?<=\.)\s+(?=[A-Z])")
 
 
 def is_request(sentence: str) -> bool:
     """Whether ``sentence`` asks the assistant something about its replies (see module)."""
     if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL)) or (
             _HABIT.search(sentence) and not _TO_YOU.search(sentence)) or (
-            _DESCRIBED.match(sentence) and _COMPLAINT.search(sentence)):
+            _DESCRIBED.match(sentence) and _COMPLAINT.search(sentence)) or _HEADED.match(sentence):
         return False
     clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]
     if clauses and _IMPERATIVE.match(clauses[0]):

@@ -12,7 +12,8 @@ __all__ = ["NEG", "QUOTED", "asked_language", "bullet_count", "capped", "choice"
            "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
 NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|didn'?t|did\s+not|none|nothing|"
-                 r"zero|free|omit|skip|out\s+of|leave\s+out|ban|hate|stop)\b", re.I)
+                 r"zero|free|omit(?:s|ted|ting)?|skip(?:s|ped|ping)?|out\s+of|leave\s+out|ban|hate|stop)\b",
+                 re.I)
 # after a negation, asks for it: "nothing but capitals", "no other words, only 'Yes'"; an
 # "only" in the negated clause does not: "don't answer only with 'Yes'" is "not only"
 _BUT = re.compile(r"\b(?:but|except|other\s+than)\b|[,;:]\s*only\b", re.I)
@@ -40,12 +41,14 @@ _MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+" + _K + r"\s
 def negated(clause: str, at: int) -> bool:
     """Whether a negation comes in the six words before ``at`` in ``clause`` (and no "but"
     after it: "nothing but capitals" asks for them)."""
-    before = " ".join(clause[:at].split()[-6:])
+    before = _NOT_NEG.sub(" ", " ".join(clause[:at].split()[-6:]))
     neg = list(NEG.finditer(before))
     return bool(neg) and not _BUT.search(before[neg[-1].end():])
 
 
-_LEADING = re.compile(r"^\s*(?:please\s+)?(?:don'?t|do\s+not|never|stop|avoid)\b", re.I)
+_LEADING = re.compile(r"^\s*(?:please\s+)?(?:don'?t|do\s+not|never|stop|avoid)\b|^\s*(?:I|we)\s+"
+                      r"(?:really\s+)?(?:don'?t|do\s+not)\s+(?:need|want|require)\b|^\s*(?:there'?s\s+)?"
+                      r"no\s+need\b|^\s*you\s+(?:don'?t|do\s+not)\s+(?:have|need)\s+to\b", re.I)
 _TURN = re.compile(r"[,;:]|\b(?:and|but|so|then|instead|only|except)\b", re.I)  # a new clause
 _NOT_LAPSE = re.compile(r"\b(?:don'?t|do\s+not|never)\s+(?:forget|fail)\b", re.I)
 
@@ -76,7 +79,8 @@ def asked_language(text: str) -> str | None:
 
 # a clause about someone else ("my wife is the Norwegian one"): a bare language named there
 # is theirs, not one asked for
-_THEIRS = re.compile(r"\s*(?:my|our|his|her|their)\b", re.I)
+_THEIRS = re.compile(r"\s*(?:my|our|his|her|their|we|they|he|she|everyone|everybody|people)\b",
+                     re.I)
 
 
 _LAPSE = re.compile(r"\b(?:forget(?:ting|s)?|forgot|fail(?:s|ing)?|miss(?:es|ing)?|"
@@ -141,7 +145,7 @@ def bullet_count(text: str) -> int | None:
         n = int(m.group(1)) if m.group(1).isdigit() else _NUMBERS[m.group(1).lower()]
         bounded = _BOUND.search(text[:m.start()]) or re.match(
             r"\W*(?:or\s+(?:more|fewer|less)|at\s+(?:most|least))\b", text[m.end():], re.I)
-        if 1 <= n <= 10 and not bounded and not negated(text, m.start()):
+        if 1 <= n <= 10 and not bounded and not denied(text, m.start()):
             return n
     return None
 
@@ -218,7 +222,7 @@ _SENT_AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|u
 _SENT_FEWER = re.compile(r"\b(?:fewer\s+than|less\s+than|under|below)\s+" + _COUNT + _SENTENCES,
                          re.I)  # fewer than n: at most n - 1
 _SENT_MORE = re.compile(r"\b(?:more|longer)\s+than\s+" + _COUNT + _SENTENCES, re.I)  # negated
-_SENT_PLAIN = re.compile(r"\b(?:in|of|to|with|within|as|using|by)\s+(?:just\s+|only\s+|one\s+"
+_SENT_PLAIN = re.compile(r"\b(?:in|of|to|with|within|as|using|by|be)\s+(?:just\s+|only\s+|one\s+"
                          r"or\s+|two\s+or\s+)?" + _COUNT + _SENTENCES + r"(?!\s+(?:or\s+more|"
                          r"at\s+least|minimum))|\b" + _COUNT + r"-sentences?\b", re.I)
 _SENT_END = re.compile(r"[^\W\d_][.!?]+[\"')\]]*(?=\s|$)")  # a word's end, then .!? ("1." no)

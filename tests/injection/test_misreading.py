@@ -44,7 +44,12 @@ NOT_RULES = {
                   "On my days off, start replies with 'Hey!'.",
                   "Over the holidays, reply in Italian.",
                   "Fridays only: write to me in lowercase.",
-                  "Reply in Dutch, but only for my Dutch course exercises."],
+                  "Reply in Dutch, but only for my Dutch course exercises.",
+                  "For product descriptions, write the headings in uppercase.",
+                  "When it comes to recipes, list the steps as three bullet points.",
+                  "When you help with my sewing plans, keep each step under 10 words.",
+                  "Wedding speeches: under 300 words, ending with 'Cheers to the couple'.",
+                  "Any Welsh from me is practice - reply to that in Welsh."],
     "past": ["I used to reply to every email in capital letters.",
              "At my previous job, answers had to end with 'Regards'."],
     "hypothetical": ["Imagine an assistant that answers only in French.",
@@ -63,7 +68,12 @@ NEGATED = ["Please do not reply in lowercase.", "Don't answer me in capital lett
 REFUSED = ["I'd rather you didn't answer in Polish just because my name sounds Polish.",
            "I'd rather you didn't reply in Finnish; my husband is the Finnish one.",
            "I'd prefer you didn't sign off with 'Best regards'.",
-           "i'd rather you didn't write in all lowercase"]
+           "i'd rather you didn't write in all lowercase",
+           "Please don't strip the capital letters out of your answers.",  # as usual
+           "Don't leave off the capital 'I', please.",
+           "Don't go skipping commas just to sound casual.",
+           "I don't need my answers in exactly three bullets.",
+           "Please don't answer in Frisian; we all speak English at my office."]
 
 
 @pytest.mark.parametrize("memory", [m for ms in NOT_RULES.values() for m in ms])
@@ -111,6 +121,16 @@ def test_requests_of_the_same_forms_are_still_rules():
     assert rules.read("Keep answers to 40 words or less.").constraints == ("max_words:41",)
     assert rules.read("For every reply, use lowercase.").constraints == ("lowercase",)
     assert rules.read("For all your answers, use lowercase.").constraints == ("lowercase",)
+    assert rules.read("For clarity, keep every answer under 40 words.").constraints == (
+        "max_words:40",)  # a purpose, not a scope
+    assert rules.read("I prefer Greek: write your replies in Greek.").language == "Greek"
+    assert rules.read("Whatever I ask, answer in ALL CAPS.").constraints == ("uppercase",)
+    assert rules.read("No matter what I ask, answer in ALL CAPS.").constraints == (
+        "uppercase",)  # "no matter" negates nothing
+    assert rules.read("Each of your replies should be two sentences, no more.").constraints == (
+        "max_sentences:2",)
+    assert rules.read("hey, could you write in lowercase? capitals feel loud to me").constraints == (
+        "lowercase",)  # a complaint after the request is a sentence of its own
     assert rules.read("I hate capitals, so write in lowercase.").constraints == ("lowercase",)
     assert rules.read("Don't answer in English; use Spanish.").language == "Spanish"
 
