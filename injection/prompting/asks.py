@@ -56,6 +56,7 @@ ABBREVIATION = re.compile(r"\b(?:e\.\s?g|i\.\s?e|etc|vs|cf)\.", re.I)
 _TITLE = re.compile(r"\btitle[sd]?\b", re.I)
 _ANGLE = re.compile(r"<<|\b(?:double\s+)?ang(?:le|ular)[\s-]+brackets?\b", re.I)
 _STYLE = re.compile(r"(?:in|into|all|block)$", re.I)  # "in capitals", "all caps": a style
+_LEAVE_OUT = re.compile(r"\bleave\s+((?:[\w']+\s+){0,2}?[\w']+)\s+out\b(?!\s+of)", re.I)
 # a removal after a negation ("don't drop the capital letters"): writing as usual, no case rule
 _DROPPED = re.compile(r"\b(?:don'?t|do\s+not|never|not)\s+(?:\w+\s+)?(?:drop|remove|lose|strip|"
                       r"ditch|omit|skip|leave\s+(?:out|off)|get\s+rid\s+of)\b", re.I)
@@ -74,6 +75,7 @@ def _letters(clause: str, m: re.Match) -> bool:
 
 def asked(text: str) -> set[str]:
     """The decoding constraints ``text`` asks for, as ``constraints.py`` names them."""
+    text = _LEAVE_OUT.sub(r"leave out \1", text)  # "leave commas out": "leave out commas"
     out: set[str] = set()
     lower = upper = False
     for clause in _CLAUSE.split(text):

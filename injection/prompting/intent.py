@@ -51,7 +51,8 @@ CONDITION = re.compile(
     r"it|it's|we|someone|there|a|an|your\s+" + _REPLY + r"\s+(?:is|are)\s+(?:about|on|for))\b"
     r"|\b(?:when|whenever)\s+you(?:'re|\s+are)?\s+(?!(?:reply|answer|respond|writ|talk|speak|"
     r"get\s+back)\w*\b)[a-z]+"
-    r"|\b(?:reply|respond|answer)\s+to\s+(?:that|those|these)\b"
+    r"|\b(?:reply|respond|answer)\s+(?:to\s+)?(?:that|those|these)\b"
+    r"|\b(?:that'?s|this\s+is|it'?s)\s+(?:just|only)\s+for\b|\bjust\s+for\s+(?!fun\b)"
     r"|(?<!even )\b(?:when|whenever)\s+(?!(?:you|replying|answering|responding|writing|talking|"
     r"possible|needed|necessary|appropriate|relevant|asked|unsure|in\s+doubt)\b)[a-z]+\s+[a-z]+"
     r"|\b(?:on|at|during|over)\s+(?:the\s+)?(?:" + _DAYS + r")\b|\bduring\s+\w+"
@@ -136,6 +137,16 @@ _THEIRS = re.compile(r"\b" + _REPLY + r"\s+(?:(?:from|by)\s+(?!(?:you|yours|now|
 # someone's habit, told in the third person ("a bot I like always replies in Japanese"); not
 # where the sentence speaks to the assistant ("your answer always ends with a question, please")
 _TO_YOU = re.compile(r"\b(?:you|your|yours|please|kindly)\b", re.I)
+# ... or with no adverb, where a person or thing opens the sentence ("The streamer I watch
+# replies to chat only in caps")
+_HABITUAL = re.compile(r"^\s*(?:the|a|an|this|that|one|some)\s+(?!" + _REPLY + r"\b)[\w'-]+"
+                       r"(?:\s+[\w'-]+){0,4}?\s+(?:replies|answers|responds|writes|speaks|talks|"
+                       r"types|signs|texts|posts)\b", re.I)
+# an idiom that opens a sentence with an imperative it does not mean ("Call me old-fashioned,
+# but ..."): what follows is read alone
+_IDIOM = re.compile(r"^\s*(?:call\s+me\s+[\w-]+|don'?t\s+get\s+me\s+wrong|trust\s+me|believe\s+me|"
+                    r"mind\s+you|let'?s\s+face\s+it|say\s+what\s+you\s+(?:will|like))\s*,\s*(?:but\s+)?",
+                    re.I)
 _HABIT = re.compile(r"\b(?:always|usually|often|never|only|still|mostly)\s+(?:replies|answers|"
                     r"responds|writes|speaks|talks|types|signs|starts|ends)\b", re.I)
 _PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
@@ -148,8 +159,10 @@ _SPLIT = re.compile(r"(?<=[!?])\s+|(?<=\.)\s+(?=[A-Z])")
 
 def is_request(sentence: str) -> bool:
     """Whether ``sentence`` asks the assistant something about its replies (see module)."""
+    sentence = _IDIOM.sub("", sentence)
     if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL)) or (
-            _HABIT.search(sentence) and not _TO_YOU.search(sentence)) or (
+            (_HABIT.search(sentence) or _HABITUAL.match(sentence))
+            and not _TO_YOU.search(sentence)) or (
             _DESCRIBED.match(sentence) and _COMPLAINT.search(sentence)) or _HEADED.match(sentence):
         return False
     clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]

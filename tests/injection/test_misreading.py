@@ -21,10 +21,12 @@ NOT_RULES = {
     "dislike": ["Replies in capital letters give me a headache.",
                 "Answers that open with 'Sure thing' and stop there seem curt to me.",
                 "Answers that begin with 'Great, thanks for asking' make me cringe.",
+                "Call me picky, but a reply typed all in capitals feels like shouting.",
                 "I really cannot stand all-caps answers.",
                 "I dislike it when someone replies in lowercase.",
                 "Answers with no commas at all are hard for me to follow."],
     "others": ["My brother writes all his replies in lowercase.",
+               "The podcast host I follow answers every email only in lowercase.",
                "My manager answers every message in under 15 words.",
                "Her emails always start with 'Dear all'.",
                "The chatbot at my bank always answers in capital letters.",
@@ -49,7 +51,9 @@ NOT_RULES = {
                   "When it comes to recipes, list the steps as three bullet points.",
                   "When you help with my sewing plans, keep each step under 10 words.",
                   "Wedding speeches: under 300 words, ending with 'Cheers to the couple'.",
-                  "Any Welsh from me is practice - reply to that in Welsh."],
+                  "Any Welsh from me is practice - reply to that in Welsh.",
+                  "Poems you write for me go in lowercase; that's just for poems though.",
+                  "Texts that start with 'IT:' are Italian practice, so answer those in Italian."],
     "past": ["I used to reply to every email in capital letters.",
              "At my previous job, answers had to end with 'Regards'."],
     "hypothetical": ["Imagine an assistant that answers only in French.",
@@ -127,6 +131,7 @@ def test_requests_of_the_same_forms_are_still_rules():
     assert rules.read("Whatever I ask, answer in ALL CAPS.").constraints == ("uppercase",)
     assert rules.read("No matter what I ask, answer in ALL CAPS.").constraints == (
         "uppercase",)  # "no matter" negates nothing
+    assert rules.read("Every time you reply, leave the commas out.").constraints == ("no_comma",)
     assert rules.read("Each of your replies should be two sentences, no more.").constraints == (
         "max_sentences:2",)
     assert rules.read("hey, could you write in lowercase? capitals feel loud to me").constraints == (
