@@ -27,7 +27,9 @@ written 2026-12-08 by a helper that had not seen the readers, and committed befo
 ran on it; it is split by its own positions the same way. Batches 1-2's validation had been
 looked at when readers 6 were written, so batch 3's validation is the unseen check. A fourth
 (``misreading_batch4.py``: 76 a kind, 24 controls, ``batch`` 4), written the same way after
-batch 3's validation had been looked at, is the unseen check for readers 7.
+batch 3's validation had been looked at, was the unseen check for readers 7, and a fifth
+(``misreading_batch5.py``, the same sizes, ``batch`` 5), written while readers 8 were changed
+on batch 4's validation forms and committed before any reader ran on it, is readers 8's.
 """
 
 from __future__ import annotations
@@ -36,8 +38,9 @@ from typing import NamedTuple
 
 from misreading_batch3 import BATCH3, CONTROLS3
 from misreading_batch4 import BATCH4, CONTROLS4
+from misreading_batch5 import BATCH5, CONTROLS5
 
-__all__ = ["CONTROLS", "KINDS", "MISREADINGS", "Case", "cases", "controls"]
+__all__ = ["CONTROLS", "KINDS", "MISREADINGS", "UNSEEN", "Case", "cases", "controls"]
 
 
 class Case(NamedTuple):
@@ -45,7 +48,7 @@ class Case(NamedTuple):
     split: str  # tuning | validation
     memory: str
     question: str
-    batch: int = 1  # 1: this module's lists (the first two batches); 3, 4: misreading_batchN.py
+    batch: int = 1  # 1: this module's lists (the first two batches); 3-5: misreading_batchN.py
 
 
 MISREADINGS: dict[str, list[str]] = {
@@ -681,6 +684,8 @@ MISREADINGS: dict[str, list[str]] = {
     ],
 }
 KINDS = tuple(MISREADINGS)
+# the batch whose validation half no reader was changed knowing: the set's unseen check
+UNSEEN = 5
 
 # Standing instructions of the same surface forms that ARE requests about every reply (each
 # with the rule it asks: a constraint's name, or "language:<Name>", or "standing").
@@ -770,7 +775,8 @@ def cases(split: str | None = None, batch: int | None = None) -> list[Case]:
     """The misreading cases (of one ``split`` and ``batch``, or all): even positions of a
     kind in each batch's list tuning."""
     out = []
-    for b, lists, shift in ((1, MISREADINGS, 0), (3, BATCH3, 11), (4, BATCH4, 5)):
+    for b, lists, shift in ((1, MISREADINGS, 0), (3, BATCH3, 11), (4, BATCH4, 5),
+                             (5, BATCH5, 9)):
         for k, kind in enumerate(KINDS):
             for i, memory in enumerate(lists[kind]):
                 s = _split(i)
@@ -782,7 +788,8 @@ def cases(split: str | None = None, batch: int | None = None) -> list[Case]:
 def controls(split: str | None = None, batch: int | None = None) -> list[tuple[Case, str]]:
     """The positive controls with the rule each asks, split as ``cases``."""
     out = []
-    for b, listed, shift in ((1, CONTROLS, 7), (3, CONTROLS3, 13), (4, CONTROLS4, 3)):
+    for b, listed, shift in ((1, CONTROLS, 7), (3, CONTROLS3, 13), (4, CONTROLS4, 3),
+                              (5, CONTROLS5, 1)):
         for i, (memory, want) in enumerate(listed):
             s = _split(i)
             out.append((Case("control", s, memory, _question(s, i // 2 + shift), b), want))
