@@ -59,9 +59,12 @@ _STYLE = re.compile(r"(?:in|into|all|block)$", re.I)  # "in capitals", "all caps
 _LEAVE_OUT = re.compile(r"\bleave\s+((?:[\w']+\s+){0,2}?[\w']+)\s+out\b(?!\s+of)", re.I)
 # a removal after a negation ("don't drop the capital letters"): writing as usual, no case rule
 _DROPPED = re.compile(r"\b(?:don'?t|do\s+not|never|not)\s+(?:\w+\s+)?(?:drop|remove|lose|strip|"
-                      r"ditch|omit|skip|leave\s+(?:out|off)|get\s+rid\s+of)\b", re.I)
+                      r"ditch|omit|skip|stop|leave\s+(?:out|off)|get\s+rid\s+of)\b|\b(?:don'?t|"
+                      r"do\s+not|never|not)\s+(?:\w+\s+){0,3}without\b", re.I)
 SENTENCE = re.compile(r"[.;!?]+\s*")
-SENTENCES = re.compile(r"(?<=[.!?])\s+(?=[A-Z])")  # a tenant's instructions, sentence by sentence
+# a tenant's instructions, sentence by sentence (not after a title: "Mrs. Okafor")
+SENTENCES = re.compile(r"(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)(?<!\bSt\.)(?<=[.!?])\s+"
+                       r"(?=[A-Z])")
 _CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|without|only)\b)", re.I)
 
 

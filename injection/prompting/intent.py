@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import re
 
+from injection.prompting.readers import QUOTED
+
 __all__ = ["CONDITION", "HYPOTHETICAL", "PAST", "is_request", "requests"]
 
 _REPLY = r"(?:answers?|repl(?:y|ies)|responses?)"
@@ -74,7 +76,7 @@ PAST = re.compile(
     r"|\b(?:former|previous)\s+\w+|\b(?:previously|formerly)\b|\bas\s+an?\s+(?:teenager|kid|child|intern|student)\b"
     r"|\bbefore\s+I\s+(?:retired|left|moved|quit)\b|\blast\s+(?:year|month|week|summer)\b"
     r"|\bin\s+my\s+(?:twenties|thirties|forties|teens|youth|childhood)\b|\bfor\s+a\s+while\b"
-    r"|(?<!as )\b(?:I|we)\s+(?:\w+ly\s+)?(?:wrote|answered|signed|spoke|replied|kept|typed|stopped|"
+    r"|\bhad\s+to\b|(?<!as )\b(?:I|we)\s+(?:\w+ly\s+)?(?:wrote|answered|signed|spoke|replied|kept|typed|stopped|"
     r"had\s+to|spent|closed|added|avoided|made|said|was|were|did|started|ended|responded|"
     r"began)\b", re.I)
 HYPOTHETICAL = re.compile(
@@ -129,7 +131,8 @@ _COMPLAINT = re.compile(
     r"hard\s+(?:for\s+me\s+)?to|drives?\s+me|stress\w*|anxious|rude|lazy|sloppy|"
     r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
     r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*|cringe\w*|curt|wince|robotic|"
-    r"condescending|patroni[sz]ing|off-?putting|jarring|awkward|makes?\s+me\s+\w+)\b", re.I)
+    r"condescending|patroni[sz]ing|off-?putting|jarring|awkward|makes?\s+me\s+(?:cringe|wince|sigh|squint|angry|mad|nervous|tired|sad|dizzy|uneasy|"
+    r"uncomfortable|want\s+to))\b", re.I)
 _SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
 # someone else's replies ("every answer from our helpdesk starts with ..."), not the assistant's
 _THEIRS = re.compile(r"\b" + _REPLY + r"\s+(?:(?:from|by)\s+(?!(?:you|yours|now|here|today|"
@@ -141,7 +144,11 @@ _TO_YOU = re.compile(r"\b(?:you|your|yours|please|kindly)\b", re.I)
 # replies to chat only in caps")
 _HABITUAL = re.compile(r"^\s*(?:the|a|an|this|that|one|some)\s+(?!" + _REPLY + r"\b)[\w'-]+"
                        r"(?:\s+[\w'-]+){0,4}?\s+(?:replies|answers|responds|writes|speaks|talks|"
-                       r"types|signs|texts|posts)\b", re.I)
+                       r"types|signs|texts|posts|accepts|closes|opens|ends|starts|uses|says|"
+                       r"prints|sends|puts|adds|labels|marks|only\s+\w+s)\b"
+                       r"|^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'.-]+(?:\s+[\w'.-]+)"
+                       r"{0,4}?\s+(?:ends|starts|opens|closes|signs|replies|answers|writes|types|"
+                       r"texts|says|uses|accepts)\b", re.I)
 # an idiom that opens a sentence with an imperative it does not mean ("Call me old-fashioned,
 # but ..."): what follows is read alone
 _IDIOM = re.compile(r"^\s*(?:call\s+me\s+[\w-]+|don'?t\s+get\s+me\s+wrong|trust\s+me|believe\s+me|"
@@ -150,11 +157,16 @@ _IDIOM = re.compile(r"^\s*(?:call\s+me\s+[\w-]+|don'?t\s+get\s+me\s+wrong|trust\
 _HABIT = re.compile(r"\b(?:always|usually|often|never|only|still|mostly)\s+(?:replies|answers|"
                     r"responds|writes|speaks|talks|types|signs|starts|ends)\b", re.I)
 _PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
+# a first-person statement going on without its subject ("I can read Arabic but don't speak
+# it"): what follows "but"/"and" is still about the member, not an imperative
+_ELLIPSIS = re.compile(r"^\s*I\b[^,;.]*\b(?:but|and)\s+(?:don'?t|do\s+not|never|can'?t|also|"
+                       r"still|only|rarely)\b", re.I)
 # a sentence about replies of some kind ("Replies that just say 'Correct' and stop there feel
 # curt to me"): with a complaint, its verbs describe those replies, not what to do
 _DESCRIBED = re.compile(r"^\s*(?:\w+\s+){0,2}?" + _REPLY + r"\s+(?:that|which|with|without|"
                         r"in|full|written|made|ending|starting|opening|where)\b", re.I)
-_SPLIT = re.compile(r"(?<=[!?])\s+|(?<=\.)\s+(?=[A-Z])")
+_SPLIT = re.compile(r"(?<=[!?])\s+|(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)(?<!\bSt\.)"
+                    r"(?<=\.)\s+(?=[A-Z])")
 
 
 def is_request(sentence: str) -> bool:
@@ -162,13 +174,13 @@ def is_request(sentence: str) -> bool:
     sentence = _IDIOM.sub("", sentence)
     if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL)) or (
             (_HABIT.search(sentence) or _HABITUAL.match(sentence))
-            and not _TO_YOU.search(sentence)) or (
+            and not _TO_YOU.search(QUOTED.sub("'x'", sentence))) or (
             _DESCRIBED.match(sentence) and _COMPLAINT.search(sentence)) or _HEADED.match(sentence):
         return False
     clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]
     if clauses and _IMPERATIVE.match(clauses[0]):
         return True
-    if any(_IMPERATIVE.match(c) for c in clauses[1:]) and (
+    if not _ELLIPSIS.match(sentence) and any(_IMPERATIVE.match(c) for c in clauses[1:]) and (
             _WRITES.search(sentence) or _ADDRESS.search(sentence) or _PLEASE.search(sentence)):
         return True
     return (bool(_ASKS.search(sentence)) and bool(_ADDRESS.search(sentence))

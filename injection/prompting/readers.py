@@ -34,7 +34,7 @@ _AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|up\s+t
                       r"|\b" + _K + r"\s+words?\s+(?:max(?:imum)?|at\s+most|or\s+(?:less|fewer)|"
                       r"tops)\b", re.I)
 _WORD = re.compile(r"\w+")
-_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|exceed\w*)\s+" + _K + r"\s+words?\b",
+_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|over|beyond|exceed\w*)\s+" + _K + r"\s+words?\b",
                    re.I)  # "never more than k words": at most k
 
 
@@ -221,7 +221,7 @@ _SENT_AT_MOST = re.compile(r"\b(?:at\s+most|no\s+more\s+than|not\s+more\s+than|u
                            r"(?:a\s+)?max(?:imum)?\.?(?:\s+of)?)\s+" + _COUNT + _SENTENCES, re.I)
 _SENT_FEWER = re.compile(r"\b(?:fewer\s+than|less\s+than|under|below)\s+" + _COUNT + _SENTENCES,
                          re.I)  # fewer than n: at most n - 1
-_SENT_MORE = re.compile(r"\b(?:more|longer)\s+than\s+" + _COUNT + _SENTENCES, re.I)  # negated
+_SENT_MORE = re.compile(r"\b(?:(?:more|longer)\s+than|beyond|exceed\w*)\s+" + _COUNT + _SENTENCES, re.I)  # negated
 _SENT_PLAIN = re.compile(r"\b(?:in|of|to|with|within|as|using|by|be)\s+(?:just\s+|only\s+|one\s+"
                          r"or\s+|two\s+or\s+)?" + _COUNT + _SENTENCES + r"(?!\s+(?:or\s+more|"
                          r"at\s+least|minimum))|\b" + _COUNT + r"-sentences?\b", re.I)

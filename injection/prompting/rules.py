@@ -27,7 +27,7 @@ __all__ = ["NONE", "READER_VERSION", "MemoryRules", "TurnRules", "for_request", 
 
 # Bumped whenever the readers change what they read from a text: stored rules of an older
 # version are read again from their text.
-READER_VERSION = 8
+READER_VERSION = 9
 
 
 class MemoryRules(NamedTuple):

@@ -27,6 +27,9 @@ NOT_RULES = {
                 "Answers with no commas at all are hard for me to follow."],
     "others": ["My brother writes all his replies in lowercase.",
                "The podcast host I follow answers every email only in lowercase.",
+               "My aunt Mrs. Patel ends every letter with 'Bless you'.",
+               "The booking app only accepts 'Yes' or 'No' as answers.",
+               "The helpdesk closes every ticket with 'Have you tried restarting?'.",
                "My manager answers every message in under 15 words.",
                "Her emails always start with 'Dear all'.",
                "The chatbot at my bank always answers in capital letters.",
@@ -55,6 +58,7 @@ NOT_RULES = {
                   "Poems you write for me go in lowercase; that's just for poems though.",
                   "Texts that start with 'IT:' are Italian practice, so answer those in Italian."],
     "past": ["I used to reply to every email in capital letters.",
+             "At the agency, every press reply had to be under 150 words.",
              "At my previous job, answers had to end with 'Regards'."],
     "hypothetical": ["Imagine an assistant that answers only in French.",
                      "In my sci-fi manuscript, the robot replies to everything in Latin.",
@@ -62,6 +66,7 @@ NOT_RULES = {
                      "It would be strange if every answer started with 'Behold'."],
     "quoted": ["My favourite word is 'lowercase'.", "I am reading 'No Commas Allowed'."],
     "language": ["I teach Portuguese.", "My uncle only speaks Greek.",
+                 "I can read Hebrew script but don't speak the language.",
                  "We moved to Spain last spring."],
 }
 NEGATED = ["Please do not reply in lowercase.", "Don't answer me in capital letters.",
@@ -75,6 +80,8 @@ REFUSED = ["I'd rather you didn't answer in Polish just because my name sounds P
            "i'd rather you didn't write in all lowercase",
            "Please don't strip the capital letters out of your answers.",  # as usual
            "Don't leave off the capital 'I', please.",
+           "Please don't stop using capital letters, even if I forget to.",
+           "Don't write sentences without a capital at the start, please.",
            "Don't go skipping commas just to sound casual.",
            "I don't need my answers in exactly three bullets.",
            "Please don't answer in Frisian; we all speak English at my office."]
@@ -132,6 +139,10 @@ def test_requests_of_the_same_forms_are_still_rules():
     assert rules.read("No matter what I ask, answer in ALL CAPS.").constraints == (
         "uppercase",)  # "no matter" negates nothing
     assert rules.read("Every time you reply, leave the commas out.").constraints == ("no_comma",)
+    assert rules.read("Please never go beyond two sentences in a reply.").constraints == (
+        "max_sentences:2",)
+    assert rules.read("Work the word 'marvellous' into every answer, please - it makes me "
+                      "smile.").constraints == ("word:marvellous:1",)
     assert rules.read("Each of your replies should be two sentences, no more.").constraints == (
         "max_sentences:2",)
     assert rules.read("hey, could you write in lowercase? capitals feel loud to me").constraints == (
