@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
 
 from mdsection import table, write_section  # noqa: E402
-from misreading_cases import KINDS, cases, controls  # noqa: E402
+from misreading_cases import KINDS, UNSEEN, cases, controls  # noqa: E402
 from quality_stats import share, wilson  # noqa: E402
 
 from injection.prompting import rules  # noqa: E402
@@ -114,7 +114,7 @@ def section() -> str:
     """docs/BENCHMARKS.md's section: rules per kind and split, the controls kept."""
     rows = []
     for split, batch, name in (("tuning", None, "tuning"), ("validation", None, "validation"),
-                               ("validation", 3, "validation, batch 3")):
+                               ("validation", UNSEEN, f"validation, batch {UNSEEN}")):
         mine = cases(split, batch)
         got = {k: [reading(c.memory)["rule"] for c in mine if c.kind == k] for k in KINDS}
         every = [r for k in KINDS for r in got[k]]
@@ -129,8 +129,8 @@ def section() -> str:
         f"`READER_VERSION` {rules.READER_VERSION}; no model: the memories of "
         "bench/misreading_cases.py that become a rule on the defaults (a decoding constraint, or "
         "guidance toward them) as a member's only memory; controls: standing instructions of the "
-        "same forms that keep the rule they ask; batch 3 (in both rows above, and alone) was "
-        "written after readers 5 and first read by readers 6. Reading costs "
+        f"same forms that keep the rule they ask; batch {UNSEEN} (in the row above, and alone) "
+        "is the unseen check: no reader was changed knowing its validation half. Reading costs "
         f"{read_cost():.0f} µs a memory, once, when it is saved.", "",
         table(["split", *KINDS, "all (Wilson 95 %)", "controls kept"], rows)])
 
@@ -148,6 +148,7 @@ def replies(args: argparse.Namespace) -> None:
     import misreading_replies as mr
 
     split = args.split or "validation"
+    mr.BATCH = args.batch
     done, standing, model = mr.run(split, args.workers, args.partial, args.quality_partial,
                                    args.derive, not args.no_standing)
     cmd = ".venv/bin/python bench/bench_misreading.py " + shlex.join(sys.argv[1:])
@@ -158,7 +159,8 @@ def replies(args: argparse.Namespace) -> None:
     if args.write_docs:
         if not REPLIES_DOC.exists():
             REPLIES_DOC.write_text(REPLIES_HEAD)
-        write_section(f"replies-{split}", text, REPLIES_DOC)
+        write_section(f"replies-{split}" + (f"-batch{args.batch}" if args.batch else ""), text,
+                      REPLIES_DOC)
 
 
 def main() -> None:
@@ -176,6 +178,7 @@ def main() -> None:
                     help="--replies: the standing family's replies (bench_quality --partial)")
     ap.add_argument("--derive", action="store_true", help="--replies: the rules-off reply "
                     "copied where no rule applied (misreading_replies.generate)")
+    ap.add_argument("--batch", type=int, help="--replies: only this batch of the set (3, 4, 5)")
     ap.add_argument("--no-standing", action="store_true",
                     help="--replies: without the standing family's replies")
     args = ap.parse_args()

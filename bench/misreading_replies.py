@@ -38,10 +38,15 @@ from quality_stats import fluent, loops, share
 from injection.prompting import rules
 from injection.prompting.verdicts import violates
 
+# only this batch of the set (``misreading_cases.Case.batch``; ``--batch``), or all of it
+BATCH: int | None = None
+
 TENANT = "bench-misreading"
 CODES = {"German": "de", "Spanish": "es", "French": "fr", "Italian": "it", "Dutch": "nl",
          "Portuguese": "pt", "Japanese": "ja", "Greek": "el", "Swedish": "sv",
-         "Polish": "pl", "Turkish": "tr", "Norwegian": "no"}
+         "Polish": "pl", "Turkish": "tr", "Norwegian": "no", "Arabic": "ar", "Czech": "cs",
+         "Finnish": "fi", "Hindi": "hi", "Hungarian": "hu", "Indonesian": "id", "Korean": "ko",
+         "Romanian": "ro", "Vietnamese": "vi", "Welsh": "cy"}
 # the standing family's cells run beside them (depth, memories): the issue's goal figures
 STANDING = {"every": 1, "cells": {(0, 1): ["platform"], (8, 1): ["platform"]}}
 
@@ -125,7 +130,7 @@ def kept(reply: str, want: str, memory: str) -> bool:
 
 def harm_rows(split: str, done: dict) -> list[list[str]]:
     """Per kind (and all): cases, rules applied, replies changed, default replies that loop."""
-    mine = cases(split)
+    mine = cases(split, BATCH)
     rows = []
     for kind in (*KINDS, "all"):
         here = [c for c in mine if kind in ("all", c.kind)]
@@ -142,7 +147,7 @@ def control_rows(split: str, done: dict) -> list[list[str]]:
     """The controls, constraints and languages apart: kept and fluent, on and off."""
     rows = []
     for group in ("constraint", "language", "all"):
-        here = [(c, w) for c, w in controls(split)
+        here = [(c, w) for c, w in controls(split, BATCH)
                 if group == "all" or (group == "language") == w.startswith("language:")]
         n = len(here)
         on = [kept(done[key(c, True)]["text"], w, c.memory) for c, w in here]
@@ -169,7 +174,8 @@ def standing_rows(split: str, replies: dict) -> list[list[str]]:
 def render(split: str, done: dict, standing: dict, command: str, model: str) -> str:
     """The run's tables (docs/benchmarks/misreading.md)."""
     return "\n".join([
-        f"## replies-{split}: the misreading set's replies on {model} (issue 57)", "",
+        f"## replies-{split}{f'-batch{BATCH}' if BATCH else ''}: the misreading set's replies "
+        f"on {model} (issue 57)", "",
         f"`{command}`, {date.today()}, readers `READER_VERSION` {rules.READER_VERSION}, "
         "greedy, 64 new tokens, one memory, first turn, the worker's executor; each reply on "
         "the defaults against the same with the decoder's rules off (`constrain=False, "
@@ -194,12 +200,12 @@ def render(split: str, done: dict, standing: dict, command: str, model: str) -> 
 def shown(split: str, done: dict) -> list[str]:
     """The replies a rule applied to or changed, and the controls not kept."""
     out = []
-    for c in cases(split):
+    for c in cases(split, BATCH):
         on, off = done[key(c, True)], done[key(c, False)]
         if applied(on) or on["text"] != off["text"]:
             out.append(f"[{c.kind}] {c.memory!r} {on['constraints']} contrast={on['contrast']}"
                        f"\n   on:  {on['text']!r}\n   off: {off['text']!r}")
-    for c, want in controls(split):
+    for c, want in controls(split, BATCH):
         if not kept(done[key(c, True)]["text"], want, c.memory):
             out.append(f"[control {want}] {c.memory!r}: {done[key(c, True)]['text']!r}")
     return out
@@ -214,7 +220,7 @@ def run(split: str, workers: int, path: str, quality_path: str, derive: bool = F
     ex, budget = bench_quality.worker_executor(adapter, workers)
     rows: dict = {}
     try:
-        items = cases(split) + [c for c, _ in controls(split)]
+        items = cases(split, BATCH) + [c for c, _ in controls(split, BATCH)]
         done = generate(ex, budget, items, workers, path, derive)
         if standing:
             jobs = bench_quality.jobs_for(STANDING, split, family="standing")
