@@ -76,8 +76,9 @@ PAST = re.compile(
     r"|\b(?:former|previous)\s+\w+|\b(?:previously|formerly)\b|\bas\s+an?\s+(?:teenager|kid|child|intern|student)\b"
     r"|\bbefore\s+I\s+(?:retired|left|moved|quit)\b|\blast\s+(?:year|month|week|summer)\b"
     r"|\bin\s+my\s+(?:twenties|thirties|forties|teens|youth|childhood)\b|\bfor\s+a\s+while\b"
-    r"|\bhad\s+to\b|(?<!as )\b(?:I|we)\s+(?:\w+ly\s+)?(?:wrote|answered|signed|spoke|replied|kept|typed|stopped|"
-    r"had\s+to|spent|closed|added|avoided|made|said|was|were|did|started|ended|responded|"
+    r"|\bhad\s+to\b"
+    r"|(?<!as )\b(?:I|we)\s+(?:\w+ly\s+)?(?:wrote|answered|signed|spoke|replied|kept|typed|stopped|"
+    r"spent|closed|added|avoided|made|said|was|were|did|started|ended|responded|"
     r"began)\b", re.I)
 HYPOTHETICAL = re.compile(
     r"\b(?:imagine|suppose|supposing|picture|pretend|hypothetically|daydream\w*|wonder(?:s|ed|ing)?|"
@@ -131,8 +132,8 @@ _COMPLAINT = re.compile(
     r"hard\s+(?:for\s+me\s+)?to|drives?\s+me|stress\w*|anxious|rude|lazy|sloppy|"
     r"unprofessional|aggressive|childish|fake|grat(?:e|es|ing)|put\s+me\s+off|exhaust\w*|"
     r"not\s+a\s+fan|tired\s+of|unpleasant|confus\w*|cringe\w*|curt|wince|robotic|"
-    r"condescending|patroni[sz]ing|off-?putting|jarring|awkward|makes?\s+me\s+(?:cringe|wince|sigh|squint|angry|mad|nervous|tired|sad|dizzy|uneasy|"
-    r"uncomfortable|want\s+to))\b", re.I)
+    r"condescending|patroni[sz]ing|off-?putting|jarring|awkward|makes?\s+me\s+(?:cringe|wince|"
+    r"sigh|squint|angry|mad|nervous|tired|sad|dizzy|uneasy|uncomfortable|want\s+to))\b", re.I)
 _SOMEONE = re.compile(r"^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'-]+", re.I)
 # someone else's replies ("every answer from our helpdesk starts with ..."), not the assistant's
 _THEIRS = re.compile(r"\b" + _REPLY + r"\s+(?:(?:from|by)\s+(?!(?:you|yours|now|here|today|"
@@ -146,14 +147,14 @@ _HABITUAL = re.compile(r"^\s*(?:the|a|an|this|that|one|some)\s+(?!" + _REPLY + r
                        r"(?:\s+[\w'-]+){0,4}?\s+(?:replies|answers|responds|writes|speaks|talks|"
                        r"types|signs|texts|posts|accepts|closes|opens|ends|starts|uses|says|"
                        r"prints|sends|puts|adds|labels|marks|only\s+\w+s)\b"
-                       r"|^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'.-]+(?:\s+[\w'.-]+)"
-                       r"{0,4}?\s+(?:ends|starts|opens|closes|signs|replies|answers|writes|types|"
-                       r"texts|says|uses|accepts)\b", re.I)
+                       r"|^\s*(?:my|our|his|her|their)\s+(?!" + _REPLY + r"\b)[\w'.-]+"
+                       r"(?:\s+[\w'.-]+){0,4}?\s+(?:ends|starts|opens|closes|signs|replies|answers|"
+                       r"writes|types|texts|says|uses|accepts)\b", re.I)
 # an idiom that opens a sentence with an imperative it does not mean ("Call me old-fashioned,
 # but ..."): what follows is read alone
-_IDIOM = re.compile(r"^\s*(?:call\s+me\s+[\w-]+|don'?t\s+get\s+me\s+wrong|trust\s+me|believe\s+me|"
-                    r"mind\s+you|let'?s\s+face\s+it|say\s+what\s+you\s+(?:will|like))\s*,\s*(?:but\s+)?",
-                    re.I)
+_IDIOM = re.compile(r"^\s*(?:call\s+me\s+[\w-]+|don'?t\s+get\s+me\s+wrong|trust\s+me|"
+                    r"believe\s+me|mind\s+you|let'?s\s+face\s+it|say\s+what\s+you\s+(?:will|like))"
+                    r"\s*,\s*(?:but\s+)?", re.I)
 _HABIT = re.compile(r"\b(?:always|usually|often|never|only|still|mostly)\s+(?:replies|answers|"
                     r"responds|writes|speaks|talks|types|signs|starts|ends)\b", re.I)
 _PLEASE = re.compile(r"\b(?:please|kindly)\b", re.I)
@@ -172,9 +173,9 @@ _SPLIT = re.compile(r"(?<=[!?])\s+|(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)
 def is_request(sentence: str) -> bool:
     """Whether ``sentence`` asks the assistant something about its replies (see module)."""
     sentence = _IDIOM.sub("", sentence)
-    if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL)) or (
-            (_HABIT.search(sentence) or _HABITUAL.match(sentence))
-            and not _TO_YOU.search(QUOTED.sub("'x'", sentence))) or (
+    theirs = (_HABIT.search(sentence) or _HABITUAL.match(sentence)) and not _TO_YOU.search(
+        QUOTED.sub("'x'", sentence))  # "you" inside a quote speaks to nobody here
+    if any(p.search(sentence) for p in (CONDITION, PAST, HYPOTHETICAL)) or theirs or (
             _DESCRIBED.match(sentence) and _COMPLAINT.search(sentence)) or _HEADED.match(sentence):
         return False
     clauses = [c for c in _CLAUSE.split(sentence) if c and c.strip()]

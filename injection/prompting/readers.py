@@ -11,9 +11,9 @@ __all__ = ["NEG", "QUOTED", "asked_language", "bullet_count", "capped", "choice"
            "keywords", "names_language", "negated", "placeholder_count",
            "sentence_count", "sentence_limit", "word_count", "word_limit"]
 
-NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|didn'?t|did\s+not|none|nothing|"
-                 r"zero|free|omit(?:s|ted|ting)?|skip(?:s|ped|ping)?|out\s+of|leave\s+out|ban|hate|stop)\b",
-                 re.I)
+NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|didn'?t|did\s+not|none|"
+                 r"nothing|zero|free|omit(?:s|ted|ting)?|skip(?:s|ped|ping)?|out\s+of|leave\s+out|"
+                 r"ban|hate|stop)\b", re.I)
 # after a negation, asks for it: "nothing but capitals", "no other words, only 'Yes'"; an
 # "only" in the negated clause does not: "don't answer only with 'Yes'" is "not only"
 _BUT = re.compile(r"\b(?:but|except|other\s+than)\b|[,;:]\s*only\b", re.I)
@@ -46,9 +46,10 @@ def negated(clause: str, at: int) -> bool:
     return bool(neg) and not _BUT.search(before[neg[-1].end():])
 
 
-_LEADING = re.compile(r"^\s*(?:please\s+)?(?:don'?t|do\s+not|never|stop|avoid)\b|^\s*(?:I|we)\s+"
-                      r"(?:really\s+)?(?:don'?t|do\s+not)\s+(?:need|want|require)\b|^\s*(?:there'?s\s+)?"
-                      r"no\s+need\b|^\s*you\s+(?:don'?t|do\s+not)\s+(?:have|need)\s+to\b", re.I)
+_LEADING = re.compile(r"^\s*(?:please\s+)?(?:don'?t|do\s+not|never|stop|avoid)\b"
+                      r"|^\s*(?:I|we)\s+(?:really\s+)?(?:don'?t|do\s+not)\s+(?:need|want|require)\b"
+                      r"|^\s*(?:there'?s\s+)?no\s+need\b"
+                      r"|^\s*you\s+(?:don'?t|do\s+not)\s+(?:have|need)\s+to\b", re.I)
 _TURN = re.compile(r"[,;:]|\b(?:and|but|so|then|instead|only|except)\b", re.I)  # a new clause
 _NOT_LAPSE = re.compile(r"\b(?:don'?t|do\s+not|never)\s+(?:forget|fail)\b", re.I)
 
