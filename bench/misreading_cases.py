@@ -29,7 +29,8 @@ looked at when readers 6 were written, so batch 3's validation is the unseen che
 (``misreading_batch4.py``: 76 a kind, 24 controls, ``batch`` 4), written the same way after
 batch 3's validation had been looked at, was the unseen check for readers 7, and a fifth
 (``misreading_batch5.py``, the same sizes, ``batch`` 5), written while readers 8 were changed
-on batch 4's validation forms and committed before any reader ran on it, is readers 8's.
+on batch 4's validation forms and committed before any reader ran on it, is readers 8's
+(readers 9 were then changed on its tuning half; its validation half was looked at once).
 """
 
 from __future__ import annotations
@@ -767,6 +768,12 @@ def _question(split: str, i: int) -> str:
     return pool[i % len(pool)]
 
 
+# each batch: its number, memories, controls, and where its cases and controls start in the
+# question pools
+_BATCHES = ((1, MISREADINGS, CONTROLS, 0, 7), (3, BATCH3, CONTROLS3, 11, 13),
+            (4, BATCH4, CONTROLS4, 5, 3), (5, BATCH5, CONTROLS5, 9, 1))
+
+
 def _split(i: int) -> str:
     return "tuning" if i % 2 == 0 else "validation"
 
@@ -775,8 +782,7 @@ def cases(split: str | None = None, batch: int | None = None) -> list[Case]:
     """The misreading cases (of one ``split`` and ``batch``, or all): even positions of a
     kind in each batch's list tuning."""
     out = []
-    for b, lists, shift in ((1, MISREADINGS, 0), (3, BATCH3, 11), (4, BATCH4, 5),
-                             (5, BATCH5, 9)):
+    for b, lists, _, shift, _ in _BATCHES:
         for k, kind in enumerate(KINDS):
             for i, memory in enumerate(lists[kind]):
                 s = _split(i)
@@ -788,8 +794,7 @@ def cases(split: str | None = None, batch: int | None = None) -> list[Case]:
 def controls(split: str | None = None, batch: int | None = None) -> list[tuple[Case, str]]:
     """The positive controls with the rule each asks, split as ``cases``."""
     out = []
-    for b, listed, shift in ((1, CONTROLS, 7), (3, CONTROLS3, 13), (4, CONTROLS4, 3),
-                              (5, CONTROLS5, 1)):
+    for b, _, listed, _, shift in _BATCHES:
         for i, (memory, want) in enumerate(listed):
             s = _split(i)
             out.append((Case("control", s, memory, _question(s, i // 2 + shift), b), want))

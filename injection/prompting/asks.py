@@ -10,6 +10,7 @@ import re
 from injection.prompting.readers import (
     NEG,
     QUOTED,
+    TITLES,
     bullet_count,
     capped,
     choice,
@@ -63,8 +64,7 @@ _DROPPED = re.compile(r"\b(?:don'?t|do\s+not|never|not)\s+(?:\w+\s+)?(?:drop|rem
                       r"do\s+not|never|not)\s+(?:\w+\s+){0,3}without\b", re.I)
 SENTENCE = re.compile(r"[.;!?]+\s*")
 # a tenant's instructions, sentence by sentence (not after a title: "Mrs. Okafor")
-SENTENCES = re.compile(r"(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)(?<!\bSt\.)(?<=[.!?])\s+"
-                       r"(?=[A-Z])")
+SENTENCES = re.compile(TITLES + r"(?<=[.!?])\s+(?=[A-Z])")
 _CLAUSE = re.compile(r"[.;:!?]+\s*|,\s*(?=(?:and\s+)?(?:no|never|not|with|without|only)\b)", re.I)
 
 

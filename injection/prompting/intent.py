@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import re
 
-from injection.prompting.readers import QUOTED
+from injection.prompting.readers import QUOTED, TITLES
 
 __all__ = ["CONDITION", "HYPOTHETICAL", "PAST", "is_request", "requests"]
 
@@ -66,8 +66,6 @@ CONDITION = re.compile(
     r"|\bin\s+the\s+(?:mornings?|evenings?|afternoons?)\b|\bat\s+night\b"
     r"|\bfor\s+(?:anything|everything|something|stuff|things)\s+(?:\w+\s+)?(?:about|on|"
     r"regarding|related\s+to|to\s+do\s+with)\b"
-    r"|\bfor\s+(?:my|our)\s+(?:\w+\s+){0,2}?(?:questions?|homework|emails?|messages?|essays?|"
-    r"posts?|assignments?|letters?)\b"
     r"|\b(?:sometimes|occasionally|now\s+and\s+then|from\s+time\s+to\s+time|at\s+times|"
     r"once\s+in\s+a\s+while|every\s+so\s+often)\b", re.I)
 PAST = re.compile(
@@ -166,8 +164,7 @@ _ELLIPSIS = re.compile(r"^\s*I\b[^,;.]*\b(?:but|and)\s+(?:don'?t|do\s+not|never|
 # curt to me"): with a complaint, its verbs describe those replies, not what to do
 _DESCRIBED = re.compile(r"^\s*(?:\w+\s+){0,2}?" + _REPLY + r"\s+(?:that|which|with|without|"
                         r"in|full|written|made|ending|starting|opening|where)\b", re.I)
-_SPLIT = re.compile(r"(?<=[!?])\s+|(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)(?<!\bSt\.)"
-                    r"(?<=\.)\s+(?=[A-Z])")
+_SPLIT = re.compile(r"(?<=[!?])\s+|" + TITLES + r"(?<=\.)\s+(?=[A-Z])")
 
 
 def is_request(sentence: str) -> bool:

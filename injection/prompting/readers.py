@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["NEG", "QUOTED", "asked_language", "bullet_count", "capped", "choice", "denied",
+__all__ = ["NEG", "QUOTED", "TITLES", "asked_language", "bullet_count", "capped", "choice", "denied",
            "forbids", "highlight_count",
            "keywords", "names_language", "negated", "placeholder_count",
            "sentence_count", "sentence_limit", "word_count", "word_limit"]
@@ -17,6 +17,8 @@ NEG = re.compile(r"\b(?:no|not|never|without|avoid|don'?t|do\s+not|didn'?t|did\s
 # after a negation, asks for it: "nothing but capitals", "no other words, only 'Yes'"; an
 # "only" in the negated clause does not: "don't answer only with 'Yes'" is "not only"
 _BUT = re.compile(r"\b(?:but|except|other\s+than)\b|[,;:]\s*only\b", re.I)
+# no sentence ends after a title ("Mrs. Okafor"): lookbehinds for a sentence splitter
+TITLES = r"(?<!\bMr\.)(?<!\bMrs\.)(?<!\bMs\.)(?<!\bDr\.)(?<!\bSt\.)"
 QUOTED = re.compile(r"(?<![A-Za-z])[\"'‘“]([^\"'’”]+?)[\"'’”](?![A-Za-z])")
 _ONLY = re.compile(r"\b(?:only|one\s+of|just|nothing\s+(?:else|more)|whole\s+reply|pick|"
                    r"choose|must\s+be|may\s+be)\b", re.I)  # the quoted options are the reply
